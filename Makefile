@@ -1,0 +1,42 @@
+# The README's two commands: `make run` and `make test`. Both create .venv and (re)install the
+# project when it is missing or pyproject.toml changed since the last install.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test ui bench soak s3-demo proto clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null 2>&1 || { echo "memwal needs $(PY) on PATH (set PY=...)"; exit 1; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/memwal demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+ui: $(STAMP)
+	DAGSTER_HOME=$(CURDIR)/dagster_home $(BIN)/dagster dev -w workspace.yaml
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+soak: $(STAMP)
+	MEMWAL_SOAK=1 $(BIN)/python -m pytest -q -m slow
+
+s3-demo: $(STAMP)
+	$(BIN)/python -m memwal_pipeline.s3_demo
+
+# Regenerates memwal_core/proto/memwal_pb2.py (committed) from memwal.proto.
+# grpcio-tools goes into a throwaway venv so it never becomes a runtime dependency.
+proto:
+	@test -x .protoc-venv/bin/python || { $(PY) -m venv .protoc-venv && .protoc-venv/bin/pip install -q grpcio-tools 'protobuf<7'; }
+	.protoc-venv/bin/python -m grpc_tools.protoc -Imemwal_core/proto --python_out=memwal_core/proto memwal_core/proto/memwal.proto
+
+clean:
+	rm -rf $(VENV) .protoc-venv .pytest_cache

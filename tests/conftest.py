@@ -1,0 +1,96 @@
+"""Shared fixtures: real pylance tables, one local SparkSession, a real moto S3 server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from memwal_core.store import open_store
+
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture
+def table_loc(tmp_path):
+    """A fresh local table location (nothing written yet)."""
+    return open_store(str(tmp_path / "table"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoServer:
+    """`moto_server` on 127.0.0.1 in a subprocess; can be stopped and restarted on its port."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        exe = shutil.which("moto_server", path=BIN) or shutil.which("moto_server")
+        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+        self.proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("moto_server did not start")
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+    def options(self, secret: str = "testing-secret") -> dict[str, str]:
+        return {"aws_endpoint": self.endpoint, "allow_http": "true", "aws_access_key_id": "testing",
+                "aws_secret_access_key": secret, "aws_region": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    server = MotoServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_server):
+    """A fresh bucket on the moto server; returns (bucket name, storage options)."""
+    from memwal_core.store import make_s3_client
+
+    name = f"b{uuid.uuid4().hex[:12]}"
+    make_s3_client(moto_server.options()).create_bucket(Bucket=name)
+    return name, moto_server.options()
+
+
+@pytest.fixture
+def s3_table_loc(s3_bucket):
+    bucket, options = s3_bucket
+    return open_store(f"s3://{bucket}/table", options)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole test session (a JVM start costs ~10 s)."""
+    from memwal_core.spark import get_spark
+
+    session = get_spark("local[2]", {"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
