@@ -34,7 +34,7 @@ def bitrev(n: int) -> str:
 def parse_bitrev(name: str) -> int | None:
     """Inverse of `bitrev` for a file name (suffix allowed); None if it is not one."""
     stem = name.split(".", 1)[0]
-    return int(stem[::-1], 2) if _BITREV.match(stem) else None
+    return int(stem[::-1], 2) if _BITREV.fullmatch(stem) else None
 
 
 def is_region_id(name: str) -> bool:
@@ -80,7 +80,7 @@ def validate_generation_path(path: str, generation: int | None = None) -> str:
         raise UnsafePath(f"empty generation path {path!r}")
     if path.startswith("/") or "\\" in path or "/" in path or ".." in path or ":" in path:
         raise UnsafePath(f"unsafe generation path {path!r}: must be a plain directory name")
-    m = _GEN_DIR.match(path)
+    m = _GEN_DIR.fullmatch(path)  # not .match: '$' would also accept a trailing newline
     if not m:
         raise UnsafePath(f"generation path {path!r} does not match '{{8 hex}}_gen_{{N}}'")
     if generation is not None and int(m.group(1)) != generation:
@@ -90,12 +90,16 @@ def validate_generation_path(path: str, generation: int | None = None) -> str:
 
 def generation_dir(region_id: str, path: str, generation: int | None = None) -> str:
     """Key prefix of a flushed generation, after validating the manifest-supplied `path`."""
-    return f"{region_dir(region_id)}/{validate_generation_path(path, generation)}"
+    rdir = region_dir(region_id)
+    try:
+        return f"{rdir}/{validate_generation_path(path, generation)}"
+    except UnsafePath as e:
+        raise UnsafePath(f"region {region_id}: {e}") from None
 
 
 def generation_of_dir(name: str) -> int | None:
     """The N of a `*_gen_N` directory name (orphan sweep); None if it does not look like one."""
-    m = _ORPHAN_CANDIDATE.match(name)
+    m = _ORPHAN_CANDIDATE.fullmatch(name)
     return int(m.group(1)) if m else None
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "source_columns_for",
     "region_values",
     "misrouted_mask",
+    "hash_array",
 ]
 
 BUCKET = "bucket"
@@ -255,7 +256,7 @@ def misrouted_mask(
     """True where a row's region value differs from ``expected[field_id]`` for any field.
 
     Lets the merger check that a region holds only its own rows. Identity values
-    compare with Arrow equality, plus null == None and NaN == NaN (so -0.0 == 0.0).
+    compare with Arrow equality (so -0.0 == 0.0), plus null == None and NaN == NaN.
     """
     mask = np.zeros(batch.num_rows, dtype=bool)
     for field in spec.fields:

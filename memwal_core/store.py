@@ -126,7 +126,7 @@ class LocalStore:
         """Names of the immediate sub-"directories" under `prefix`."""
         self.stats["list"] += 1
         try:
-            with os.scandir(self._path(prefix)) as it:
+            with os.scandir(self._path(prefix) if prefix else self.root) as it:
                 return sorted(e.name for e in it if e.is_dir())
         except FileNotFoundError:
             return []

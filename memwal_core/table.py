@@ -159,20 +159,27 @@ def _guard(read_version: int):
 
 
 def guarded_replace_details(loc: TableLocation, read: MemWalState,
-                            details: pb.MemWalIndexDetails) -> int:
+                            details: pb.MemWalIndexDetails, *, index_uuid: str | None = None,
+                            files: list[tuple[str, int]] | None = None) -> int:
     """Replace the `__lance_mem_wal` details, or raise LostRace if any commit landed since `read`.
 
     Returns the new table version. Never retried inside: the caller must rebuild from a fresh
     read, because the details it built may carry stale merge progress.
+
+    `index_uuid` names the new index (default: a fresh UUID); a caller that stores data under
+    `_indices/{uuid}/` (the external region snapshot) writes it there first and passes the same
+    UUID. `files` lists those files as (path relative to that directory, size in bytes).
     """
-    from lance.dataset import Index, LanceOperation
+    from lance.dataset import Index, IndexFile, LanceOperation
 
     old = Index(uuid=str(uuid.UUID(bytes=read.index.uuid.uuid)), name=MEMWAL_INDEX_NAME, fields=[],
                 dataset_version=read.index.dataset_version, fragment_ids=set(),
                 index_version=read.index.index_version)
-    new = Index(uuid=str(uuid.uuid4()), name=MEMWAL_INDEX_NAME, fields=[],
+    new = Index(uuid=str(uuid.UUID(index_uuid)) if index_uuid else str(uuid.uuid4()),
+                name=MEMWAL_INDEX_NAME, fields=[],
                 dataset_version=read.table_version, fragment_ids=set(),
                 index_version=read.index.index_version,
+                files=[IndexFile(path=p, size_bytes=n) for p, n in files] if files else None,
                 index_details=(MEMWAL_TYPE_URL, details.SerializeToString()))
     op = LanceOperation.CreateIndex(new_indices=[new], removed_indices=[old])
     try:

@@ -1,0 +1,259 @@
+"""Spark data path of the merger: parallel generation reads and newest-wins deduplication.
+
+Rows cross Spark as **Arrow IPC blobs**, not as Spark rows: stage 1 reads one flushed
+generation per task through Lance (so in-generation deletion files apply), tags each row with
+its generation and position, and emits one binary blob per hash partition of the primary key;
+stage 2 gets every blob of a partition together and keeps the newest row per key. Spark thus
+does the parallel I/O and the shuffle while every Arrow type (unsigned ints, nanosecond
+timestamps, fixed-size-list vectors, ...) reaches the merge exactly as written, which a
+conversion to Spark's own types would not guarantee. Only DataFrame APIs are used, so a
+Spark Connect session or a cluster master works the same as `local[*]`.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+GEN_COL = "_memwal_gen"
+ORD_COL = "_memwal_ord"
+REGION_COL = "_memwal_region"
+TOMBSTONE = "_tombstone"
+ROWS_PER_BLOB = 65536
+
+# One row per generation to read.
+TASK_SCHEMA = "task int, region int, generation long, uri string"
+
+# Stage 1 output: data blobs per hash partition, plus one stats row per task.
+STAGE1_SCHEMA = pa.schema([
+    ("kind", pa.string()),          # 'data' | 'stats'
+    ("part", pa.int32()),
+    ("region", pa.int32()),
+    ("generation", pa.int64()),
+    ("blob", pa.binary()),
+    ("rows", pa.int64()),
+    ("bytes", pa.int64()),
+    ("info", pa.string()),          # stats: JSON {routes: [[values, count]], error: str|None}
+])
+
+STAGE1_DDL = "kind string, part int, region int, generation long, blob binary, rows long, bytes long, info string"
+
+# Stage 2 output: newest live rows and tombstoned keys, plus cross-region duplicate counts.
+STAGE2_SCHEMA = pa.schema([
+    ("kind", pa.string()),          # 'live' | 'del' | 'dups'
+    ("blob", pa.binary()),
+    ("rows", pa.int64()),
+    ("info", pa.string()),
+])
+STAGE2_DDL = "kind string, blob binary, rows long, info string"
+
+
+def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, app_name: str = "memwal"):
+    """A SparkSession for the merger (`getOrCreate`: an existing session in the process wins).
+
+    A `sc://host:port` master builds a Spark Connect session instead of a local JVM.
+    """
+    from pyspark.sql import SparkSession
+
+    conf = dict(conf or {})
+    if master.startswith("sc://"):
+        return SparkSession.builder.remote(master).appName(app_name).getOrCreate()
+    defaults = {
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(max(2, (os.cpu_count() or 2))),
+        "spark.driver.memory": "2g",
+        "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+    }
+    if master.startswith("local"):
+        # Python workers must run this interpreter (it has lance and memwal_core); Spark reads
+        # PYSPARK_PYTHON when it forks them. On a cluster, the executors' Python is the cluster's.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for k, v in {**defaults, **conf}.items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(conf.get("memwal.log_level", "ERROR"))
+    return session
+
+
+def to_blob(table: pa.Table | pa.RecordBatch) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write(table)
+    return sink.getvalue()
+
+
+def from_blob(blob: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+
+
+def key_partition(table: pa.Table, pk: list[str], parts: int) -> np.ndarray:
+    """Deterministic (same in every process) hash partition of each row's primary key."""
+    import pandas as pd
+
+    frame = table.select(pk).to_pandas()
+    return (pd.util.hash_pandas_object(frame, index=False).to_numpy() % np.uint64(parts)).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """What stage-1 tasks need; pickled into the tasks (storage options are never logged)."""
+
+    pk: tuple[str, ...]
+    columns: tuple[str, ...]            # base-table columns, in order (without _tombstone)
+    parts: int
+    storage_options: tuple[tuple[str, str], ...]
+    routing: tuple[tuple[int, str], ...]  # region index -> JSON {spec, source_columns} ('' = none)
+
+
+def _route_counts(table: pa.Table, routing_json: str) -> list:
+    from . import routing
+
+    cfg = json.loads(routing_json)
+    spec = routing.RegionSpec.from_lance(cfg["spec"])
+    sources = {int(k): v for k, v in cfg["source_columns"].items()}
+    values = routing.region_values(spec, table, sources)
+    if values.num_rows == 0:
+        return []
+    counts = values.group_by(values.column_names).aggregate([([], "count_all")])
+    return [[[r[c] for c in values.column_names], r["count_all"]] for r in counts.to_pylist()]
+
+
+def read_generations(cfg: ReadConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Stage 1: read each task's generation through Lance; emit hash-partitioned blobs + stats."""
+    import lance
+
+    options = dict(cfg.storage_options) or None
+    routes = dict(cfg.routing)
+    for batch in batches:
+        for task in batch.to_pylist():
+            info: dict = {"routes": [], "error": None}
+            nbytes = nrows = 0
+            try:
+                ds = lance.dataset(task["uri"], storage_options=options)
+                names = [f.name for f in ds.schema]
+                want = list(cfg.columns) + [TOMBSTONE]
+                if sorted(names) != sorted(want):
+                    extra = sorted(set(names) - set(want))
+                    missing = sorted(set(want) - set(names))
+                    raise ValueError(f"columns differ from the base table: extra {extra}, missing {missing}")
+                table = ds.to_table(columns=want, with_row_address=True)
+                nrows = table.num_rows
+                nbytes = table.nbytes
+                if routes.get(task["region"]):
+                    info["routes"] = _route_counts(table, routes[task["region"]])
+                table = (table.rename_columns([*want, ORD_COL])
+                         .append_column(GEN_COL, pa.array(np.full(nrows, task["generation"], np.int64)))
+                         .append_column(REGION_COL, pa.array(np.full(nrows, task["region"], np.int32))))
+                if nrows:
+                    part = key_partition(table, list(cfg.pk), cfg.parts)
+                    order = np.argsort(part, kind="stable")
+                    table = table.take(pa.array(order))
+                    part = part[order]
+                    bounds = np.flatnonzero(np.diff(part)) + 1
+                    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, nrows]):
+                        chunk = table.slice(int(lo), int(hi - lo))
+                        yield _stage1_row("data", int(part[lo]), task, to_blob(chunk), chunk.num_rows, 0, "")
+            except Exception as e:  # noqa: BLE001 - reported per generation, refused by the driver
+                info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            yield _stage1_row("stats", -1, task, b"", nrows, nbytes, json.dumps(info))
+
+
+def _stage1_row(kind, part, task, blob, rows, nbytes, info) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [{"kind": kind, "part": part, "region": task["region"], "generation": task["generation"],
+          "blob": blob, "rows": rows, "bytes": nbytes, "info": info}], schema=STAGE1_SCHEMA)
+
+
+def newest_per_key(table: pa.Table, pk: list[str]) -> pa.Table:
+    """Keep the newest row of each key: highest generation, then highest row position."""
+    table = table.sort_by([(GEN_COL, "ascending"), (ORD_COL, "ascending")])
+    table = table.append_column("_memwal_i", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    last = table.group_by(pk, use_threads=False).aggregate([("_memwal_i", "max")])
+    return table.take(last["_memwal_i_max"]).drop_columns(["_memwal_i"])
+
+
+def dedup_partition(pk: tuple[str, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Stage 2: all blobs of some key partitions -> newest live rows and tombstoned keys."""
+    tables = [from_blob(b) for batch in batches for b in batch.column("blob").to_pylist()]
+    if not tables:
+        return
+    table = pa.concat_tables(tables, promote_options="permissive")
+    pk = list(pk)
+    regions = table.group_by(pk, use_threads=False).aggregate([(REGION_COL, "count_distinct")])
+    shared = regions.filter(pc.greater(regions[f"{REGION_COL}_count_distinct"], 1))
+    if shared.num_rows:
+        # A key in several regions breaks the spec's exclusivity: report which regions share keys.
+        keys = shared.select(pk)
+        both = table.join(keys, pk, join_type="inner").group_by([REGION_COL]).aggregate([([], "count_all")])
+        yield _stage2_row("dups", b"", shared.num_rows, json.dumps(both.to_pylist()))
+    newest = newest_per_key(table, pk)
+    dead = newest.column(TOMBSTONE).fill_null(False)
+    live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE, GEN_COL, ORD_COL, REGION_COL])
+    gone = newest.filter(dead).select(pk)
+    for kind, t in (("live", live), ("del", gone)):
+        for off in range(0, t.num_rows, ROWS_PER_BLOB):
+            chunk = t.slice(off, ROWS_PER_BLOB)
+            yield _stage2_row(kind, to_blob(chunk), chunk.num_rows, "")
+
+
+def _stage2_row(kind, blob, rows, info) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{"kind": kind, "blob": blob, "rows": rows, "info": info}],
+                                      schema=STAGE2_SCHEMA)
+
+
+@dataclass
+class BatchRead:
+    """The stage-1 result of one merge batch, cached in Spark until `release`."""
+
+    stage1: object  # pyspark DataFrame (persisted)
+    stats: list[dict]
+
+    def release(self) -> None:
+        self.stage1.unpersist()
+
+
+def read_batch(spark, tasks: list[tuple[int, int, int, str]], cfg: ReadConfig) -> BatchRead:
+    """Run stage 1 over `tasks` (task id, region index, generation, uri); collect its stats."""
+    df = spark.createDataFrame(tasks, TASK_SCHEMA).repartition(max(1, len(tasks)))
+    stage1 = df.mapInArrow(functools.partial(read_generations, cfg), STAGE1_DDL).persist()
+    stats = [r.asDict() for r in stage1.filter("kind = 'stats'").drop("blob").collect()]
+    return BatchRead(stage1, stats)
+
+
+@dataclass
+class Deduped:
+    """Stage-2 output of one batch, on the driver: bounded by the batch budget."""
+
+    live: list[pa.Table]
+    deleted: list[pa.Table]
+    dups: list[dict]  # {"rows": keys shared, "regions": [{region, count_all}]}
+
+
+def dedup_batch(spark, stage1, pk: list[str], parts: int) -> Deduped:
+    """Stage 2 over (a filtered view of) the cached stage 1, collected in one Spark job."""
+    from pyspark.sql import functions as F
+
+    data = stage1.filter(F.col("kind") == "data").select("part", "blob").repartition(parts, "part")
+    out = data.mapInArrow(functools.partial(dedup_partition, tuple(pk)), STAGE2_DDL).toArrow()
+    live, deleted, dups = [], [], []
+    for row in out.to_pylist():
+        if row["kind"] == "live":
+            live.append(from_blob(row["blob"]))
+        elif row["kind"] == "del":
+            deleted.append(from_blob(row["blob"]))
+        else:
+            dups.append({"rows": row["rows"], "regions": json.loads(row["info"])})
+    return Deduped(live, deleted, dups)
