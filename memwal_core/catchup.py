@@ -220,20 +220,28 @@ def execute_catchup(loc: TableLocation, plan: CatchupPlan | None = None, *, retr
     kw: dict = {"retrain": retrain}
     if num_indices_to_merge is not None:
         kw["num_indices_to_merge"] = num_indices_to_merge
-    pending: list[tuple[object, bool, str | None, int | None]] = []
+    pending: list[tuple[IndexPlan, bool, str | None, int | None]] = []
     for ip in plan.indexes:
         before = ip.unindexed_rows
         error = None
-        if ip.optimize:
+        optimize = ip.optimize
+        if optimize:
             ds = table.open_dataset(loc)
             before = unindexed_rows(ds, ip.name)
+            if before == 0 and all(r.caught_up for r in region_progress(
+                    table.read_memwal_state(loc, ds.version), ip.name)):
+                # An earlier rebuild's commit recorded this index too (Lance derives catch-up
+                # for every index that covers all fragments): nothing left to do.
+                log.info("index %s: caught up by an earlier commit, skipped", ip.name)
+                optimize = False
+        if optimize:
             try:
                 ds.optimize.optimize_indices(index_names=[ip.name], **kw)
                 log.info("index %s optimized (%s)", ip.name, ip.reason)
             except Exception as e:  # noqa: BLE001
                 error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 log.warning("index %s: optimize_indices failed: %s", ip.name, error)
-        pending.append((ip, ip.optimize, error, before))
+        pending.append((ip, optimize, error, before))
 
     ds = table.open_dataset(loc)
     state = table.read_memwal_state(loc, ds.version)

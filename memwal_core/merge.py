@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import lance
 import pyarrow as pa
 
-from . import layout, region, routing
+from . import faults, layout, region, routing
 from . import spark as sparkpath
 from .lance_mem_wal import is_stale_merge, merged_markers
 from .store import TableLocation
@@ -255,6 +255,8 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     generation in the batch.
     """
     clock = _Clock()
+    ds = open_dataset(loc)
+    pk = primary_key(ds)  # a table without a primary key cannot be merged: say so first
     result = MergeResult(plan.table_uri)
     for rid, err in plan.region_errors.items():
         result.regions[rid] = RegionMergeResult(rid, error=err)
@@ -262,8 +264,6 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         result.duration_s = clock.elapsed()
         result.table_version = plan.table_version
         return result
-    ds = open_dataset(loc)
-    pk = primary_key(ds)
     state = read_memwal_state(loc, ds.version)
     columns = [f.name for f in ds.schema]
     specs = {s.spec_id: _lance_spec(s) for s in state.details.region_specs}
@@ -425,19 +425,21 @@ def _dedup_and_commit(loc, spark, read, gens: list[PlannedGeneration], index, re
     progress: dict[str, int] = {}
     for g in gens:
         progress[g.region_id] = max(progress.get(g.region_id, 0), g.generation)
-    ds = open_dataset(loc)
+    ds = open_dataset(loc, commit_lock=faults.commit_lock("merge.during_commit"))
     schema = pa.schema([ds.schema.field(c) for c in columns])
     builder = ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()
     if deleted is not None and deleted.num_rows:
         builder = builder.when_not_matched_by_source_delete(delete_predicate(deleted, pk))
     builder = builder.mark_sstables_as_compacted(merged_markers(progress))
     source = pa.RecordBatchReader.from_batches(schema, _cast_stream(deduped.live, schema))
+    faults.point("merge.before_commit")
     try:
         stats = builder.execute(source)
     except OSError as e:
         if is_stale_merge(e) or "conflict" in str(e).lower():
             return "conflict"
         raise
+    faults.point("merge.after_commit")
     new = open_dataset(loc)
     result.commits += 1
     result.rows_upserted += stats["num_inserted_rows"] + stats["num_updated_rows"]

@@ -124,15 +124,22 @@ def write_version_hint(store: ObjectStore, region_id: str, version: int) -> None
 
 def decode_manifest(region_id: str, version: int, raw: bytes) -> RegionManifest:
     key = layout.manifest_key(region_id, version)
+    if not raw:
+        raise CorruptManifest(region_id, f"manifest {key} (version {version}) is empty")
     try:
         msg = pb.RegionManifest.FromString(raw)
     except DecodeError as e:
         raise CorruptManifest(region_id, f"manifest {key} (version {version}) cannot be decoded: {e}") from None
     if msg.version != version:
         raise CorruptManifest(region_id, f"manifest {key} says version {msg.version}, expected "
-                                         f"{version} (truncated or misplaced file)")
-    if msg.HasField("region_id") and msg.region_id.uuid != uuid.UUID(region_id).bytes:
-        raise CorruptManifest(region_id, f"manifest {key} belongs to region "
+                                         f"version {version} (truncated or misplaced file)")
+    if not msg.HasField("region_id"):
+        # pylance writes region_id (field 11) last but for defaults, so a file cut short at a
+        # field boundary still decodes: without this check it would silently lose generations.
+        raise CorruptManifest(region_id, f"manifest {key} (version {version}) has no region_id "
+                                         "(truncated, or not a region manifest)")
+    if msg.region_id.uuid != uuid.UUID(region_id).bytes:
+        raise CorruptManifest(region_id, f"manifest {key} (version {version}) belongs to region "
                                          f"{_uuid_str(msg.region_id.uuid)}")
     return RegionManifest(region_id, version, msg, raw)
 

@@ -377,6 +377,24 @@ def read_snapshot(loc: TableLocation, state: table.MemWalState | None = None) ->
         raise SnapshotError(f"table {loc.lance_uri}: region snapshot {key} is unreadable: {e}") from None
 
 
+def snapshot_field_values(tbl: pa.Table) -> dict[str, dict[str, Any]]:
+    """Region id -> {field id: value} for the snapshot rows whose value is known.
+
+    Suitable as the merger's `expected_values`; rows with source 'unknown' are left out.
+    """
+    field_cols = [c for c in tbl.column_names if c.startswith(REGION_FIELD_PREFIX)]
+    has_source = SOURCE_COLUMN in tbl.column_names
+    out: dict[str, dict[str, Any]] = {}
+    for r in tbl.select(["region_id"] + field_cols + ([SOURCE_COLUMN] if has_source else [])).to_pylist():
+        src = r.get(SOURCE_COLUMN) if has_source else None
+        if src in ("unknown", "none"):
+            continue
+        vals = {c[len(REGION_FIELD_PREFIX):]: r[c] for c in field_cols if r[c] is not None}
+        if vals or src:
+            out[str(uuid.UUID(bytes=r["region_id"]))] = vals
+    return out
+
+
 def _previous_field_values(loc: TableLocation, state: table.MemWalState) -> dict[str, tuple[int, FieldValues]]:
     """Derived values of the previous snapshot: region -> (spec id, values)."""
     try:

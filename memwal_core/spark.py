@@ -30,9 +30,6 @@ REGION_COL = "_memwal_region"
 TOMBSTONE = "_tombstone"
 ROWS_PER_BLOB = 65536
 
-# One row per generation to read.
-TASK_SCHEMA = "task int, region int, generation long, uri string"
-
 # Stage 1 output: data blobs per hash partition, plus one stats row per task.
 STAGE1_SCHEMA = pa.schema([
     ("kind", pa.string()),          # 'data' | 'stats'
@@ -131,14 +128,16 @@ def _route_counts(table: pa.Table, routing_json: str) -> list:
     return [[[r[c] for c in values.column_names], r["count_all"]] for r in counts.to_pylist()]
 
 
-def read_generations(cfg: ReadConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def read_generations(cfg: ReadConfig, tasks: tuple, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Stage 1: read each task's generation through Lance; emit hash-partitioned blobs + stats."""
     import lance
 
     options = dict(cfg.storage_options) or None
     routes = dict(cfg.routing)
     for batch in batches:
-        for task in batch.to_pylist():
+        for task_id in batch.column("id").to_pylist():
+            tid, region_idx, generation, uri = tasks[task_id]
+            task = {"region": region_idx, "generation": generation, "uri": uri}
             info: dict = {"routes": [], "error": None}
             nbytes = nrows = 0
             try:
@@ -226,9 +225,13 @@ class BatchRead:
 
 
 def read_batch(spark, tasks: list[tuple[int, int, int, str]], cfg: ReadConfig) -> BatchRead:
-    """Run stage 1 over `tasks` (task id, region index, generation, uri); collect its stats."""
-    df = spark.createDataFrame(tasks, TASK_SCHEMA).repartition(max(1, len(tasks)))
-    stage1 = df.mapInArrow(functools.partial(read_generations, cfg), STAGE1_DDL).persist()
+    """Run stage 1 over `tasks` (task id, region index, generation, uri); collect its stats.
+
+    One Spark partition per generation, straight from `range` (no shuffle to spread them).
+    """
+    df = spark.range(0, len(tasks), 1, numPartitions=max(1, len(tasks)))
+    fn = functools.partial(read_generations, cfg, tuple(tasks))
+    stage1 = df.mapInArrow(fn, STAGE1_DDL).persist()
     stats = [r.asDict() for r in stage1.filter("kind = 'stats'").drop("blob").collect()]
     return BatchRead(stage1, stats)
 

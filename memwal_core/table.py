@@ -45,9 +45,10 @@ class LostRace(TableError):
     """Another commit landed between our read and our guarded commit: re-read and rebuild."""
 
 
-def open_dataset(loc: TableLocation, version: int | None = None) -> lance.LanceDataset:
+def open_dataset(loc: TableLocation, version: int | None = None, commit_lock=None) -> lance.LanceDataset:
     try:
-        return lance.dataset(loc.lance_uri, version=version, storage_options=loc.storage_options or None)
+        return lance.dataset(loc.lance_uri, version=version, storage_options=loc.storage_options or None,
+                             commit_lock=commit_lock)
     except ValueError as e:
         raise TableError(f"cannot open Lance table {loc.lance_uri}: {e}") from None
     except OSError as e:

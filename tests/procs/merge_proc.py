@@ -1,0 +1,32 @@
+"""A merger in its own process (own SparkSession), for concurrency and crash tests.
+
+Usage: python -m tests.procs.merge_proc URI [--budget BYTES] [--start-at EPOCH_SECONDS]
+Prints the MergeResult as JSON on the last line; MEMWAL_CRASH_AT makes it die at a point.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+from memwal_core import merge
+from memwal_core.spark import get_spark
+from memwal_core.store import open_store
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("uri")
+    p.add_argument("--budget", type=int, default=merge.DEFAULT_BUDGET_BYTES)
+    p.add_argument("--start-at", type=float, default=0.0)
+    a = p.parse_args()
+    spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
+    while time.time() < a.start_at:  # line both mergers up after their JVMs are warm
+        time.sleep(0.01)
+    result = merge.merge(open_store(a.uri), spark, budget_bytes=a.budget)
+    print(json.dumps(result.to_dict()))
+    return 1 if result.failed_regions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Damaged or unexpected input to memwal_core: clear errors naming the file and the region,
+one broken region never hiding the others, and nothing deleted or changed by reading.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+import lance
+import pyarrow as pa
+import pytest
+
+from memwal_core import demo, layout, reader, region, table
+from memwal_core.layout import UnsafePath
+from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.store import LocalStore
+
+
+def rows(first: int, n: int, version: int):
+    return demo.rows_table([demo.row(k, version) for k in range(first, first + n)])
+
+
+def snapshot(root: str) -> dict[str, bytes]:
+    out = {}
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
+
+
+@pytest.fixture
+def two_regions(table_loc):
+    """Two regions written by pylance (two flushed generations each) and the expected table."""
+    ds = demo.create_table(table_loc, sharding="manual", base_rows=5)
+    rids = sorted(str(uuid.uuid4()) for _ in range(2))
+    model = {r["id"]: r for r in ds.to_table().to_pylist()}
+    for i, rid in enumerate(rids):
+        with ds.mem_wal_writer(rid, max_memtable_rows=10) as w:
+            w.put(rows(100 * (i + 1), 10, 1))
+            w.put(rows(100 * (i + 1) + 10, 3, 1))
+        model.update({k: demo.row(k, 1) for k in range(100 * (i + 1), 100 * (i + 1) + 13)})
+    return table_loc, rids, model
+
+
+def latest_key(loc, rid: str) -> tuple[str, int]:
+    v = region.load_latest(loc.store, rid).version
+    return layout.manifest_key(rid, v), v
+
+
+# =========================================================================== corrupt manifests
+def test_truncated_manifest(two_regions):
+    loc, (bad, good), _ = two_regions
+    key, version = latest_key(loc, bad)
+    raw = loc.store.get(key)
+    # Cut anywhere -- also exactly at field boundaries, where protobuf itself decodes happily.
+    for n in range(len(raw)):
+        with pytest.raises(region.CorruptManifest) as e:
+            region.decode_manifest(bad, version, raw[:n])
+        assert bad in str(e.value) and key in str(e.value), n
+        assert e.value.region_id == bad
+
+    loc.store.put(key, raw[: len(raw) * 2 // 3])
+    before = snapshot(loc.store.root)
+    with pytest.raises(region.CorruptManifest) as e:
+        region.load_latest(loc.store, bad)
+    assert bad in str(e.value) and key in str(e.value)
+    loaded = region.load_many(loc.store, [bad, good])
+    assert isinstance(loaded[bad], region.CorruptManifest) and key in str(loaded[bad])
+    assert isinstance(loaded[good], region.RegionManifest) and loaded[good].generations
+    assert snapshot(loc.store.root) == before
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\xff" * 40, b"this is not a protobuf at all", b'{"version": 3}', b"\x08", b"\x0a\xff\xff\xff",
+    b"\x08\x03",  # a well-formed message that only says "version 3"
+    b"",
+])
+def test_garbage_manifest(two_regions, garbage):
+    loc, (bad, good), _ = two_regions
+    key, version = latest_key(loc, bad)
+    loc.store.put(key, garbage)
+    before = snapshot(loc.store.root)
+    with pytest.raises(region.CorruptManifest) as e:
+        region.load_latest(loc.store, bad)
+    msg = str(e.value)
+    assert msg.startswith(f"region {bad}: ") and key in msg and f"version {version}" in msg
+    loaded = region.load_many(loc.store, [good, bad])
+    assert isinstance(loaded[bad], region.CorruptManifest)
+    assert isinstance(loaded[good], region.RegionManifest)
+    assert snapshot(loc.store.root) == before
+
+
+def test_manifest_of_another_region(two_regions):
+    loc, (a, b), _ = two_regions
+    key_a, va = latest_key(loc, a)
+    key_b, vb = latest_key(loc, b)
+    assert va == vb
+    loc.store.put(key_a, loc.store.get(key_b))  # a misplaced copy
+    with pytest.raises(region.CorruptManifest) as e:
+        region.load_latest(loc.store, a)
+    assert a in str(e.value) and key_a in str(e.value) and f"belongs to region {b}" in str(e.value)
+
+
+def test_manifest_saying_another_version(two_regions):
+    loc, (a, _), _ = two_regions
+    key, version = latest_key(loc, a)
+    older = loc.store.get(layout.manifest_key(a, version - 1))
+    loc.store.put(key, older)
+    with pytest.raises(region.CorruptManifest, match=f"says version {version - 1}, expected version {version}") as e:
+        region.load_latest(loc.store, a)
+    assert key in str(e.value) and a in str(e.value)
+
+
+# =========================================================================== version hint
+@pytest.mark.parametrize("garbage", [b"\x00\x01binary", b"{broken", b'{"version": "latest"}', b'{"version": -1}'])
+def test_garbage_version_hint_is_ignored_with_a_warning(two_regions, caplog, garbage):
+    loc, (a, b), model = two_regions
+    hint = layout.version_hint_key(a)
+    loc.store.put(hint, garbage)
+    latest = max(layout.parse_bitrev(o.key.rsplit("/", 1)[1]) for o in loc.store.list(layout.manifest_dir(a))
+                 if o.key.endswith(".binpb"))
+    before = snapshot(loc.store.root)
+    with caplog.at_level(logging.WARNING, logger="memwal"):
+        store = LocalStore(loc.store.root)
+        assert region.load_latest(store, a).version == latest
+    assert store.stats["list"] == 0
+    (rec,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert a in rec.getMessage() and hint in rec.getMessage()
+    assert snapshot(loc.store.root) == before  # the hint is not rewritten by a reader
+    assert {r["id"]: r for r in reader.lsm_table(loc).to_pylist()} == model
+
+
+# =========================================================================== region directories
+@pytest.mark.parametrize("name", ["not-a-uuid", "tmp", "0f8fad5b-d9cb-469f-a165-70867728950", "_gen_1"])
+def test_region_directory_that_is_not_a_uuid_is_skipped(two_regions, caplog, name):
+    loc, rids, model = two_regions
+    stray = os.path.join(loc.store.root, layout.MEM_WAL_DIR, name, "manifest")
+    os.makedirs(stray)
+    with open(os.path.join(stray, layout.bitrev(1) + ".binpb"), "wb") as f:
+        f.write(b"junk")
+    before = snapshot(loc.store.root)
+    with caplog.at_level(logging.WARNING, logger="memwal.region"):
+        listing = region.list_regions(loc.store)
+    assert listing.region_ids == rids
+    assert listing.skipped == [(name, "directory name is not a region UUID")]
+    assert any(name in r.getMessage() and "not a region UUID" in r.getMessage() for r in caplog.records)
+    # A reader over the whole table is not disturbed by it, and nothing is removed.
+    assert {r["id"]: r for r in reader.lsm_table(loc).to_pylist()} == model
+    assert snapshot(loc.store.root) == before
+
+
+def test_region_without_manifest_is_reported_not_raised(two_regions):
+    loc, rids, _ = two_regions
+    empty = str(uuid.uuid4())
+    os.makedirs(os.path.join(loc.store.root, layout.wal_dir(empty)))
+    with open(os.path.join(loc.store.root, layout.wal_key(empty, 1)), "wb") as f:
+        f.write(b"orphan wal entry")
+    before = snapshot(loc.store.root)
+    listing = region.list_regions(loc.store)
+    assert sorted(listing.region_ids) == sorted(rids + [empty])
+    loaded = region.load_many(loc.store, listing.region_ids)
+    assert isinstance(loaded[empty], region.MissingManifest)
+    assert str(loaded[empty]).startswith(f"region {empty}: ")
+    assert layout.manifest_dir(empty) in str(loaded[empty])
+    for rid in rids:
+        assert isinstance(loaded[rid], region.RegionManifest) and loaded[rid].region_id == rid
+    assert snapshot(loc.store.root) == before
+
+
+# =========================================================================== unsafe generation paths
+@pytest.mark.parametrize("bad_path", ["../../x", "/abs"])
+def test_unsafe_generation_path_is_never_opened(two_regions, tmp_path, monkeypatch, bad_path):
+    loc, (rid, _), model = two_regions
+    # A real Lance dataset where the path points, with rows that must never show up.
+    decoy = str(tmp_path / "abs_decoy") if bad_path == "/abs" else os.path.join(loc.store.root, "x")
+    lance.write_dataset(rows(9000, 3, 9).append_column("_tombstone", pa.array([False] * 3)), decoy)
+    path = decoy if bad_path == "/abs" else bad_path
+    assert os.path.isdir(os.path.normpath(os.path.join(loc.store.root, layout.region_dir(rid), path)))
+
+    cur = region.load_latest(loc.store, rid)
+    gen = cur.current_generation
+
+    def add_bad_generation(msg: pb.RegionManifest) -> bool:
+        msg.flushed_generations.add(generation=gen, path=path, in_memory_bytes=1, physical_rows=3)
+        msg.current_generation = gen + 1
+        return True
+
+    crafted = region.commit_next(loc.store, cur, add_bad_generation)
+    assert region.load_latest(loc.store, rid).raw == crafted.raw  # it loads; the path is data
+
+    with pytest.raises(UnsafePath) as e:
+        layout.generation_dir(rid, path, gen)
+    assert rid in str(e.value) and repr(path) in str(e.value)
+
+    opened = []
+    real = reader.lsm_read
+    monkeypatch.setattr(reader, "lsm_read", lambda ds, snaps: opened.append(snaps) or real(ds, snaps))
+    before = snapshot(loc.store.root)
+    decoy_before = snapshot(decoy)
+    with pytest.raises(UnsafePath) as e:
+        reader.lsm_table(loc)
+    assert repr(path) in str(e.value)
+    assert opened == []  # rejected before pylance was asked to read anything
+    assert snapshot(loc.store.root) == before and snapshot(decoy) == decoy_before
+
+
+def test_generation_path_for_another_generation_is_rejected(two_regions, monkeypatch):
+    loc, (rid, _), _ = two_regions
+    cur = region.load_latest(loc.store, rid)
+    other = cur.generations[0].path  # a real directory, but of generation 1
+
+    def add(msg: pb.RegionManifest) -> bool:
+        msg.flushed_generations.add(generation=msg.current_generation, path=other, physical_rows=1)
+        msg.current_generation += 1
+        return True
+
+    region.commit_next(loc.store, cur, add)
+    with pytest.raises(UnsafePath, match=f"does not belong to generation {cur.current_generation}"):
+        reader.lsm_table(loc)
+
+
+# =========================================================================== base table
+def test_read_memwal_state_without_memwal(table_loc):
+    lance.write_dataset(rows(0, 3, 0), table_loc.lance_uri)
+    with pytest.raises(table.MemWalNotInitialized) as e:
+        table.read_memwal_state(table_loc)
+    msg = str(e.value)
+    assert table_loc.lance_uri in msg and "version 1" in msg
+    assert "not initialized" in msg and "initialize_mem_wal" in msg
+
+
+def test_read_memwal_state_with_other_indexes_only(table_loc):
+    ds = lance.write_dataset(rows(0, 3, 0), table_loc.lance_uri)
+    ds.create_scalar_index("id", "BTREE")
+    with pytest.raises(table.MemWalNotInitialized, match="initialize_mem_wal"):
+        table.read_memwal_state(table_loc)
+
+
+def test_primary_key_missing(table_loc):
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string())])
+    ds = lance.write_dataset(pa.table({"id": [1], "v": ["a"]}, schema=schema), table_loc.lance_uri)
+    with pytest.raises(table.NoPrimaryKey) as e:
+        table.primary_key(ds)
+    msg = str(e.value)
+    assert table_loc.lance_uri in msg and "lance-schema:unenforced-primary-key" in msg
+    # Marked "false" is not a primary key either.
+    schema2 = pa.schema([pa.field("id", pa.int64(), metadata={"lance-schema:unenforced-primary-key": "false"})])
+    ds2 = lance.write_dataset(pa.table({"id": [1]}, schema=schema2), table_loc.lance_uri + "2")
+    with pytest.raises(table.NoPrimaryKey):
+        table.primary_key(ds2)
+
+
+def test_open_missing_table_is_a_clear_error(tmp_path):
+    from memwal_core.store import open_store
+
+    loc = open_store(str(tmp_path / "nothing-here"))
+    with pytest.raises(table.TableError, match="cannot open Lance table .*nothing-here"):
+        table.open_dataset(loc)
+    with pytest.raises(table.TableError, match="nothing-here"):
+        table.read_memwal_state(loc)

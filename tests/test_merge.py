@@ -1,0 +1,226 @@
+"""The merger against real pylance tables, a real local SparkSession, and real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import lance
+import pyarrow as pa
+import pytest
+
+from memwal_core import demo, layout, merge, reader, region, table
+from memwal_core.proto import memwal_pb2 as pb
+
+PROCS = os.path.join(os.path.dirname(__file__), "procs")
+
+
+def as_dict(t: pa.Table) -> dict:
+    return {r["id"]: r for r in t.to_pylist()}
+
+
+def base_rows(loc) -> dict:
+    return as_dict(table.open_dataset(loc).to_table())
+
+
+def lsm_rows(loc) -> dict:
+    return as_dict(reader.lsm_table(loc))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_randomized_differential(table_loc, spark, seed):
+    """Merges interleaved with writes: every LSM read and finally the base table equal the model."""
+    demo.create_table(table_loc, sharding="bucket", num_buckets=5, base_rows=40)
+    w = demo.Workload(table_loc, seed=seed, key_space=400, max_memtable_rows=40)
+    progress_seen: dict[str, int] = {}
+    for step in range(3):
+        for _ in range(2):
+            w.write_round(150, overwrite=0.3, delete=0.05, absent_delete=0.02, puts_per_batch=15)
+        budget = [10_000, 10**9][step % 2]  # alternate several small commits and one big one
+        result = merge.merge(table_loc, spark, budget_bytes=budget)
+        assert not result.failed_regions
+        assert result.commits >= 1
+        assert lsm_rows(table_loc) == w.expected()
+        merged = table.read_memwal_state(table_loc).merged
+        for rid, g in merged.items():
+            assert g >= progress_seen.get(rid, 0)  # progress never regresses
+        progress_seen = merged
+    # Everything flushed is merged: the base table alone is the model.
+    assert merge.plan_merge(table_loc).batches == []
+    assert base_rows(table_loc) == w.expected()
+    for rid in w.regions.values():
+        latest = region.load_latest(table_loc.store, rid)
+        assert merged[rid] == max(g.generation for g in latest.generations)
+
+
+def test_batches_respect_budget_and_order(table_loc, spark):
+    demo.create_table(table_loc, sharding="bucket", num_buckets=3)
+    w = demo.Workload(table_loc, seed=7, key_space=200, max_memtable_rows=30)
+    for _ in range(4):
+        w.write_round(90, overwrite=0.5, puts_per_batch=10)
+    plan = merge.plan_merge(table_loc, budget_bytes=6_000, max_generations=4)
+    assert len(plan.batches) > 2
+    seen: dict[str, int] = {}
+    for b in plan.batches:
+        assert len(b.generations) <= 4
+        assert b.bytes <= 6_000 or len(b.generations) == 1
+        for g in b.generations:  # ascending per region across and within batches
+            assert g.generation > seen.get(g.region_id, 0)
+            seen[g.region_id] = g.generation
+    versions_before = table.open_dataset(table_loc).version
+    result = merge.execute_merge(table_loc, plan, spark)
+    assert result.commits == len(plan.batches)
+    assert table.open_dataset(table_loc).version == versions_before + len(plan.batches)
+    assert base_rows(table_loc) == w.expected()
+    assert result.generations_merged == sum(len(b.generations) for b in plan.batches)
+    assert result.rows_upserted > 0 and result.bytes_read > 0 and result.bytes_written > 0
+
+
+def test_rerun_is_noop_and_skips_merged(table_loc, spark):
+    demo.create_table(table_loc, sharding="unsharded", base_rows=10)
+    w = demo.Workload(table_loc, seed=3, key_space=50)
+    w.write_round(60)
+    plan = merge.plan_merge(table_loc)
+    first = merge.execute_merge(table_loc, plan, spark)
+    assert first.commits == 1
+    # Executing the same (now stale) plan again merges nothing twice: generations are skipped.
+    version = table.open_dataset(table_loc).version
+    again = merge.execute_merge(table_loc, plan, spark)
+    assert again.commits == 0
+    assert all(r.skipped_generations for r in again.regions.values())
+    assert table.open_dataset(table_loc).version == version
+    assert base_rows(table_loc) == w.expected()
+
+
+def _spawn_merger(uri: str, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.join(PROCS, "merge_proc.py"), uri, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def test_two_merger_processes(table_loc, spark):
+    demo.create_table(table_loc, sharding="bucket", num_buckets=4, base_rows=20)
+    w = demo.Workload(table_loc, seed=11, key_space=300, max_memtable_rows=30)
+    for _ in range(3):
+        w.write_round(120, overwrite=0.4, delete=0.05, puts_per_batch=10)
+    start = time.time() + 25  # both JVMs are up by then; they start merging together
+    procs = [_spawn_merger(table_loc.lance_uri, "--budget", "8000", "--start-at", str(start)) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["failed_regions"] == {}
+    results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert sum(r["commits"] for r in results) >= 1
+    assert base_rows(table_loc) == w.expected()
+    merged = table.read_memwal_state(table_loc).merged
+    for rid in w.regions.values():
+        assert merged[rid] == max(g.generation for g in region.load_latest(table_loc.store, rid).generations)
+
+
+CRASH_POINTS = ["merge.before_commit", "merge.during_commit", "merge.after_commit"]
+
+
+def test_crash_then_rerun_converges(tmp_path, spark):
+    """A merger killed before, during and right after its commit; each rerun converges.
+
+    The three crashing processes run at once (one JVM start of wall time instead of three).
+    """
+    from memwal_core.store import open_store
+
+    cases = []
+    for i, point in enumerate(CRASH_POINTS):
+        loc = open_store(str(tmp_path / f"t{i}"))
+        demo.create_table(loc, sharding="bucket", num_buckets=3, base_rows=30)
+        w = demo.Workload(loc, seed=5 + i, key_space=200, max_memtable_rows=40)
+        for _ in range(2):
+            w.write_round(100, overwrite=0.4, delete=0.05, puts_per_batch=10)
+        cases.append((point, loc, w, _spawn_merger(loc.lance_uri, env={"MEMWAL_CRASH_AT": point})))
+    for point, loc, w, p in cases:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 137, f"{point}: {err[-3000:]}"
+        merged = table.read_memwal_state(loc).merged
+        if point == "merge.after_commit":
+            assert merged, point  # the commit landed before the crash
+        else:
+            assert merged == {}, point  # nothing committed, not even half
+        assert lsm_rows(loc) == w.expected(), point  # the table is correct right after the crash
+        result = merge.merge(loc, spark)
+        assert not result.failed_regions
+        assert base_rows(loc) == w.expected(), point
+        assert merge.plan_merge(loc).batches == []
+
+
+def _plant_generation(loc, region_id: str, data: pa.Table) -> int:
+    """Append a hand-written generation to a region's manifest, as a foreign writer could."""
+    latest = region.load_latest(loc.store, region_id)
+    gen = latest.current_generation
+    path = f"{uuid.uuid4().hex[:8]}_gen_{gen}"
+    lance.write_dataset(data, loc.child_uri(layout.generation_dir(region_id, path, gen)))
+
+    def add(m: pb.RegionManifest) -> bool:
+        m.flushed_generations.add(generation=gen, path=path, physical_rows=data.num_rows)
+        m.current_generation = gen + 1
+        return True
+
+    region.commit_next(loc.store, latest, add)
+    return gen
+
+
+def test_misrouted_rows_are_refused_and_others_proceed(table_loc, spark):
+    demo.create_table(table_loc, sharding="bucket", num_buckets=4)
+    w = demo.Workload(table_loc, seed=21, key_space=200)
+    w.write_round(120)
+    victim, other_value = sorted(w.regions.items())[0][1], sorted(w.regions)[1]
+    # pylance does not check routing: write keys of another bucket into the victim region.
+    stray = [k for k in range(1000, 2000) if w.region_value([k])[0] == other_value][:7]
+    with w.dataset().mem_wal_writer(victim) as writer:
+        writer.put(demo.rows_table([demo.row(k, 99) for k in stray]))
+    bad_gen = max(g.generation for g in region.load_latest(table_loc.store, victim).generations)
+    result = merge.merge(table_loc, spark)
+    r = result.regions[victim]
+    assert r.offending_keys == 7
+    assert f"generation {bad_gen}" in r.error and "route to another region" in r.error
+    assert bad_gen not in r.generations_merged
+    assert r.merged_generation == bad_gen - 1  # everything before the bad generation is merged
+    others = [rid for rid in w.regions.values() if rid != victim]
+    assert all(result.regions[rid].error is None and result.regions[rid].generations_merged for rid in others)
+    assert table.read_memwal_state(table_loc).merged[victim] == bad_gen - 1
+    assert all(k not in base_rows(table_loc) for k in stray)
+
+
+def test_schema_mismatch_generation_is_refused(table_loc, spark):
+    demo.create_table(table_loc, sharding="unsharded")
+    w = demo.Workload(table_loc, seed=4, key_space=100)
+    w.write_round(40)
+    rid = next(iter(w.regions.values()))
+    wrong = pa.table({"id": pa.array([5000], pa.int64()), "n": pa.array([1], pa.int64()),
+                      "other": pa.array(["x"]), "_tombstone": pa.array([False])})
+    gen = _plant_generation(table_loc, rid, wrong)
+    result = merge.merge(table_loc, spark)
+    err = result.regions[rid].error
+    assert f"generation {gen}" in err and "columns differ" in err and "other" in err
+    assert table.read_memwal_state(table_loc).merged[rid] == gen - 1
+    assert 5000 not in base_rows(table_loc)
+
+
+def test_table_without_primary_key_is_a_clear_error(tmp_path, spark):
+    from memwal_core.store import open_store
+
+    loc = open_store(str(tmp_path / "nopk"))
+    ds = lance.write_dataset(pa.table({"id": pa.array([1], pa.int64())}), loc.lance_uri)
+    ds.initialize_mem_wal(unsharded=True)
+    with pytest.raises(table.NoPrimaryKey, match="no primary key"):
+        merge.merge(loc, spark)
+
+
+def test_delete_predicate_literals():
+    keys = pa.table({"k": pa.array(["a", "it's"])})
+    assert merge.delete_predicate(keys, ["k"]) == "k IN ('a', 'it''s')"
+    both = pa.table({"a": pa.array([1, 2], pa.int64()), "b": pa.array([True, False])})
+    assert merge.delete_predicate(both, ["a", "b"]) == "(a = 1 AND b = true) OR (a = 2 AND b = false)"
+    with pytest.raises(merge.MergeError, match="cannot be used"):
+        merge.delete_predicate(keys.rename_columns(["bad col"]), ["bad col"])
