@@ -76,6 +76,7 @@ class Workload:
     model: dict[int, dict[str, Any]] = field(default_factory=dict)
     regions: dict[Any, str] = field(default_factory=dict)  # region value -> region id
     version: int = 0
+    durable_write: bool = False  # close() flushes everything; durable puts cost ~80 ms each
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -122,7 +123,8 @@ class Workload:
             by_region.setdefault(self.region_for(v), []).append((op, k))
         ds = self.dataset()
         for rid, rops in by_region.items():
-            with ds.mem_wal_writer(rid, max_memtable_rows=self.max_memtable_rows) as w:
+            with ds.mem_wal_writer(rid, max_memtable_rows=self.max_memtable_rows,
+                                   durable_write=self.durable_write) as w:
                 self._apply(w, rops, puts_per_batch)
 
     def _apply(self, writer, ops: list[tuple[str, int]], puts_per_batch: int) -> None:

@@ -15,12 +15,17 @@ from .store import TableLocation
 from .table import MemWalState, open_dataset, read_memwal_state
 
 
+def _checked(region_id: str, g: region.Generation) -> str:
+    layout.generation_dir(region_id, g.path, g.generation)  # raises UnsafePath naming the region
+    return g.path
+
+
 def pending_snapshots(state: MemWalState, manifests: dict[str, region.RegionManifest]) -> list:
     """One pylance snapshot per region, listing only its generations newer than merged."""
     merged = state.merged
     snaps = []
     for rid, m in sorted(manifests.items()):
-        gens = [(g.generation, layout.validate_generation_path(g.path, g.generation))
+        gens = [(g.generation, _checked(rid, g))
                 for g in m.generations if g.generation > merged.get(rid, 0)]
         snaps.append(region_snapshot(rid, m.current_generation, gens, m.message.region_spec_id))
     return snaps

@@ -87,8 +87,6 @@ def test_local_put_if_absent_race_across_processes(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
              for tag in tags]
     try:
-        import time
-
         deadline = time.time() + 30
         while len(os.listdir(ready)) < n_procs and time.time() < deadline:
             time.sleep(0.01)

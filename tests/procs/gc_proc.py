@@ -1,0 +1,33 @@
+"""The garbage collector in its own process (crash tests).
+
+usage: gc_proc.py TABLE_URI [--grace SECONDS] [--keep N] [--min-age SECONDS] [--base-cleanup SECONDS]
+Prints the GcResult as JSON on the last line; MEMWAL_CRASH_AT=gc.after_manifest_commit makes it
+die right after committing the first region manifest that unlists generations.
+"""
+
+import argparse
+import json
+import sys
+from datetime import timedelta
+
+from memwal_core import gc
+from memwal_core.store import open_store
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("uri")
+    p.add_argument("--grace", type=float, default=3600.0)
+    p.add_argument("--keep", type=int, default=10)
+    p.add_argument("--min-age", type=float, default=3600.0)
+    p.add_argument("--base-cleanup", type=float, default=None)
+    a = p.parse_args()
+    cfg = gc.GcConfig(manifest_keep_versions=a.keep, manifest_min_age_s=a.min_age, orphan_grace_s=a.grace,
+                      base_cleanup_older_than=None if a.base_cleanup is None else timedelta(seconds=a.base_cleanup))
+    result = gc.run_gc(open_store(a.uri), cfg)
+    print(json.dumps(result.to_dict()))
+    return 1 if result.region_errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
