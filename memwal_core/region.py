@@ -159,16 +159,18 @@ def load_version(store: ObjectStore, region_id: str, version: int) -> RegionMani
     return decode_manifest(region_id, version, raw)
 
 
-def probe_latest_version(store: ObjectStore, region_id: str, start: int | None = None) -> int:
+def probe_latest_version(store: ObjectStore, region_id: str, start: int | None = None, *,
+                         start_exists: bool = False) -> int:
     """Latest existing manifest version by existence probes from `start` (or the hint, or 1).
 
-    Only when the start version itself is missing (a garbage or stale hint after old versions
+    `start_exists=True` (a version seen before, e.g. a sensor cursor) skips re-probing `start`
+    itself, so an unchanged region costs exactly one request. Only when the start version is missing (a garbage or stale hint after old versions
     were garbage-collected, or a hand-damaged region) does it fall back to listing the
     manifest directory, with a warning.
     """
     if start is None:
-        start = read_version_hint(store, region_id) or 1
-    if not store.exists(layout.manifest_key(region_id, start)):
+        start, start_exists = read_version_hint(store, region_id) or 1, False
+    if not start_exists and not store.exists(layout.manifest_key(region_id, start)):
         return _latest_by_listing(store, region_id, start)
     v = start
     while store.exists(layout.manifest_key(region_id, v + 1)):

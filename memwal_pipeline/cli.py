@@ -79,9 +79,8 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
                 tags = {ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]}
             _say(f"[{cfg.name}] {step} ...")
             t0 = time.monotonic()
-            result = materialize([asset_def], instance=instance, resources=td.resources, tags=tags,
-                                 run_config=run_config, raise_on_error=False,
-                                 selection=[asset_def.key])
+            result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
+                                 resources=td.resources, tags=tags, run_config=run_config, raise_on_error=False)
             took = time.monotonic() - t0
             if not result.success:
                 err = _first_failure(result)
@@ -97,6 +96,11 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
                 report["failed"].append(f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}")
                 _say(f"[{cfg.name}] {step}: {err}")
             _say(f"[{cfg.name}] {step} done in {took:.1f} s" + _summary(step, md))
+            for check in result.get_asset_check_evaluations():
+                if not check.passed:
+                    details = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
+                    _say(f"[{cfg.name}] check {check.check_name} FAILED: {details}")
+                    report["failed"].append(f"check {check.check_name}: {details}")
     return report
 
 

@@ -36,6 +36,10 @@ class TableDefs:
     schedule: ScheduleDefinition
     resources: dict
 
+    def checks_for(self, asset_key) -> list:
+        """The asset checks that target `asset_key` (to materialize an asset with its checks)."""
+        return [c for c in self.checks if any(k.asset_key == asset_key for k in c.check_keys)]
+
 
 def table_definitions(cfg: TableConfig) -> TableDefs:
     keys = TableKeys(cfg.name)

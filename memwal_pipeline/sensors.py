@@ -40,7 +40,7 @@ from .config import TableConfig
 def _probe(store, rids: list[str], known: dict[str, int]) -> dict[str, int | Exception]:
     def one(rid: str) -> int | Exception:
         try:
-            return region.probe_latest_version(store, rid, known.get(rid))
+            return region.probe_latest_version(store, rid, known.get(rid), start_exists=rid in known)
         except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
             return e
 

@@ -1,0 +1,250 @@
+"""The Dagster layer on real tables: definitions, the manifest sensor, materialize, end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    EnvVar,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
+    materialize,
+    partition_loading_context,
+)
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+from memwal_core import demo, layout, region, table
+from memwal_pipeline.config import TableConfig, load_config
+from memwal_pipeline.definitions import build_definitions, table_definitions
+from memwal_pipeline.sensors import evaluate_tick
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rows(loc) -> dict:
+    return {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()}
+
+
+@pytest.fixture
+def instance():
+    with DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def make_table(loc, seed=1, regions=3, rounds=2):
+    demo.create_table(loc, sharding="bucket", num_buckets=regions, base_rows=20, btree_index=True)
+    w = demo.Workload(loc, seed=seed, key_space=200, max_memtable_rows=50)
+    for _ in range(rounds):
+        w.write_round(90, overwrite=0.3, delete=0.05, puts_per_batch=10)
+    return w
+
+
+def cfg_for(loc, name="t", **kw) -> TableConfig:
+    return TableConfig(name=name, uri=loc.lance_uri, storage_options=dict(loc.storage_options),
+                       spark_master="local[2]", manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                       cleanup_base_versions_older_than_seconds=0, **kw)
+
+
+def tick(defs, td, instance, cursor=None, through_dagster=None):
+    """One sensor evaluation, applied to the instance the way the sensor daemon applies it.
+
+    Ticks that add partitions call the sensor's body directly (Dagster's test-time
+    `evaluate_tick` resolves partition keys before applying the partitions the same result
+    adds, which the daemon does not); other ticks go through the sensor definition.
+    """
+    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=td.resources)
+    known = set(instance.get_dynamic_partitions(td.partitions.name))
+    listed = set(region.list_regions(td.resources[f"{td.cfg.name}_table"].location().store).region_ids)
+    if through_dagster is None:
+        through_dagster = listed <= known
+    if through_dagster:
+        with partition_loading_context(dynamic_partitions_store=instance):
+            data = defs.get_sensor_def(td.sensor.name).evaluate_tick(ctx)
+    else:
+        loc = td.resources[f"{td.cfg.name}_table"].location()
+        data = evaluate_tick(ctx, td.cfg, td.partitions, td.merge_job.name, td.maintenance_job.name, loc)
+        if isinstance(data, SkipReason):
+            return _Skip(data.skip_message), cursor
+    for req in data.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    for ev in data.asset_events or []:
+        instance.report_runless_asset_event(ev)
+    return data, (data.cursor if data.cursor is not None else cursor)
+
+
+class _Skip:
+    def __init__(self, message):
+        self.skip_message = message
+        self.run_requests = []
+
+
+def run_requests(data):
+    return list(data.run_requests or [])
+
+
+def test_config_file_two_tables_and_secret_env(tmp_path, monkeypatch):
+    cfg = tmp_path / "memwal.yaml"
+    cfg.write_text(textwrap.dedent("""
+        tables:
+          - name: a
+            uri: data/a
+          - name: b
+            uri: s3://bucket/b
+            storage_options: {aws_endpoint: "http://127.0.0.1:1", aws_access_key_id: key}
+            secrets: {aws_secret_access_key: B_SECRET}
+            spark: {master: "sc://127.0.0.1:15002"}
+            slo: {merge_lag_seconds: 5}
+    """))
+    tables = load_config(cfg)
+    assert [t.name for t in tables] == ["a", "b"]
+    assert tables[0].uri == str(tmp_path / "data" / "a")
+    assert tables[1].secret_env == {"aws_secret_access_key": "B_SECRET"}
+    defs = build_definitions(tables)
+    keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
+    for t in ("a", "b"):
+        for a in ("region_generations", "base_table", "memwal_index", "index_catchup", "garbage"):
+            assert f"{t}/{a}" in keys
+    assert {s.name for s in defs.sensors} == {"a_manifest_sensor", "b_manifest_sensor"}
+    # The secret is resolved from the environment at run time, never read from the file.
+    monkeypatch.setenv("B_SECRET", "s3cr3t")
+    res = table_definitions(tables[1]).resources["b_table"]
+    assert "s3cr3t" not in cfg.read_text()
+    assert isinstance(res.aws_secret_access_key, EnvVar)  # the name only; resolved at run time
+    live = res.process_config_and_initialize()
+    assert live.location().storage_options["aws_secret_access_key"] == "s3cr3t"
+
+
+def test_config_refuses_secrets_in_file(tmp_path):
+    from memwal_pipeline.config import ConfigError
+
+    cfg = tmp_path / "memwal.yaml"
+    cfg.write_text("tables:\n  - name: x\n    uri: s3://b/x\n    storage_options: {aws_secret_access_key: oops}\n")
+    with pytest.raises(ConfigError, match="secrets"):
+        load_config(cfg)
+
+
+def test_definitions_validate_cli():
+    out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dagster"), "definitions", "validate",
+                          "-w", "workspace.yaml"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_sensor_partitions_requests_and_quiet_ticks(table_loc, instance, spark):
+    w = make_table(table_loc, regions=3)
+    td = table_definitions(cfg_for(table_loc))
+    defs = build_definitions([td.cfg])
+    result, cursor = tick(defs, td, instance)
+    # Every region became a partition and got exactly one merge request.
+    assert sorted(instance.get_dynamic_partitions(td.partitions.name)) == sorted(w.regions.values())
+    reqs = run_requests(result)
+    assert sorted(r.partition_key for r in reqs) == sorted(w.regions.values())
+    assert all(r.job_name == "t_merge" for r in reqs)
+    assert len({r.run_key for r in reqs}) == 3
+    # Observations of region_generations were recorded per partition.
+    obs = instance.fetch_observations(AssetKey(["t", "region_generations"]), limit=10).records
+    assert len(obs) == 3
+    # An unchanged tick: no requests, one HEAD per region, no listing of manifest directories.
+    loc_stats = td.resources["t_table"]
+    result2, cursor2 = tick(defs, td, instance, cursor)
+    assert run_requests(result2) == [] and result2.skip_message
+    # A new generation in one region: exactly one new merge request, for that region.
+    victim = sorted(w.regions.items())[0]
+    with w.dataset().mem_wal_writer(victim[1]) as writer:
+        keys = [k for k in range(300, 600) if w.region_value([k])[0] == victim[0]][:3]
+        writer.put(demo.rows_table([demo.row(k, 7) for k in keys]))
+    result3, cursor3 = tick(defs, td, instance, cursor2)
+    reqs3 = run_requests(result3)
+    assert [r.partition_key for r in reqs3] == [victim[1]]
+    top = max(g.generation for g in region.load_latest(table_loc.store, victim[1]).generations)
+    assert reqs3[0].run_key == f"{victim[1]}:{top}"
+    assert loc_stats is not None
+
+
+def test_sensor_tick_cost_on_unchanged_regions(table_loc, instance):
+    make_table(table_loc, regions=4, rounds=1)
+    cfg = cfg_for(table_loc)
+    td = table_definitions(cfg)
+    defs = build_definitions([cfg])
+    _, cursor = tick(defs, td, instance)
+    loc = td.resources["t_table"].location()
+    ctx = build_sensor_context(instance=instance, cursor=cursor, resources=td.resources)
+    result = evaluate_tick(ctx, cfg, td.partitions, "t_merge", "t_maintenance", loc)
+    assert isinstance(result, SkipReason)
+    assert loc.store.stats["list"] == 1  # `_mem_wal/` only
+    assert loc.store.stats["head"] == 4  # one probe per region
+    assert loc.store.stats["get"] == 0
+
+
+def test_sensor_reports_corrupt_region_and_continues(table_loc, instance):
+    w = make_table(table_loc, regions=3, rounds=1)
+    bad = sorted(w.regions.values())[0]
+    latest = region.load_latest(table_loc.store, bad)
+    table_loc.store.put(layout.manifest_key(bad, latest.version + 1), b"\xff\xff garbage")
+    td = table_definitions(cfg_for(table_loc))
+    defs = build_definitions([td.cfg])
+    result, _ = tick(defs, td, instance)
+    reqs = run_requests(result)
+    assert sorted(r.partition_key for r in reqs) == sorted(set(w.regions.values()) - {bad})
+
+
+def test_materialize_each_asset_and_multi_region_backfill(table_loc, instance, spark):
+    w = make_table(table_loc, regions=3)
+    td = table_definitions(cfg_for(table_loc))
+    regions = sorted(w.regions.values())
+    instance.add_dynamic_partitions(td.partitions.name, regions)
+    by = {a.key.path[-1]: a for a in td.assets}
+    r = materialize([by["region_generations"]], partition_key=regions[0], instance=instance, resources=td.resources)
+    md = r.asset_materializations_for_node(by["region_generations"].op.name)[0].metadata
+    assert md["pending_generations"].value == 2 and md["merged_generation"].value == 0
+    # A backfill over all regions: one run, one Spark job, one commit within the budget.
+    version = table.open_dataset(table_loc).version
+    r = materialize([by["base_table"]], instance=instance, resources=td.resources,
+                    tags={ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]})
+    assert r.success
+    md = r.asset_materializations_for_node(by["base_table"].op.name)[0].metadata
+    assert md["regions"].value == 3 and md["generations_merged"].value == 6 and md["commits"].value == 1
+    assert table.open_dataset(table_loc).version == version + 1
+    assert rows(table_loc) == w.expected()
+    for step in ("memwal_index", "index_catchup", "garbage"):
+        r = materialize([by[step], *td.checks_for(by[step].key)], instance=instance, resources=td.resources)
+        assert r.success, step
+    md = r.asset_materializations_for_node(by["garbage"].op.name)[0].metadata
+    assert md["generations_deleted"].value == 6
+    check_results = r.get_asset_check_evaluations()
+    assert check_results and all(c.passed for c in check_results)
+    assert rows(table_loc) == w.expected()
+
+
+def test_end_to_end_sensor_drives_everything(table_loc, instance, spark):
+    w = make_table(table_loc, regions=3)
+    cfg = cfg_for(table_loc)
+    td = table_definitions(cfg)
+    defs = build_definitions([cfg])
+    cursor = None
+    for _ in range(6):  # sensor ticks, each followed by the runs it requested
+        result, cursor = tick(defs, td, instance, cursor)
+        reqs = run_requests(result)
+        if not reqs:
+            break
+        for req in reqs:
+            job = defs.resolve_job_def(req.job_name)
+            out = job.execute_in_process(instance=instance, partition_key=req.partition_key, tags=req.tags)
+            assert out.success
+    state = table.read_memwal_state(table_loc)
+    assert rows(table_loc) == w.expected()
+    for rid in w.regions.values():
+        m = region.load_latest(table_loc.store, rid)
+        assert m.generations == []  # merged, caught up and collected
+        assert state.merged[rid] == m.current_generation - 1
+    assert state.details.num_regions == 3  # snapshotted
+    assert all(g == state.merged[rid] for rid, g in state.catchup["id_btree"].items())
+    mats = instance.fetch_materializations(AssetKey(["t", "garbage"]), limit=1).records
+    assert mats, "maintenance ran after the merges"
