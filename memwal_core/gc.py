@@ -34,6 +34,13 @@ the optional base-table version cleanup. Per region:
    directory before the manifest), and whose newest object is older than `orphan_grace_s`.
    The latest manifest is read again right before they are deleted.
 
+Execution, per region: commit the trimmed manifest (`region.commit_next`: a lost race reloads
+and re-applies the trim to the fresh manifest; `writer_epoch` never changes), then delete
+generation directories and WAL entries (lowest position first), fix the version hint, delete
+old manifest versions (oldest first), re-read the latest manifest and delete the orphans still
+unlisted. A crash after the commit leaves unlisted directories: the next run's orphan sweep
+takes them once they are older than the grace period.
+
 Safety: every key comes from `layout` (generation paths are validated) and must lie inside
 its region directory; a region whose manifest lists an unsafe path is reported corrupt and
 nothing in it is touched; a region whose manifest cannot be read is skipped with an error.
@@ -194,7 +201,7 @@ class GcResult:
     manifest_commits: int = 0
     skipped: list[GcItem] = field(default_factory=list)  # planned, not deleted on re-check
     region_errors: dict[str, str] = field(default_factory=dict)
-    base_cleanup: dict[str, int] | None = None
+    base_cleanup: dict[str, Any] | None = None
     plan_seconds: float = 0.0
     execute_seconds: float = 0.0
 
@@ -587,7 +594,10 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
                 log.info("region %s: manifest version %d drops generations %s", rid, committed.version,
                          [g for g, _ in rp.trim])
             faults.point(CRASH_AFTER_MANIFEST_COMMIT)
-        _delete(loc, rp.by_kind(GENERATION) + rp.by_kind(WAL), out)
+        # WAL entries lowest first: if a batch fails, what is left is contiguous below the cut,
+        # so the next run's downward scan reaches it before any hole.
+        wal_items = sorted(rp.by_kind(WAL), key=lambda i: i.number)
+        _delete(loc, rp.by_kind(GENERATION) + wal_items, out)
 
         manifests = rp.by_kind(MANIFEST)
         if manifests:
@@ -653,11 +663,15 @@ def run_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[
            dry_run: bool = False, progress: Callable[[str], None] | None = None) -> GcResult:
     """Base-version cleanup (when configured and not a dry run), plan, execute."""
     config = config or GcConfig()
-    base = None
+    base: dict[str, Any] | None = None
     if config.base_cleanup and not dry_run:
-        base = cleanup_base_versions(loc, config)
-        if progress:
-            progress(f"base table: {base['old_versions']} old versions cleaned up")
+        try:
+            base = cleanup_base_versions(loc, config)
+            if progress:
+                progress(f"base table: {base['old_versions']} old versions cleaned up")
+        except Exception as e:  # noqa: BLE001 - planning below stays safe: it reads what is retained
+            base = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            log.warning("base table version cleanup failed, collecting without it: %s", base["error"])
     t0 = time.monotonic()
     plan = plan_gc(loc, config, regions=regions)
     plan_s = time.monotonic() - t0

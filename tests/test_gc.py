@@ -90,9 +90,10 @@ def check_plan(loc, plan: gc.GcPlan) -> None:
             retained.append(table.read_memwal_state(loc, v["version"]).merged)
         except table.MemWalNotInitialized:
             pass
+    manifests = {rid: region.load_latest(loc.store, rid) for rid in {i.region_id for i in plan.items}}
     for item in plan.items:
         rid = item.region_id
-        m = region.load_latest(loc.store, rid)
+        m = manifests[rid]
         rdir = layout.region_dir(rid)
         assert all(layout.is_inside(k, rdir) for k in item.keys), item
         if item.kind == gc.GENERATION:
@@ -157,7 +158,7 @@ def test_randomized_interleaving(tmp_path, spark, seed):
     demo.create_table(loc, sharding="bucket", num_buckets=3, base_rows=30, btree_index=True)
     w = demo.Workload(loc, seed=seed, key_space=300, max_memtable_rows=30)
     deleted: collections.Counter = collections.Counter()
-    for step in range(5):
+    for step in range(4):
         w.write_round(90, overwrite=0.3, delete=0.05, absent_delete=0.02, puts_per_batch=10)
         if step % 2 == 0 or rng.random() < 0.4:
             assert not merge.merge(loc, spark).failed_regions
@@ -173,6 +174,8 @@ def test_randomized_interleaving(tmp_path, spark, seed):
         assert tree(loc.store.root) == before, "planning (a dry run) must touch nothing"
         assert not plan.errors
         check_plan(loc, plan)
+        if rng.random() < 0.4:  # writers flush between plan and execute: the trim re-applies
+            w.write_round(30, overwrite=0.3, puts_per_batch=10)
         result = gc.execute_gc(loc, plan)
         assert not result.region_errors and not result.skipped
         assert sorted(i.path for i in result.deleted) == sorted(i.path for i in plan.items)
@@ -473,7 +476,7 @@ def test_manifest_retention_and_version_hint(table_loc):
         with _writer(loc, rid) as w:
             put(w, model, 100 + 10 * i, 3, i)
     latest = region.load_latest(loc.store, rid).version
-    assert latest > 12
+    assert latest >= 10
     cfg = gc.GcConfig(manifest_keep_versions=4, manifest_min_age_s=3600)
     plan = gc.plan_gc(loc, cfg)
     assert not plan.items and plan.kept["manifest:young"] == latest - 4
@@ -506,3 +509,28 @@ def test_plan_to_dict_is_json(merged_template, tmp_path):
     res = gc.run_gc(loc, FAST, dry_run=True)
     assert res.deleted == [] and res.base_cleanup is None
     json.dumps(res.to_dict())
+
+
+def test_gc_on_s3(s3_table_loc, spark):
+    """The same collection on an S3-protocol server: listings, batched deletes, conditional puts."""
+    loc = s3_table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
+    w = demo.Workload(loc, seed=13, key_space=200, max_memtable_rows=30)
+    for _ in range(2):
+        w.write_round(80, overwrite=0.3, delete=0.05, puts_per_batch=10)
+    assert not merge.merge(loc, spark).failed_regions
+    w.write_round(40, puts_per_batch=10)
+    res = gc.run_gc(loc, FAST)
+    assert not res.region_errors
+    assert res.counts()["generation"] > 0 and res.counts()["manifest"] > 0
+    assert loc.store.stats["delete_batch"] >= 1
+    for i in res.deleted:
+        assert not any(True for _ in loc.store.list(i.path)) if i.kind == gc.GENERATION else \
+            not loc.store.exists(i.path)
+    for rid in w.regions.values():
+        m = region.load_latest(loc.store, rid)
+        assert region.read_version_hint(loc.store, rid) == m.version
+        for g in m.generations:
+            lance.dataset(loc.child_uri(layout.generation_dir(rid, g.path, g.generation)),
+                          storage_options=loc.storage_options).count_rows()
+    assert lsm_rows(loc) == w.expected()

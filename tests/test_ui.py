@@ -1,0 +1,286 @@
+"""The Dagster UI on a real table: `dagster-webserver` serves the workspace and its GraphQL API
+shows the table's assets, its region partitions and the metadata of real materializations.
+
+The webserver runs in a subprocess with a temporary DAGSTER_HOME (SQLite) and a temporary
+MEMWAL_CONFIG naming a table written by pylance ShardWriters; the test materializes assets
+into the same instance on disk, so the server reads exactly what the runs recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from dagster import DagsterInstance, materialize
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+from memwal_core import demo
+from memwal_core.store import open_store
+from memwal_pipeline.config import load_config
+from memwal_pipeline.definitions import table_definitions
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+NAME = "uitable"
+ASSETS = ("region_generations", "base_table", "memwal_index", "index_catchup", "garbage")
+BASE_ROWS = 20
+START_TIMEOUT_S = 120  # the code server imports dagster + pyspark; slow when other suites run
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class WebServer:
+    """`dagster-webserver` in its own process group (killed as a group in `stop`)."""
+
+    def __init__(self, home: str, config: str, log_path: str) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {**os.environ, "DAGSTER_HOME": home, "MEMWAL_CONFIG": config}
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN, "dagster-webserver"), "-h", "127.0.0.1", "-p", str(self.port),
+             "-w", os.path.join(REPO, "workspace.yaml")],
+            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log_tail(self, n: int = 3000) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-n:]
+
+    def graphql(self, query: str, variables: dict | None = None, timeout: float = 30) -> dict:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        req = urllib.request.Request(f"{self.url}/graphql", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            out = json.loads(resp.read())
+        assert not out.get("errors"), out["errors"]
+        return out["data"]
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        """Bounded poll: `/server_info` answers, then the code location reports LOADED."""
+        deadline = time.time() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dagster-webserver exited ({self.proc.returncode}):\n{self.log_tail()}")
+            if time.time() > deadline:
+                raise AssertionError(f"dagster-webserver not ready after {timeout} s:\n{self.log_tail()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/server_info", timeout=2).read()
+                data = self.graphql(LOCATIONS)
+                entries = data["workspaceOrError"]["locationEntries"]
+                if entries and all(e["loadStatus"] == "LOADED" for e in entries):
+                    for e in entries:
+                        err = e["locationOrLoadError"] or {}
+                        assert err.get("__typename") != "PythonError", f"{e['name']}: {err.get('message')}"
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # the webserver and its code server
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+LOCATIONS = """
+query Locations {
+  workspaceOrError {
+    __typename
+    ... on Workspace {
+      locationEntries {
+        name
+        loadStatus
+        locationOrLoadError { __typename ... on PythonError { message } }
+      }
+    }
+  }
+}
+"""
+
+ASSET_NODES = """
+query AssetNodes($group: String!, $location: String!) {
+  assetNodes(group: {groupName: $group, repositoryName: "__repository__", repositoryLocationName: $location}) {
+    assetKey { path }
+    groupName
+    isPartitioned
+    partitionKeys
+    partitionDefinition { type name dimensionTypes { type dynamicPartitionsDefinitionName } }
+    dependencyKeys { path }
+    pools
+    description
+  }
+}
+"""
+
+PARTITIONS_AND_LATEST = """
+query BaseTable($key: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $key) {
+    __typename
+    ... on AssetNode {
+      partitionKeys
+      partitionStats { numPartitions numMaterialized numFailed }
+      assetPartitionStatuses {
+        __typename
+        ... on DefaultPartitionStatuses { materializedPartitions unmaterializedPartitions failedPartitions }
+      }
+      assetMaterializations(limit: 10) {
+        runId
+        partition
+        timestamp
+        metadataEntries {
+          __typename
+          label
+          ... on IntMetadataEntry { intValue intRepr }
+          ... on FloatMetadataEntry { floatValue }
+          ... on JsonMetadataEntry { jsonString }
+          ... on TextMetadataEntry { text }
+        }
+      }
+    }
+  }
+}
+"""
+
+
+def _values(entries: list[dict]) -> dict:
+    out = {}
+    for e in entries:
+        kind = e["__typename"]
+        if kind == "IntMetadataEntry":
+            out[e["label"]] = int(e["intRepr"])
+        elif kind == "FloatMetadataEntry":
+            out[e["label"]] = e["floatValue"]
+        elif kind == "JsonMetadataEntry":
+            out[e["label"]] = json.loads(e["jsonString"])
+        else:
+            out[e["label"]] = e.get("text", kind)
+    return out
+
+
+@pytest.fixture
+def ui_env(tmp_path):
+    """A table with 3 bucket regions written by ShardWriters, its config file and a Dagster home."""
+    loc = open_store(str(tmp_path / "table"))
+    demo.create_table(loc, sharding="bucket", num_buckets=3, base_rows=BASE_ROWS, btree_index=True)
+    w = demo.Workload(loc, seed=7, key_space=200, max_memtable_rows=50)
+    for _ in range(2):
+        w.write_round(90, overwrite=0.3, delete=0.05, puts_per_batch=10)
+    config = tmp_path / "memwal.yaml"
+    config.write_text(f"tables:\n  - name: {NAME}\n    uri: {loc.lance_uri}\n    spark: {{master: 'local[2]'}}\n")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        f"storage:\n  sqlite:\n    base_dir: {home}\ntelemetry:\n  enabled: false\n")
+    return loc, w, str(config), str(home)
+
+
+def test_webserver_graphql_shows_assets_partitions_and_metadata(ui_env, spark, tmp_path):
+    loc, w, config, home = ui_env
+    (cfg,) = load_config(config)
+    td = table_definitions(cfg)
+    regions = sorted(w.regions.values())
+    assert len(regions) == 3
+    by = {a.key.path[-1]: a for a in td.assets}
+
+    with DagsterInstance.from_config(home) as instance:
+        # Create the SQLite storage before the server opens it, then let the server start
+        # (its code server imports the definitions) while Spark merges.
+        instance.add_dynamic_partitions(td.partitions.name, regions)
+        server = WebServer(home, config, str(tmp_path / "webserver.log"))
+        try:
+            r = materialize([by["region_generations"]], partition_key=regions[0], instance=instance,
+                            resources=td.resources)
+            assert r.success
+            r = materialize([by["base_table"]], instance=instance, resources=td.resources,
+                            tags={ASSET_PARTITION_RANGE_START_TAG: regions[0],
+                                  ASSET_PARTITION_RANGE_END_TAG: regions[-1]})
+            assert r.success
+            in_process = r.asset_materializations_for_node(by["base_table"].op.name)[0].metadata
+            run_id = r.run_id
+
+            server.wait_ready()
+            location = server.graphql(LOCATIONS)["workspaceOrError"]["locationEntries"][0]["name"]
+
+            # 1. The table's five assets, in its own group, chained in dependency order.
+            nodes = server.graphql(ASSET_NODES, {"group": NAME, "location": location})["assetNodes"]
+            by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes}
+            assert set(by_key) == {f"{NAME}/{a}" for a in ASSETS}
+            deps = {k: sorted("/".join(d["path"]) for d in n["dependencyKeys"]) for k, n in by_key.items()}
+            assert deps == {f"{NAME}/region_generations": [],
+                            f"{NAME}/base_table": [f"{NAME}/region_generations"],
+                            f"{NAME}/memwal_index": [f"{NAME}/base_table"],
+                            f"{NAME}/index_catchup": [f"{NAME}/memwal_index"],
+                            f"{NAME}/garbage": [f"{NAME}/index_catchup"]}
+            assert all(n["description"] for n in nodes)
+            assert by_key[f"{NAME}/base_table"]["pools"] == [f"memwal_{NAME}"]
+
+            # 2. Region partitions: the dynamic partitions definition's keys are the region ids.
+            for short in ("region_generations", "base_table"):
+                n = by_key[f"{NAME}/{short}"]
+                assert n["isPartitioned"]
+                assert n["partitionDefinition"]["type"] == "DYNAMIC"
+                assert n["partitionDefinition"]["dimensionTypes"][0]["dynamicPartitionsDefinitionName"] \
+                    == f"{NAME}_regions"
+                assert sorted(n["partitionKeys"]) == regions
+            for short in ("memwal_index", "index_catchup", "garbage"):
+                assert not by_key[f"{NAME}/{short}"]["isPartitioned"]
+
+            # 3. base_table: every region materialized by the one backfill run, with its metadata.
+            node = server.graphql(PARTITIONS_AND_LATEST,
+                                  {"key": {"path": [NAME, "base_table"]}})["assetNodeOrError"]
+            assert node["__typename"] == "AssetNode"
+            assert sorted(node["partitionKeys"]) == regions
+            assert node["partitionStats"] == {"numPartitions": 3, "numMaterialized": 3, "numFailed": 0}
+            statuses = node["assetPartitionStatuses"]
+            assert sorted(statuses["materializedPartitions"]) == regions
+            assert statuses["unmaterializedPartitions"] == [] and statuses["failedPartitions"] == []
+            mats = node["assetMaterializations"]
+            assert sorted(m["partition"] for m in mats) == regions
+            assert {m["runId"] for m in mats} == {run_id}
+            latest = max(mats, key=lambda m: int(m["timestamp"]))
+            md = _values(latest["metadataEntries"])
+            expected = w.expected()
+            written = {k for k, v in expected.items() if v["n"] != 0}  # newest op of the key was a put
+            deleted = set(range(BASE_ROWS)) - set(expected)            # base rows whose newest op was a delete
+            assert md["regions"] == 3
+            assert md["generations_merged"] == 6  # 2 rounds x 3 regions, one flush each
+            assert md["generations_pending"] == 0
+            assert md["commits"] == 1 and md["conflicts"] == 0 and md["failed_regions"] == 0
+            assert md["rows_upserted"] == len(written)
+            assert md["rows_deleted"] == len(deleted)
+            assert md["bytes_read"] > 0 and md["bytes_written"] > 0
+            assert isinstance(md["duration_s"], float) and md["duration_s"] > 0
+            assert md["errors"] == {}
+            # What the UI shows is what the run recorded.
+            assert {k: md[k] for k in in_process if k != "errors"} == \
+                {k: v.value for k, v in in_process.items() if k != "errors"}
+
+            # region_generations: the one partition materialized, with the pending generations it saw.
+            node = server.graphql(PARTITIONS_AND_LATEST,
+                                  {"key": {"path": [NAME, "region_generations"]}})["assetNodeOrError"]
+            assert [m["partition"] for m in node["assetMaterializations"]] == [regions[0]]
+            md = _values(node["assetMaterializations"][0]["metadataEntries"])
+            assert md["pending_generations"] == 2 and md["merged_generation"] == 0
+            assert node["partitionStats"]["numMaterialized"] == 1
+        finally:
+            server.stop()
