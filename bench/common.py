@@ -170,6 +170,62 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def _proc_cpu(pid: int, tick: float) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
+class CpuMeter:
+    """CPU seconds (user + system) used during the block by this process and every descendant
+    (the Spark JVM and Python workers of an in-process session, a subprocess and its JVM).
+
+    Descendants are sampled every `interval` s and each one counts with the last value seen, so
+    a process that lives shorter than the interval can be missed. Less sensitive to a busy
+    machine than wall time: compare contenders by both.
+    """
+
+    def __init__(self, interval: float = 0.25):
+        self.interval = interval
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self, initial: bool = False) -> None:
+        for pid in descendants(os.getpid()):
+            v = _proc_cpu(pid, self.tick)
+            if v is None:
+                continue
+            if pid not in self.first:
+                self.first[pid] = v if initial else 0.0
+            self.last[pid] = v
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> "CpuMeter":
+        t = os.times()
+        self._self0 = t.user + t.system
+        self._sample(initial=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+        self._sample()
+        t = os.times()
+        own = t.user + t.system - self._self0
+        self.seconds = own + sum(self.last[p] - self.first[p] for p in self.last)
+
+
 class RssSampler:
     """Samples the RSS of this process's descendants (the Spark JVM, Python workers) in a thread.
 

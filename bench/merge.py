@@ -10,6 +10,9 @@ generation or base table); the rest are new keys of the region's bucket.
 Contenders, in one run:
   (a) memwal  `memwal_core.merge.merge(loc, spark)` in a process whose SparkSession is up
               (session created and a tiny warm-up merge run first);
+  (a') memwal_fix  the same with the two spark.py changes this benchmark suggests
+              (`suggested_fix`: fewer stage-1 tasks, range-partitioned stage 2), patched in
+              by the benchmark only; identical to (a) once memwal_core adopts them;
   (b) naive   one marked merge_insert per generation, region by region, in Python: read the
               generation through Lance, upsert its live rows and delete its tombstoned keys
               (`when_not_matched_by_source_delete("id IN (...)")`) with
@@ -292,6 +295,53 @@ def profile_memwal(phases: dict[str, float], counts: dict[str, int]):
             setattr(obj, name, saved[key])
 
 
+@contextmanager
+def suggested_fix():
+    """memwal's merger with the two spark.py changes this benchmark suggests (see
+    docs/benchmarks.md), patched in for the duration; memwal_core itself is not modified.
+
+    1. `read_batch`: at most 2 x shuffle-partitions stage-1 partitions instead of one per
+       generation (each Python task costs ~0.1 s of Spark overhead here; 200 generations
+       meant 200 tasks).
+    2. `dedup_batch`: `repartitionByRange(parts, "part")` instead of `repartition(parts, "part")`:
+       Spark's hash of the small integers 0..parts-1 collides (with 2 partitions both land in
+       Spark partition 1), so all of stage 2 ran in one task.
+    """
+    import functools
+
+    from memwal_core import spark as sp
+
+    saved = (sp.read_batch, sp.dedup_batch)
+
+    def read_batch(spark, tasks, cfg):
+        n = max(1, min(len(tasks), 2 * cfg.parts))
+        df = spark.range(0, len(tasks), 1, numPartitions=n)
+        stage1 = df.mapInArrow(functools.partial(sp.read_generations, cfg, tuple(tasks)), sp.STAGE1_DDL).persist()
+        stats = [r.asDict() for r in stage1.filter("kind = 'stats'").drop("blob").collect()]
+        return sp.BatchRead(stage1, stats)
+
+    def dedup_batch(spark, stage1, pk, parts):
+        from pyspark.sql import functions as F
+
+        data = stage1.filter(F.col("kind") == "data").select("part", "blob").repartitionByRange(parts, "part")
+        out = data.mapInArrow(functools.partial(sp.dedup_partition, tuple(pk)), sp.STAGE2_DDL).toArrow()
+        live, deleted, dups = [], [], []
+        for row in out.to_pylist():
+            if row["kind"] == "live":
+                live.append(sp.from_blob(row["blob"]))
+            elif row["kind"] == "del":
+                deleted.append(sp.from_blob(row["blob"]))
+            else:
+                dups.append({"rows": row["rows"], "regions": json.loads(row["info"])})
+        return sp.Deduped(live, deleted, dups)
+
+    sp.read_batch, sp.dedup_batch = read_batch, dedup_batch
+    try:
+        yield
+    finally:
+        sp.read_batch, sp.dedup_batch = saved
+
+
 def memwal_merge(path: str, spark, budget_bytes: int | None = None) -> tuple[dict, dict, dict]:
     from memwal_core import merge
 
@@ -383,55 +433,71 @@ def run_compare(args) -> None:
             shutil.rmtree(src)
 
         secs: dict[str, float] = {}
+        cpu: dict[str, float] = {}
         info: dict[str, dict] = {}
-        phases: dict[str, float] = {}
-        counts: dict[str, int] = {}
+        profiles: dict[str, tuple[dict, dict]] = {}
+        spark = None
+
+        def measure(name: str, label: str, fn) -> None:
+            with common.CpuMeter() as meter:
+                t0 = time.perf_counter()
+                out = fn()
+                secs[name] = time.perf_counter() - t0
+            cpu[name] = meter.seconds
+            if isinstance(out, tuple):
+                out, ph, counts = out
+                profiles[name] = (ph, counts)
+            info[name] = out
+            common.say(f"{label}: {secs[name]:.2f}s wall, {cpu[name]:.1f} CPU-s, {out}")
+            if name in profiles:
+                ph, counts = profiles[name]
+                common.say("    phases: " + ", ".join(f"{k} {v:.2f}s" + (f" x{counts[k]}" if k in counts else "")
+                                                  for k, v in ph.items()))
+
         if "bound" in contenders:
-            t = time.perf_counter()
-            info["bound"] = bound_merge(paths["bound"], bl.regions)
-            secs["bound"] = time.perf_counter() - t
-            common.say(f"(c) bound : {secs['bound']:.2f}s {info['bound']}")
-        if "memwal" in contenders:
+            measure("bound", "(c) bound", lambda: bound_merge(paths["bound"], bl.regions))
+        if "memwal" in contenders or "memwal_fix" in contenders:
             t = time.perf_counter()
             spark = common.spark_session(args.spark_master)
             start = time.perf_counter() - t
             warm = common.warm_up_merge(spark, root)
             common.say(f"spark session {args.spark_master} up in {start:.1f}s, warm-up merge {warm:.1f}s")
-            t = time.perf_counter()
-            info["memwal"], phases, counts = memwal_merge(paths["memwal"], spark)
-            secs["memwal"] = time.perf_counter() - t
-            common.say(f"(a) memwal: {secs['memwal']:.2f}s {info['memwal']}")
-            common.say("    phases: " + ", ".join(f"{k} {v:.2f}s" + (f" x{counts[k]}" if k in counts else "")
-                                              for k, v in phases.items()))
+        if "memwal" in contenders:
+            measure("memwal", "(a) memwal", lambda: memwal_merge(paths["memwal"], spark))
+        if "memwal_fix" in contenders:
+            def fixed():
+                with suggested_fix():
+                    return memwal_merge(paths["memwal_fix"], spark)
+            measure("memwal_fix", "(a') memwal + suggested spark.py fix", fixed)
         if "naive" in contenders:
-            t = time.perf_counter()
-            info["naive"] = naive_merge(paths["naive"], bl.regions)
-            secs["naive"] = time.perf_counter() - t
-            common.say(f"(b) naive : {secs['naive']:.2f}s {info['naive']}")
+            measure("naive", "(b) naive", lambda: naive_merge(paths["naive"], bl.regions))
         if "cold" in contenders:
-            t = time.perf_counter()
-            info["cold"] = cold_cli(paths["cold"], args.spark_master)
-            secs["cold"] = time.perf_counter() - t
-            common.say(f"(d) cold CLI: {secs['cold']:.2f}s {info['cold']}")
+            measure("cold", "(d) cold CLI", lambda: cold_cli(paths["cold"], args.spark_master))
 
         check_identical(paths, bl)
         kv = {"generations": bl.generations, "regions": shape.regions, "rows_per_gen": shape.rows,
               "rows": bl.rows_put + bl.rows_deleted, "backlog_mb": round(bl.in_memory_bytes / 1e6, 1)}
-        for name, key in (("memwal", "memwal_s"), ("naive", "naive_s"), ("bound", "bound_s"), ("cold", "cold_cli_s")):
+        keys = {"memwal": "memwal", "memwal_fix": "memwal_fix", "naive": "naive", "bound": "bound", "cold": "cold_cli"}
+        for name, key in keys.items():
             if name in secs:
-                kv[key] = secs[name]
+                kv[f"{key}_s"] = secs[name]
         if "naive" in secs and "memwal" in secs:
             kv["naive_over_memwal"] = common.ratio(secs["naive"], secs["memwal"])
         if "memwal" in secs and "bound" in secs:
             kv["memwal_over_bound"] = common.ratio(secs["memwal"], secs["bound"])
+        if "naive" in secs and "memwal_fix" in secs:
+            kv["naive_over_memwal_fix"] = common.ratio(secs["naive"], secs["memwal_fix"])
+        if "memwal_fix" in secs and "bound" in secs:
+            kv["memwal_fix_over_bound"] = common.ratio(secs["memwal_fix"], secs["bound"])
         if "cold" in secs and "naive" in secs:
             kv["naive_over_cold_cli"] = common.ratio(secs["naive"], secs["cold"])
         if "memwal" in info:
             kv["memwal_commits"] = info["memwal"]["commits"]
         common.result("merge", **kv)
-        if phases:
-            common.result("merge_phases", generations=bl.generations,
-                          **{f"{k}_s": v for k, v in phases.items()},
+        common.result("merge_cpu", generations=bl.generations, **{f"{keys[n]}_cpu_s": v for n, v in cpu.items()})
+        for name, (ph, counts) in profiles.items():
+            common.result("merge_phases", contender=name, generations=bl.generations,
+                          **{f"{k}_s": v for k, v in ph.items()},
                           **{f"{k}_calls": v for k, v in counts.items()})
         goals(kv, bl.generations)
     finally:
@@ -471,7 +537,8 @@ def run_memory(args) -> None:
             common.say(f"NOTE backlog {bl.in_memory_bytes / 1e9:.2f} GB is below --memory-gb {args.memory_gb}")
         child = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-child", path,
                                 "--budget-mb", str(args.budget_mb), "--spark-master", args.spark_master,
-                                "--backlog-bytes", str(bl.in_memory_bytes)], timeout=24 * 3600)
+                                "--backlog-bytes", str(bl.in_memory_bytes)] + (["--fix"] if args.fix else []),
+                               timeout=24 * 3600)
         if child.returncode != 0:
             raise SystemExit(f"FAIL memory child exited {child.returncode}")
         loc = open_store(path)
@@ -494,7 +561,11 @@ def memory_child(args) -> None:
     spark.range(10).count()
     base = common.self_peak_rss_mb()
     with common.RssSampler() as rss:
-        info, phases, counts = memwal_merge(args.memory_child, spark, budget_bytes=budget)
+        if args.fix:
+            with suggested_fix():
+                info, phases, counts = memwal_merge(args.memory_child, spark, budget_bytes=budget)
+        else:
+            info, phases, counts = memwal_merge(args.memory_child, spark, budget_bytes=budget)
     peak = common.self_peak_rss_mb()
     hwm = common.proc_status_kb("self", "VmHWM") / 1024
     common.say(f"memwal merge with a {args.budget_mb} MB budget: {info}")
@@ -506,7 +577,7 @@ def memory_child(args) -> None:
     common.say(f"bound: the driver holds one batch's deduplicated output at a time (<= one batch of "
                f"generations, each batch <= {args.budget_mb} MB by manifest in_memory_bytes unless a single "
                "generation is larger)")
-    common.result("merge_memory", backlog_mb=round(args.backlog_bytes / 1e6), budget_mb=args.budget_mb,
+    common.result("merge_memory", variant="memwal_fix" if args.fix else "memwal", backlog_mb=round(args.backlog_bytes / 1e6), budget_mb=args.budget_mb,
                   commits=info["commits"], batches=info["batches"], generations=info["generations_merged"],
                   seconds=round(sum(phases.values()), 2), driver_peak_rss_mb=round(peak),
                   driver_rss_before_mb=round(base), driver_growth_mb=round(peak - base),
@@ -523,12 +594,13 @@ def main() -> None:
     p.add_argument("--base-rows", type=int, default=None, help="rows in the base table before merging (default 50000)")
     p.add_argument("--string-bytes", type=int, default=None, help="bytes per string value (default short; --memory: 1500)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--contenders", default="memwal,naive,bound,cold",
-                   help="subset of memwal,naive,bound,cold (default: all)")
+    p.add_argument("--contenders", default="memwal,memwal_fix,naive,bound,cold",
+                   help="subset of memwal,memwal_fix,naive,bound,cold (default: all)")
     p.add_argument("--spark-master", default="local[*]")
     p.add_argument("--memory", action="store_true", help="the >= 1 GB backlog with a small budget instead")
     p.add_argument("--memory-gb", type=float, default=1.0)
     p.add_argument("--budget-mb", type=int, default=64)
+    p.add_argument("--fix", action="store_true", help="--memory: merge with the suggested spark.py fix patched in")
     p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     p.add_argument("--workdir", default=None, help="parent directory of the working copies (default: $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the tables")

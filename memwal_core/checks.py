@@ -48,7 +48,7 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
         spec_pb = specs.get(m.message.region_spec_id)
         if spec_pb is None:
             continue  # manual region: no spec to route by
-        spec = _spec(spec_pb)
+        spec = routing.RegionSpec.from_proto(spec_pb)
         if any(f.transform == routing.UNSHARDED for f in spec.fields):
             continue
         pending = [g for g in m.generations if g.generation > merged.get(rid, 0)][-max_generations_per_region:]
@@ -79,16 +79,6 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
         by_value.setdefault(v, []).append(rid)
     report.shared = {v: rids for v, rids in by_value.items() if len(rids) > 1}
     return report
-
-
-def _spec(spec_pb) -> routing.RegionSpec:
-    return routing.RegionSpec.from_lance({
-        "spec_id": spec_pb.spec_id,
-        "fields": [{"field_id": f.field_id, "source_ids": list(f.source_ids),
-                    "transform": f.transform if f.HasField("transform") else None,
-                    "expression": f.expression if f.HasField("expression") else None,
-                    "result_type": f.result_type, "parameters": {p.key: p.value for p in f.parameters}}
-                   for f in spec_pb.fields]})
 
 
 def missing_generations(loc: TableLocation) -> dict[str, list[int]]:

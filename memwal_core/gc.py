@@ -653,6 +653,7 @@ def cleanup_base_versions(loc: TableLocation, config: GcConfig) -> dict[str, int
     if config.base_cleanup_retain_versions is not None:
         kw["retain_versions"] = config.base_cleanup_retain_versions
     before = len(ds.versions())
+    faults.op("lance_cleanup_old_versions")  # reliability tests: a crash point
     stats = ds.cleanup_old_versions(**kw)
     return {"old_versions": int(getattr(stats, "old_versions", 0)),
             "bytes_removed": int(getattr(stats, "bytes_removed", 0)),

@@ -200,15 +200,6 @@ class MergeResult:
         return d
 
 
-def _lance_spec(spec) -> dict:
-    return {"spec_id": spec.spec_id, "fields": [
-        {"field_id": f.field_id, "source_ids": list(f.source_ids),
-         "transform": f.transform if f.HasField("transform") else None,
-         "expression": f.expression if f.HasField("expression") else None,
-         "result_type": f.result_type, "parameters": {p.key: p.value for p in f.parameters}}
-        for f in spec.fields]}
-
-
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -266,7 +257,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         return result
     state = read_memwal_state(loc, ds.version)
     columns = [f.name for f in ds.schema]
-    specs = {s.spec_id: _lance_spec(s) for s in state.details.region_specs}
+    specs = {s.spec_id: routing.RegionSpec.from_proto(s).to_lance() for s in state.details.region_specs}
     manifests = region.load_many(loc.store, sorted(plan.pending))
     parts = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "4")))
     for n, batch in enumerate(plan.batches, 1):

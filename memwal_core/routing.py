@@ -98,6 +98,17 @@ class RegionSpec:
     fields: tuple[RegionField, ...]
 
     @classmethod
+    def from_proto(cls, spec: Any) -> "RegionSpec":
+        """From memwal's protobuf `RegionSpec` (the MemWAL index details)."""
+        return cls(spec_id=spec.spec_id, fields=tuple(
+            RegionField(field_id=f.field_id, source_ids=tuple(f.source_ids),
+                        transform=f.transform if f.HasField("transform") else None,
+                        result_type=f.result_type,
+                        parameters=tuple(sorted((p.key, p.value) for p in f.parameters)),
+                        expression=f.expression if f.HasField("expression") else None)
+            for f in spec.fields))
+
+    @classmethod
     def from_lance(cls, d: Mapping[str, Any]) -> "RegionSpec":
         """Build from an entry of ``ds.mem_wal_index_details()["sharding_specs"]``."""
         fields = tuple(

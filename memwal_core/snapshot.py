@@ -46,7 +46,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import layout, region, routing, table, wal
+from . import faults, layout, region, routing, table, wal
 from .proto import memwal_pb2 as pb
 from .store import TableLocation
 
@@ -117,17 +117,7 @@ class SnapshotResult:
 
 def spec_from_pb(spec: pb.RegionSpec) -> routing.RegionSpec:
     """memwal's protobuf region spec -> `routing.RegionSpec`."""
-    fields = tuple(
-        routing.RegionField(
-            field_id=f.field_id,
-            source_ids=tuple(f.source_ids),
-            transform=f.transform if f.HasField("transform") else None,
-            result_type=f.result_type,
-            parameters=tuple(sorted((p.key, p.value) for p in f.parameters)),
-            expression=f.expression if f.HasField("expression") else None,
-        )
-        for f in spec.fields)
-    return routing.RegionSpec(spec_id=spec.spec_id, fields=fields)
+    return routing.RegionSpec.from_proto(spec)
 
 
 def result_arrow_type(result_type: str) -> pa.DataType:
@@ -340,6 +330,7 @@ def write_external(loc: TableLocation, tbl: pa.Table, index_uuid: str) -> int:
     """Write the snapshot through Lance (table storage options, so S3 works); returns its size."""
     from lance.file import LanceFileWriter
 
+    faults.op(f"lance_write {external_key(index_uuid)}")  # reliability tests: a crash point
     w = LanceFileWriter(loc.child_uri(external_key(index_uuid)), tbl.schema,
                         storage_options=loc.storage_options or None)
     with w:

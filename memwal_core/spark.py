@@ -114,6 +114,10 @@ class ReadConfig:
     storage_options: tuple[tuple[str, str], ...]
     routing: tuple[tuple[int, str], ...]  # region index -> JSON {spec, source_columns} ('' = none)
 
+    def __repr__(self) -> str:  # the storage options hold credentials: never in a repr
+        return (f"ReadConfig(pk={self.pk}, columns={self.columns}, parts={self.parts}, "
+                f"storage_options={sorted(k for k, _ in self.storage_options)}, routing=...)")
+
 
 def _route_counts(table: pa.Table, routing_json: str) -> list:
     from . import routing

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Protocol
 from urllib.parse import urlparse
 
+from . import faults
+
 
 class StoreError(OSError):
     """An object-store request failed for a reason other than "not found"."""
@@ -325,7 +327,8 @@ def make_s3_client(storage_options: Mapping[str, str]):
 
     attempts = int(storage_options.get("s3_max_attempts", 8))
     cfg = Config(
-        retries={"max_attempts": attempts, "mode": "standard"},
+        # total_max_attempts: botocore's `max_attempts` counts retries, not attempts.
+        retries={"total_max_attempts": attempts, "mode": "standard"},
         connect_timeout=float(storage_options.get("s3_connect_timeout", 5)),
         read_timeout=float(storage_options.get("s3_read_timeout", 30)),
         s3={"addressing_style": "path"} if _opt(storage_options, "aws_endpoint") else None,
@@ -350,12 +353,26 @@ class TableLocation:
     lance_uri: str
     storage_options: dict[str, str]
 
+    def __repr__(self) -> str:  # the options hold credentials: show their names only
+        return f"TableLocation({self.lance_uri!r}, storage_options={sorted(self.storage_options)})"
+
     def child_uri(self, key: str) -> str:
         return self.lance_uri.rstrip("/") + "/" + _clean(key)
 
 
 def open_store(uri: str, storage_options: Mapping[str, str] | None = None) -> TableLocation:
-    """`file://` URIs, plain paths and `s3://bucket/prefix`; anything else is refused clearly."""
+    """`file://` URIs, plain paths and `s3://bucket/prefix`; anything else is refused clearly.
+
+    With `MEMWAL_CRASH_AFTER_OPS` / `MEMWAL_COUNT_OPS` set (reliability tests only) the store
+    counts its writes (`faults.CrashingStore`).
+    """
+    loc = _open_store(uri, storage_options)
+    if faults.counting():
+        loc = TableLocation(faults.CrashingStore(loc.store), loc.lance_uri, loc.storage_options)
+    return loc
+
+
+def _open_store(uri: str, storage_options: Mapping[str, str] | None) -> TableLocation:
     options = {k: str(v) for k, v in (storage_options or {}).items()}
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):

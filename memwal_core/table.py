@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import lance
 from google.protobuf.message import DecodeError
 
+from . import faults
 from .proto import memwal_pb2 as pb
 from .store import NotFound, TableLocation
 
@@ -154,6 +155,7 @@ def _guard(read_version: int):
         if version != read_version + 1:
             raise LostRace(f"lost race: version {read_version + 1} was committed by someone else "
                            f"(now committing {version}); re-read and rebuild")
+        faults.op(f"lance_commit memwal_index v{version}")  # reliability tests: a crash point
         yield
 
     return lock

@@ -58,7 +58,7 @@ def region_metadata(st: status.RegionStatus) -> dict[str, Any]:
         "pending_generations": MetadataValue.int(len(st.pending_generations)),
         "pending_rows": MetadataValue.int(st.pending_rows),
         "pending_bytes": MetadataValue.int(st.pending_bytes),
-        "oldest_pending_age_s": MetadataValue.float(float(st.oldest_pending_age_s or 0.0)),
+        "oldest_pending_age_s": MetadataValue.float(round(float(st.oldest_pending_age_s or 0.0), 3)),
     }
     if st.error:
         md["error"] = MetadataValue.text(st.error)
@@ -74,7 +74,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
     group = cfg.name
     table_res = {keys.table_resource}
 
-    @asset(key=keys.asset("region_generations"), partitions_def=partitions, group_name=group,
+    @asset(key=keys.asset("region_generations"), partitions_def=partitions, group_name=group, kinds={"lance"},
            required_resource_keys=table_res,
            description="Flushed generations of one region, observed from its latest manifest "
                        "(the manifest sensor records observations; materializing refreshes them).")
@@ -86,7 +86,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         context.log.info(f"region {rid}: manifest v{m.version}, pending generations {st.pending_generations}")
         return MaterializeResult(metadata=region_metadata(st))
 
-    @asset(key=keys.asset("base_table"), partitions_def=partitions, group_name=group,
+    @asset(key=keys.asset("base_table"), partitions_def=partitions, group_name=group, kinds={"lance", "spark"},
            deps=[region_generations], pool=cfg.pool, backfill_policy=BackfillPolicy.single_run(),
            required_resource_keys=table_res | {keys.spark_resource},
            description="The base table with the region's flushed generations merged in "
@@ -106,6 +106,19 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
                                  f"(now at {r.merged_generation})")
         after = status.table_status(loc, with_age=False)
         pending = sum(len(r.pending_generations) for r in after.regions if r.region_id in regions)
+        # Each region partition gets its own numbers; the totals below are the run's (a backfill
+        # merges many regions in one run).
+        by_region = {s.region_id: s for s in after.regions}
+        for rid in regions:
+            r, s = result.regions.get(rid), by_region.get(rid)
+            md = {"region/generations_merged": MetadataValue.int(len(r.generations_merged) if r else 0),
+                  "region/merged_generation": MetadataValue.int(s.merged_generation if s else 0),
+                  "region/pending_generations": MetadataValue.int(len(s.pending_generations) if s else 0),
+                  "region/rows_read": MetadataValue.int(r.rows_read if r else 0),
+                  "region/bytes_read": MetadataValue.int(r.bytes_read if r else 0)}
+            if r and r.error:
+                md["region/error"] = MetadataValue.text(r.error)
+            context.add_asset_metadata(md, partition_key=rid)
         return MaterializeResult(metadata={
             "regions": MetadataValue.int(len(regions)),
             "generations_merged": MetadataValue.int(result.generations_merged),
@@ -116,13 +129,13 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "rows_deleted": MetadataValue.int(result.rows_deleted),
             "bytes_read": MetadataValue.int(result.bytes_read),
             "bytes_written": MetadataValue.int(result.bytes_written),
-            "duration_s": MetadataValue.float(result.duration_s),
+            "duration_s": MetadataValue.float(round(result.duration_s, 3)),
             "failed_regions": MetadataValue.int(len(result.failed_regions)),
             "errors": MetadataValue.json(result.failed_regions),
             "table_version": MetadataValue.int(result.table_version),
         })
 
-    @asset(key=keys.asset("memwal_index"), deps=[base_table], group_name=group, pool=cfg.pool,
+    @asset(key=keys.asset("memwal_index"), kinds={"lance"}, deps=[base_table], group_name=group, pool=cfg.pool,
            required_resource_keys=table_res,
            description="Snapshot of every region manifest in the MemWAL index (inline up to the "
                        "threshold, else an external Lance file); refreshes each region's WAL hint.")
@@ -138,11 +151,11 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "regions_failed": MetadataValue.int(len(r.regions_failed)),
             "errors": MetadataValue.json(r.regions_failed),
             "attempts": MetadataValue.int(r.attempts),
-            "duration_s": MetadataValue.float(r.duration_s),
+            "duration_s": MetadataValue.float(round(r.duration_s, 3)),
             "table_version": MetadataValue.int(r.table_version),
         })
 
-    @asset(key=keys.asset("index_catchup"), deps=[memwal_index], group_name=group, pool=cfg.pool,
+    @asset(key=keys.asset("index_catchup"), kinds={"lance"}, deps=[memwal_index], group_name=group, pool=cfg.pool,
            required_resource_keys=table_res,
            description="Base-table indexes brought up to date (optimize_indices, codebooks kept); "
                        "each index's caught-up generation per region as Lance recorded it.")
@@ -163,7 +176,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             context.log.error(f"index {name}: {err}")
         return MaterializeResult(metadata=md)
 
-    @asset(key=keys.asset("garbage"), deps=[index_catchup], group_name=group, pool=cfg.pool,
+    @asset(key=keys.asset("garbage"), kinds={"lance"}, deps=[index_catchup], group_name=group, pool=cfg.pool,
            required_resource_keys=table_res,
            description="Garbage collection: merged and caught-up generations, their WAL files, old "
                        "manifest versions and orphaned directories; never what a reader still needs.")
@@ -182,7 +195,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "manifest_commits": MetadataValue.int(r.manifest_commits),
             "regions_failed": MetadataValue.int(len(r.region_errors)),
             "errors": MetadataValue.json(r.region_errors),
-            "duration_s": MetadataValue.float(r.plan_seconds + r.execute_seconds),
+            "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 3)),
         })
 
     return [region_generations, base_table, memwal_index, index_catchup, garbage]

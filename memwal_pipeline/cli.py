@@ -57,7 +57,8 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
     from .definitions import table_definitions
 
     td = table_definitions(cfg)
-    loc = td.resources[f"{cfg.name}_table"].location()
+    # Initialized first: `secrets:` are EnvVars, which only resolve through Dagster's config.
+    loc = td.resources[f"{cfg.name}_table"].process_config_and_initialize().location()
     report: dict[str, Any] = {"table": cfg.uri, "steps": {}, "failed": []}
     run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if verbose else "CRITICAL"}}}}
     with DagsterInstance.ephemeral() as instance:
@@ -133,7 +134,7 @@ def dry_run(cfg) -> dict[str, Any]:
     from .assets import gc_config
     from .resources import table_resource
 
-    loc = table_resource(cfg).location()
+    loc = table_resource(cfg).process_config_and_initialize().location()
     return {
         "table": cfg.uri,
         "merge": merge.plan_merge(loc, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations).to_dict(),

@@ -14,10 +14,14 @@ from typing import Any
 
 import yaml
 
+from memwal_core.store import _S3_OPTION_ALIASES
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "memwal.yaml"
 SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+# Every spelling of a secret option that Lance or memwal's store accepts (keys compared lower-cased).
+_SECRET_ALIASES = {a for name in ("aws_secret_access_key", "aws_session_token") for a in _S3_OPTION_ALIASES[name]}
 
 
 class ConfigError(ValueError):
@@ -60,7 +64,7 @@ def _table(raw: dict[str, Any], where: str) -> TableConfig:
         if key not in SECRET_OPTIONS:
             raise ConfigError(f"{where} ({name}): secret option {key!r} is not one of {SECRET_OPTIONS}")
     options = {str(k): str(v) for k, v in (raw.get("storage_options") or {}).items()}
-    leaked = [k for k in options if k in SECRET_OPTIONS and k != "aws_access_key_id"]
+    leaked = [k for k in options if k.lower() in _SECRET_ALIASES]
     if leaked:
         raise ConfigError(f"{where} ({name}): put {leaked} under 'secrets' as an environment variable name, "
                           "not in the file")

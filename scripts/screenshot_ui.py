@@ -59,17 +59,21 @@ def write_demo(path: str, regions: int, rows: int):
 
 
 def populate(home: str, config: str, w, rounds_per_cycle: int, cycles: int, rows: int) -> list[str]:
-    """`cycles` times: write, refresh region_generations per region, merge all regions in one
-    backfill run, then memwal_index -> index_catchup -> garbage, each with its checks."""
+    """`cycles` times: write, refresh region_generations of every region, merge all regions with
+    the table's merge job as a one-run backfill, then run its maintenance job (memwal_index ->
+    index_catchup -> garbage); asset checks run with their assets."""
     from dagster import DagsterInstance, materialize
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from memwal_pipeline.config import load_config
-    from memwal_pipeline.definitions import table_definitions
+    from memwal_pipeline.definitions import build_definitions, table_definitions
 
     (cfg,) = load_config(config)
     td = table_definitions(cfg)
-    by = {a.key.path[-1]: a for a in td.assets}
+    defs = build_definitions([cfg])
+    merge_job = defs.resolve_job_def(td.merge_job.name)
+    maintenance_job = defs.resolve_job_def(td.maintenance_job.name)
+    (gens,) = [a for a in td.assets if a.key.path[-1] == "region_generations"]
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     with DagsterInstance.from_config(home) as instance:
         for cycle in range(cycles):
@@ -78,20 +82,17 @@ def populate(home: str, config: str, w, rounds_per_cycle: int, cycles: int, rows
             regions = sorted(w.regions.values())
             known = set(instance.get_dynamic_partitions(td.partitions.name))
             instance.add_dynamic_partitions(td.partitions.name, [r for r in regions if r not in known])
-            say(f"cycle {cycle + 1}/{cycles}: region_generations x{len(regions)}, base_table backfill, maintenance")
+            say(f"cycle {cycle + 1}/{cycles}: region_generations x{len(regions)}, {merge_job.name} over all "
+                f"regions, {maintenance_job.name}")
             for rid in regions:
-                res = materialize([by["region_generations"], *td.checks_for(by["region_generations"].key)],
-                                  partition_key=rid, instance=instance, resources=td.resources, run_config=quiet)
-                assert res.success, f"region_generations {rid} failed"
-            res = materialize([by["base_table"], *td.checks_for(by["base_table"].key)], instance=instance,
-                              resources=td.resources, run_config=quiet,
-                              tags={ASSET_PARTITION_RANGE_START_TAG: regions[0],
-                                    ASSET_PARTITION_RANGE_END_TAG: regions[-1]})
-            assert res.success, "base_table backfill failed"
-            for step in ("memwal_index", "index_catchup", "garbage"):
-                res = materialize([by[step], *td.checks_for(by[step].key)], instance=instance,
+                res = materialize([gens, *td.checks_for(gens.key)], partition_key=rid, instance=instance,
                                   resources=td.resources, run_config=quiet)
-                assert res.success, f"{step} failed"
+                assert res.success, f"region_generations {rid} failed"
+            res = merge_job.execute_in_process(instance=instance, run_config=quiet, tags={
+                ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]})
+            assert res.success, f"{merge_job.name} failed"
+            res = maintenance_job.execute_in_process(instance=instance, run_config=quiet)
+            assert res.success, f"{maintenance_job.name} failed"
     return regions
 
 
@@ -158,10 +159,12 @@ class WebServer:
 # chromium
 
 
-def screenshot(url: str, out: str, profile: str, size: str, budget_ms: int) -> None:
+def screenshot(url: str, out: str, profile: str, size: str, scale: float, budget_ms: int) -> None:
+    """Chromium's own --screenshot; the virtual time budget lets the JS app fetch and render."""
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={size}",
+           f"--force-device-scale-factor={scale}",
            f"--virtual-time-budget={budget_ms}", f"--screenshot={out}", url]
     if os.path.exists(out):
         os.remove(out)
@@ -178,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=400)
     p.add_argument("--cycles", type=int, default=2, help="write/merge/maintain cycles (metadata history)")
     p.add_argument("--name", default="demo", help="table name (asset key prefix and group)")
-    p.add_argument("--window-size", default="1600,1000")
+    p.add_argument("--graph-size", default="1600,600",
+                   help="window (CSS px) for the graph; at 1600 wide the nodes show their details")
+    p.add_argument("--page-size", default="1600,1000", help="window (CSS px) for the partitions page")
+    p.add_argument("--scale", type=float, default=2, help="device scale factor (2: sharp text in docs)")
     p.add_argument("--budget-ms", type=int, default=15000, help="chromium --virtual-time-budget")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (table, instance, logs)")
     a = p.parse_args(argv)
@@ -224,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         region = regions[0]
         parts_url = (f"{server.url}/assets/{a.name}/base_table?view=partitions"
                      f"&partition={urllib.parse.quote(region)}")
-        screenshot(graph_url, os.path.join(a.out_dir, "ui-asset-graph.png"), profile, a.window_size, a.budget_ms)
-        screenshot(parts_url, os.path.join(a.out_dir, "ui-region-partitions.png"), profile, a.window_size,
+        screenshot(graph_url, os.path.join(a.out_dir, "ui-asset-graph.png"), profile, a.graph_size, a.scale,
+                   a.budget_ms)
+        screenshot(parts_url, os.path.join(a.out_dir, "ui-region-partitions.png"), profile, a.page_size, a.scale,
                    a.budget_ms)
         return 0
     finally:

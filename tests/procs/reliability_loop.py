@@ -1,0 +1,85 @@
+"""A maintenance job in a loop, for the concurrency suite.
+
+usage: reliability_loop.py JOB URI READY_FILE GO_FILE STOP_FILE OUT_JSON
+JOB: `merge` (own local SparkSession, small byte budget so a pass makes several commits),
+`index` (the MemWAL index builder, then the base-index catch-up) or `gc` (no grace, no minimum
+age, 3 manifest versions kept, base-table versions older than 5 s cleaned first). Writes
+READY_FILE when warm, starts at GO_FILE, loops until STOP_FILE exists, then writes OUT_JSON:
+{"passes": n, "errors": [...], "stats": {...}}. An exception in a pass is recorded (type and
+first line) and the loop goes on, so one failure does not hide later ones.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from datetime import timedelta
+
+from memwal_core import catchup, gc, merge, snapshot
+from memwal_core.store import open_store
+
+GC_CONFIG = gc.GcConfig(manifest_keep_versions=3, manifest_min_age_s=0, orphan_grace_s=0,
+                        base_cleanup_older_than=timedelta(seconds=5))
+
+
+def main() -> int:
+    job, uri, ready, go, stop, out = sys.argv[1:7]
+    loc = open_store(uri)
+    stats: Counter = Counter()
+    errors: list[str] = []
+    if job == "merge":
+        from memwal_core.spark import get_spark
+
+        spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
+        spark.range(1).collect()  # warm
+    open(ready, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    passes = 0
+    while not os.path.exists(stop):
+        passes += 1
+        try:
+            if job == "merge":
+                r = merge.merge(loc, spark, budget_bytes=20_000)
+                stats["commits"] += r.commits
+                stats["conflicts"] += r.conflicts
+                stats["generations_merged"] += r.generations_merged
+                stats["skipped_generations"] += sum(len(x.skipped_generations) for x in r.regions.values())
+                errors.extend(r.failed_regions.values())
+                if not r.commits:
+                    time.sleep(0.3)
+            elif job == "index":
+                s = snapshot.build_snapshot(loc)
+                stats["snapshots"] += 1
+                stats["snapshot_attempts"] += s.attempts
+                stats["hints_updated"] += len(s.hints_updated)
+                errors.extend(f"snapshot: {e}" for e in s.regions_failed.values())
+                c = catchup.run_catchup(loc)
+                stats["indexes_optimized"] += sum(1 for o in c.indexes if o.optimized)
+                errors.extend(f"catchup {n}: {e}" for n, e in c.errors.items())
+                time.sleep(0.2)
+            else:
+                r = gc.run_gc(loc, GC_CONFIG)
+                for kind, n in r.counts().items():
+                    stats[f"deleted_{kind}"] += n
+                stats["skipped"] += len(r.skipped)
+                stats["manifest_commits"] += r.manifest_commits
+                errors.extend(r.region_errors.values())
+                if r.base_cleanup and r.base_cleanup.get("error"):
+                    errors.append(f"base cleanup: {r.base_cleanup['error']}")
+                time.sleep(0.3)
+        except Exception as e:  # noqa: BLE001 - recorded; the loop goes on
+            first = (str(e).strip().splitlines() or [""])[0]
+            errors.append(f"{type(e).__name__}: {first}")
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+            time.sleep(0.3)
+    with open(out + ".tmp", "w") as f:
+        json.dump({"job": job, "passes": passes, "errors": errors, "stats": dict(stats)}, f)
+    os.replace(out + ".tmp", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Everything at once on one table: a pylance writer flushing continuously, two merger
+processes, the MemWAL index builder (+ base-index catch-up) and GC, each looping.
+
+Checked while they run (this process samples the table): merge progress and index catch-up
+never decrease, neither in the latest state sampled over time nor from one table version to
+the next (every version is read as soon as it appears, before GC's base-table cleanup may
+remove it; the versions still retained at the end are read again). Checked at the end: no
+process failed, a last merge makes the base table equal the writer's model (reported by the
+writer process), the LSM read equals it too, and no listed generation is missing.
+
+In the suite the writer runs ~20 s; `make soak` runs it for MEMWAL_SOAK_SECONDS (default 60).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import lance
+import pyarrow as pa
+import pytest
+
+from memwal_core import catchup, checks, demo, gc, merge, reader, table
+from memwal_core.store import open_store
+
+PROCS = os.path.join(os.path.dirname(__file__), "procs")
+SOAK = bool(os.environ.get("MEMWAL_SOAK"))
+soak = pytest.mark.skipif(not SOAK, reason="soak variant: run with MEMWAL_SOAK=1 (make soak)")
+LOOPS = ["merge", "merge", "index", "gc"]
+
+
+def as_dict(t: pa.Table) -> dict:
+    return {r["id"]: r for r in t.to_pylist()}
+
+
+class ProgressMonitor:
+    """Merge progress and catch-up, sampled over time and read at every table version."""
+
+    def __init__(self, loc):
+        self.loc = loc
+        self.last_sample: table.MemWalState | None = None
+        self.samples = 0
+        self.next_version = 1
+        self.by_version: dict[int, tuple[dict, dict]] = {}
+        self.missed: list[int] = []  # versions cleaned up before they could be read
+        self.no_memwal: list[int] = []
+        self.problems: list[str] = []
+
+    @staticmethod
+    def _flat(state: table.MemWalState) -> tuple[dict, dict]:
+        catch = {(i, r): g for i, regions in state.catchup.items() for r, g in regions.items()}
+        return dict(state.merged), catch
+
+    def _compare(self, what: str, old: tuple[dict, dict], new: tuple[dict, dict]) -> None:
+        for name, a, b in (("merged", old[0], new[0]), ("catch-up", old[1], new[1])):
+            for key, g in a.items():
+                if b.get(key, 0) < g:
+                    self.problems.append(f"{what}: {name} {key} went from {g} to {b.get(key, 0)}")
+
+    def sample(self) -> None:
+        try:
+            latest = lance.dataset(self.loc.lance_uri).version
+            state = table.read_memwal_state(self.loc, latest)
+        except table.TableError:
+            return  # cleaned up between the two reads: the next sample sees a newer one
+        if self.last_sample is not None and state.table_version >= self.last_sample.table_version:
+            self._compare(f"latest state v{self.last_sample.table_version} -> v{state.table_version}",
+                          self._flat(self.last_sample), self._flat(state))
+        self.last_sample = state
+        self.samples += 1
+        self.read_versions(latest)
+
+    def read_versions(self, upto: int) -> None:
+        for v in range(self.next_version, upto + 1):
+            try:
+                self.by_version[v] = self._flat(table.read_memwal_state(self.loc, v))
+            except table.MemWalNotInitialized:
+                self.no_memwal.append(v)
+            except table.TableError as e:
+                if "not found" not in str(e):
+                    raise
+                self.missed.append(v)
+        self.next_version = max(self.next_version, upto + 1)
+
+    def final_check(self) -> None:
+        for info in lance.dataset(self.loc.lance_uri).versions():  # the retained ones, again
+            v = int(info["version"])
+            try:
+                again = self._flat(table.read_memwal_state(self.loc, v))
+            except table.MemWalNotInitialized:
+                continue
+            if v in self.by_version and again != self.by_version[v]:
+                self.problems.append(f"version {v} changed after it was committed")
+            self.by_version[v] = again
+        prev = None
+        for v in sorted(self.by_version):
+            if prev is not None:
+                self._compare(f"version {prev} -> {v}", self.by_version[prev], self.by_version[v])
+            prev = v
+
+
+def _spawn(args: list[str], log: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMWAL_")}
+    return subprocess.Popen([sys.executable, *args], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+
+
+def _run(tmp_path, spark, seconds: float) -> None:
+    loc = open_store(str(tmp_path / "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=3, base_rows=50, btree_index=True,
+                      maintained_indexes=["id_btree"])
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    go, stop = str(ctl / "go"), str(ctl / "stop")
+    writer_out = str(ctl / "writer.json")
+    writer = _spawn([os.path.join(PROCS, "reliability_writer.py"), loc.lance_uri, "7", go, writer_out],
+                    str(ctl / "writer.log"))
+    loops = []
+    for i, job in enumerate(LOOPS):
+        ready, out = str(ctl / f"ready{i}"), str(ctl / f"{job}{i}.json")
+        p = _spawn([os.path.join(PROCS, "reliability_loop.py"), job, loc.lance_uri, ready, go, stop, out],
+                   str(ctl / f"{job}{i}.log"))
+        loops.append((job, p, ready, out, str(ctl / f"{job}{i}.log")))
+    try:
+        deadline = time.time() + 240
+        while not all(os.path.exists(r) for _, _, r, _, _ in loops):
+            for job, p, _, _, log in loops:
+                assert p.poll() is None, f"{job} died while starting: {open(log).read()[-3000:]}"
+            assert time.time() < deadline, "loops did not get ready"
+            time.sleep(0.2)
+        with open(go + ".tmp", "w") as f:
+            f.write(str(time.time() + seconds))
+        os.replace(go + ".tmp", go)
+        t0 = time.time()
+        monitor = ProgressMonitor(loc)
+        while writer.poll() is None:
+            monitor.sample()
+            time.sleep(0.2)
+        assert writer.returncode == 0, open(str(ctl / "writer.log")).read()[-3000:]
+        for _ in range(10):  # the loops see the writer's last flushes too
+            monitor.sample()
+            time.sleep(0.2)
+        open(stop, "w").close()
+        for job, p, _, _, log in loops:
+            while p.poll() is None:
+                monitor.sample()
+                time.sleep(0.2)
+            assert p.returncode == 0, f"{job}: {open(log).read()[-3000:]}"
+        elapsed = time.time() - t0
+    finally:
+        open(stop, "w").close()
+        for _, p, _, _, _ in loops + [("writer", writer, None, None, None)]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = [json.load(open(out)) for _, _, _, out, _ in loops]
+    written = json.load(open(writer_out))
+    model = {int(k): v for k, v in written["model"].items()}
+    monitor.sample()
+    monitor.final_check()
+
+    # Last merge, catch-up and GC in this process; then the differential checks.
+    assert not merge.merge(loc, spark).failed_regions
+    catchup.run_catchup(loc)
+    final_gc = gc.run_gc(loc, gc.GcConfig(manifest_keep_versions=3, manifest_min_age_s=0, orphan_grace_s=0))
+    base = as_dict(table.open_dataset(loc).to_table())
+    lsm = as_dict(reader.lsm_table(loc))
+    missing = checks.missing_generations(loc)
+
+    print(f"\n[concurrency] {elapsed:.0f} s: writer {written['batches']} batches, {written['reopens']} "
+          f"writer re-opens, {len(model)} live keys, regions {len(written['regions'])}")
+    for r in results:
+        print(f"   {r['job']}: {r['passes']} passes, {r['stats']}, errors {len(r['errors'])}")
+        for e in r["errors"][:5]:
+            print(f"      {e}")
+    print(f"   monitor: {monitor.samples} samples, {len(monitor.by_version)} table versions read "
+          f"(latest {monitor.next_version - 1}; {len(monitor.missed)} cleaned up before read: "
+          f"{monitor.missed[:10]}), {len(monitor.problems)} problems")
+    print(f"   final: merged {table.read_memwal_state(loc).merged}, final GC region errors "
+          f"{final_gc.region_errors}, missing generations {missing}")
+
+    assert not monitor.problems, monitor.problems[:10]
+    assert all(not r["errors"] for r in results), [(r["job"], r["errors"][:5]) for r in results]
+    merges = [r for r in results if r["job"] == "merge"]
+    assert sum(r["stats"].get("commits", 0) for r in merges) > 0
+    assert missing == {}
+    assert not final_gc.region_errors
+    assert base == model
+    assert lsm == model
+    # GC did collect while everything else ran (or the test would prove little).
+    gcs = [r for r in results if r["job"] == "gc"][0]
+    assert gcs["stats"].get("deleted_generation", 0) + final_gc.counts()["generation"] > 0
+
+
+def test_everything_at_once(tmp_path, spark):
+    _run(tmp_path, spark, 20)
+
+
+@soak
+@pytest.mark.slow
+def test_everything_at_once_soak(tmp_path, spark):
+    _run(tmp_path, spark, float(os.environ.get("MEMWAL_SOAK_SECONDS", 60)))
