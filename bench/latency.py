@@ -46,19 +46,45 @@ from memwal_core import demo, region, spark_connect, table  # noqa: E402
 from memwal_core.store import open_store  # noqa: E402
 
 RUN_PROCESS = r"""
-import sys
+import sys, time
+t0 = time.perf_counter()
 from dagster import DagsterInstance, materialize
 from memwal_pipeline.config import TableConfig
 from memwal_pipeline.definitions import table_definitions
+t1 = time.perf_counter()
+from memwal_core import merge as _mg, spark as _sp
+phases = {}
+def _wrap(obj, name, key):
+    fn = getattr(obj, name)
+    def inner(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            phases[key] = phases.get(key, 0.0) + time.perf_counter() - t
+    setattr(obj, name, inner)
+_wrap(_sp, "read_batch", "read_batch")
+_wrap(_sp, "dedup_batch", "dedup_batch")
+_wrap(sys.modules["lance.dataset"].MergeInsertBuilder, "execute", "merge_insert")
+_wrap(sys.modules["memwal_pipeline.resources"], "get_spark", "spark_session")
 uri, rid, master = sys.argv[1:4]
 cfg = TableConfig(name="t", uri=uri, spark_master=master)
 td = table_definitions(cfg)
+quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 with DagsterInstance.ephemeral() as instance:
     instance.add_dynamic_partitions(td.partitions.name, [rid])
     base = next(a for a in td.assets if a.key.path[-1] == "base_table")
-    r = materialize([base], partition_key=rid, instance=instance, resources=td.resources, raise_on_error=False)
+    r = materialize([base], partition_key=rid, instance=instance, resources=td.resources, run_config=quiet,
+                    raise_on_error=False)
+t2 = time.perf_counter()
+md = r.asset_materializations_for_node(base.op.name)[0].metadata if r.success else {}
+merge_s = md["duration_s"].value if "duration_s" in md else -1
+print(f"TIMING import={t1 - t0:.3f} materialize={t2 - t1:.3f} merge={merge_s:.3f} "
+      + " ".join(f"{k}={v:.3f}" for k, v in phases.items()))
 sys.exit(0 if r.success else 1)
 """
+
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 class Table:
@@ -121,25 +147,43 @@ def trial(tbl: Table, trigger, args) -> tuple[float, float]:
     return poller.seconds, done
 
 
-def run_process(tbl: Table, master: str) -> None:
+def run_process(tbl: Table, master: str, timings: list[dict]) -> None:
+    t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", RUN_PROCESS, tbl.loc.lance_uri, tbl.rid, master],
                          capture_output=True, text=True, cwd=common.REPO)
     if out.returncode != 0:
         raise SystemExit(f"FAIL run process ({master}) exited {out.returncode}: {out.stderr[-3000:]}")
+    line = next(x for x in out.stdout.splitlines() if x.startswith("TIMING "))
+    t = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+    t["process"] = time.perf_counter() - t0
+    # What the run spends outside the merge itself: interpreter + imports, Spark session
+    # (JVM start or Connect client), Dagster run bookkeeping.
+    t["outside_merge"] = t["process"] - t["merge"]
+    timings.append(t)
 
 
-def bench_mode(name: str, label: str, tbl: Table, trigger, args, warm_up: bool = False) -> list[float]:
+def bench_mode(name: str, label: str, tbl: Table, trigger, args, warm_up: bool = False,
+               timings: list[dict] | None = None) -> list[float]:
     if warm_up:
         w, _ = trial(tbl, trigger, args)
         common.say(f"{label}: warm-up run {w:.2f}s (not counted)")
+    if timings is not None:
+        timings.clear()
     lat, ends = [], []
     for i in range(args.trials):
         s, e = trial(tbl, trigger, args)
         lat.append(s)
         ends.append(e)
-        common.say(f"{label}: trial {i + 1}: flush -> merged {s:.2f}s (run finished at {e:.2f}s)")
+        extra = ""
+        if timings:
+            extra = " [" + ", ".join(f"{k} {v:.2f}s" for k, v in timings[-1].items()) + "]"
+        common.say(f"{label}: trial {i + 1}: flush -> merged {s:.2f}s (run finished at {e:.2f}s){extra}")
+    kv = {}
+    if timings:
+        for k in ("import", "spark_session", "merge", "read_batch", "dedup_batch", "merge_insert", "outside_merge"):
+            kv[f"{k}_median_s"] = common.median([t.get(k, 0.0) for t in timings])
     common.result("latency", mode=name, trials=args.trials, rows=args.rows, median_s=common.median(lat),
-                  min_s=min(lat), max_s=max(lat), run_end_median_s=common.median(ends),
+                  min_s=min(lat), max_s=max(lat), run_end_median_s=common.median(ends), **kv,
                   runs_s=",".join(f"{x:.2f}" for x in lat))
     return lat
 
@@ -166,15 +210,17 @@ def main() -> None:
     try:
         tbl = Table(os.path.join(root, "table"), args.rows, args.base_rows)
         if "local" in modes:
+            timings: list[dict] = []
             lat = bench_mode("local", "(i) run process, local[2] (JVM per run)", tbl,
-                             lambda: run_process(tbl, "local[2]"), args)
+                             lambda: run_process(tbl, "local[2]", timings), args, timings=timings)
             medians["local"] = common.median(lat)
         if "connect" in modes:
             t = time.perf_counter()
             started = spark_connect.ensure_server(remote, master="local[2]", state_dir=os.path.join(root, "state"))
             common.say(f"Spark Connect server {remote} started in {time.perf_counter() - t:.1f}s (once)")
+            timings = []
             lat = bench_mode("connect", f"(ii) run process, {remote}", tbl,
-                             lambda: run_process(tbl, remote), args, warm_up=True)
+                             lambda: run_process(tbl, remote, timings), args, warm_up=True, timings=timings)
             medians["connect"] = common.median(lat)
         if "inprocess" in modes:
             from dagster import DagsterInstance, materialize
@@ -192,7 +238,7 @@ def main() -> None:
 
                 def in_process() -> None:
                     r = materialize([base], partition_key=tbl.rid, instance=instance, resources=td.resources,
-                                    raise_on_error=False)
+                                    run_config=QUIET, raise_on_error=False)
                     if not r.success:
                         raise SystemExit("FAIL in-process materialization failed")
 

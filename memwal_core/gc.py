@@ -620,7 +620,7 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
             out.skipped.extend(late)
             _delete(loc, ok, out)
     except Exception as e:  # noqa: BLE001 - reported per region; the others proceed
-        out.error = f"region {rid}: {type(e).__name__}: {e}"
+        out.error = str(e) if isinstance(e, region.RegionError) else f"region {rid}: {type(e).__name__}: {e}"
         log.error("GC of %s", out.error)
     return out
 

@@ -44,6 +44,10 @@ class CommitRaceLost(RegionError):
     pass
 
 
+class ManifestGap(CorruptManifest):
+    """A later manifest version exists past a missing one: the loaded "latest" is stale."""
+
+
 @dataclass(frozen=True)
 class Generation:
     generation: int
@@ -233,6 +237,7 @@ def commit_next(store: ObjectStore, current: RegionManifest, mutate: Mutation, *
         version = current.version + 1
         msg.version = version
         raw = msg.SerializeToString()
+        _refuse_gap(store, current.region_id, version)
         if store.put_if_absent(layout.manifest_key(current.region_id, version), raw):
             write_version_hint(store, current.region_id, version)
             return RegionManifest(current.region_id, version, msg, raw)
@@ -240,6 +245,25 @@ def commit_next(store: ObjectStore, current: RegionManifest, mutate: Mutation, *
                  current.region_id, version)
         current = load_latest(store, current.region_id, start=version)
     raise CommitRaceLost(current.region_id, f"gave up committing after {max_attempts} lost races")
+
+
+def _refuse_gap(store: ObjectStore, region_id: str, version: int) -> None:
+    """Refuse to commit `version` when `version + 1` already exists but `version` does not.
+
+    Existence probes stop at the first missing version, so with versions 1, 2, 4 on disk (3
+    deleted by hand, or lost) and no usable hint, "latest" is 2. Committing 3 there would put
+    memwal's change *under* version 4, where every reader and writer ignores it (a GC trim
+    would then delete generations that version 4 still lists). Committers never leave gaps, so
+    N+2 without N+1 is damage, not a race: a racing committer cannot write N+2 before N+1
+    exists, hence N+1 is probed after N+2. Costs one HEAD per commit attempt (gaps wider than
+    one version are found by listing only; see docs/reliability.md).
+    """
+    if store.exists(layout.manifest_key(region_id, version + 1)) and \
+            not store.exists(layout.manifest_key(region_id, version)):
+        raise ManifestGap(region_id, f"manifest version {version} is missing but version {version + 1} "
+                                     f"exists (a gap in {layout.manifest_dir(region_id)}/): the latest "
+                                     f"version found by probing, {version - 1}, is stale; not committing "
+                                     "on it (restore the missing version or repair the region)")
 
 
 def region_uuid_bytes(region_id: str) -> bytes:

@@ -444,6 +444,8 @@ def refresh_hint(loc: TableLocation, m: region.RegionManifest, *,
         return m, None, None
     try:
         committed = region.commit_next(loc.store, m, _hint_mutation(observed), max_attempts=max_attempts)
+    except region.ManifestGap:
+        raise  # not a hint problem: the manifest read is stale, the region cannot be snapshotted
     except Exception as e:  # noqa: BLE001 - best effort: log and carry on with what we read
         log.info("region %s: WAL hint not raised to %d (%s)", m.region_id, observed, e)
         return m, None, f"{type(e).__name__}: {e}"
@@ -475,7 +477,10 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
         out = _RegionOutcome()
         m = got
         if update_hints:
-            m, out.hint, out.hint_error = refresh_hint(loc, m)
+            try:
+                m, out.hint, out.hint_error = refresh_hint(loc, m)
+            except region.ManifestGap as e:
+                return _RegionOutcome(error=str(e))
         spec_id = m.message.region_spec_id
         if spec_id == 0:
             fv = FieldValues({}, "none")

@@ -20,9 +20,15 @@ import sys
 from dataclasses import dataclass
 from typing import Iterator
 
+import warnings
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+# pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
+# that import lance afresh, so the warning is noise here.
+warnings.filterwarnings("ignore", message="lance is not fork-safe")
 
 GEN_COL = "_memwal_gen"
 ORD_COL = "_memwal_ord"
@@ -73,6 +79,9 @@ def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, app_
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
     if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local session binds to loopback
+        log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+        defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
         # Python workers must run this interpreter (it has lance and memwal_core); Spark reads
         # PYSPARK_PYTHON when it forks them. On a cluster, the executors' Python is the cluster's.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

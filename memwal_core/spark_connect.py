@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 
-def _listening(host: str, port: int) -> bool:
+def listening(host: str, port: int) -> bool:
     try:
         socket.create_connection((host, port), timeout=0.5).close()
         return True
@@ -40,7 +40,7 @@ def ensure_server(remote: str, *, master: str = "local[*]", conf: dict[str, str]
     """
     url = urlparse(remote)
     host, port = url.hostname or "127.0.0.1", url.port or 15002
-    if _listening(host, port):
+    if listening(host, port):
         return False
     if host not in ("127.0.0.1", "localhost"):
         raise ConnectionError(f"no Spark Connect server at {remote}, and it is not local to start one")
@@ -58,7 +58,7 @@ def ensure_server(remote: str, *, master: str = "local[*]", conf: dict[str, str]
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if _listening(host, port):
+        if listening(host, port):
             return True
         time.sleep(0.25)
     raise TimeoutError(f"Spark Connect server on port {port} did not start; see {state / 'spark-logs'}")

@@ -50,10 +50,10 @@ def open_dataset(loc: TableLocation, version: int | None = None, commit_lock=Non
     try:
         return lance.dataset(loc.lance_uri, version=version, storage_options=loc.storage_options or None,
                              commit_lock=commit_lock)
-    except ValueError as e:
-        raise TableError(f"cannot open Lance table {loc.lance_uri}: {e}") from None
-    except OSError as e:
-        raise TableError(f"cannot open Lance table {loc.lance_uri}: {str(e).splitlines()[0]}") from None
+    except (ValueError, OSError) as e:
+        # One line: Lance's S3 errors embed the server's multi-line XML body (with the S3 code).
+        one_line = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+        raise TableError(f"cannot open Lance table {loc.lance_uri}: {one_line}") from None
 
 
 def primary_key(ds: lance.LanceDataset) -> list[str]:

@@ -7,6 +7,7 @@ pool (limit 1 in dagster_home/dagster.yaml), so commits to one table are seriali
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -24,6 +25,9 @@ from memwal_core import catchup, gc, merge, region, snapshot, status
 from memwal_core.table import read_memwal_state
 
 from .config import TableConfig
+
+# BackfillPolicy.single_run is what the Spark merge wants; Dagster flags the parameter as beta.
+warnings.filterwarnings("ignore", message=".*backfill_policy.*", category=Warning)
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,11 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
     def base_table(context) -> MaterializeResult:
         loc = _location(context, keys)
         regions = list(context.partition_keys)
-        spark = getattr(context.resources, keys.spark_resource).spark_session
-        result = merge.merge(loc, spark, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations,
-                             regions=regions, progress=context.log.info)
+        plan = merge.plan_merge(loc, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations,
+                                regions=regions)
+        # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
+        spark = getattr(context.resources, keys.spark_resource).spark_session if plan.batches else None
+        result = merge.execute_merge(loc, plan, spark, progress=context.log.info)
         for rid, r in sorted(result.regions.items()):
             if r.error:
                 context.log.error(r.error)

@@ -248,6 +248,27 @@ def cmd_demo(a) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# spark-server
+
+
+def cmd_spark_server(a) -> int:
+    from memwal_core import spark_connect
+
+    remote = f"sc://127.0.0.1:{a.port}"
+    if a.action == "start":
+        started = spark_connect.ensure_server(remote, master=a.master)
+        print(f"Spark Connect server {'started' if started else 'already running'} at {remote}")
+    elif a.action == "stop":
+        spark_connect.stop_server(remote)
+        print(f"Spark Connect server at {remote} stopped")
+    else:
+        up = spark_connect.listening("127.0.0.1", a.port)
+        print(f"Spark Connect server at {remote}: {'running' if up else 'not running'}")
+        return 0 if up else 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--storage-option", action="append", metavar="K=V", default=[])
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_status)
+
+    c = sub.add_parser("spark-server", help="start/stop the long-lived local Spark Connect server "
+                                            "(tables configured with spark master sc://127.0.0.1:PORT)")
+    c.add_argument("action", choices=["start", "stop", "status"])
+    c.add_argument("--port", type=int, default=15002)
+    c.add_argument("--master", default="local[*]")
+    c.set_defaults(fn=cmd_spark_server)
 
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,

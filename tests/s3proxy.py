@@ -295,6 +295,8 @@ class _Handler(BaseHTTPRequestHandler):
             xml = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{fault.code}</Code>'
                    f"<Message>{fault.message}</Message><Resource>{url.path}</Resource>"
                    f"<RequestId>{rid}</RequestId></Error>").encode()
+            # Recorded before the answer leaves: the client may act on it at once.
+            p._record(Request(**{**req.__dict__, "status": fault.status, "injected": True}))
             self.send_response(fault.status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("x-amz-request-id", rid)
@@ -302,7 +304,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(xml)
-            p._record(Request(**{**req.__dict__, "status": fault.status, "injected": True}))
             return
         action = p._take_before(req)
         if action is not None:
@@ -314,6 +315,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
+        p._record(Request(**{**req.__dict__, "status": status}))
         self.send_response(status, reason)
         for k, v in out_headers:
             if k.lower() in HOP_BY_HOP or k.lower() in ("transfer-encoding", "content-length", "server", "date"):
@@ -325,7 +327,6 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(payload)
         self.wfile.flush()
-        p._record(Request(**{**req.__dict__, "status": status}))
         if p._should_cut(req):
             p.down()
 

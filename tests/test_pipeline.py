@@ -253,3 +253,30 @@ def test_end_to_end_sensor_drives_everything(table_loc, instance, spark):
     assert all(g == state.merged[rid] for rid, g in state.catchup["id_btree"].items())
     mats = instance.fetch_materializations(AssetKey(["t", "garbage"]), limit=1).records
     assert mats, "maintenance ran after the merges"
+
+
+def test_merge_through_long_lived_spark_connect_server(table_loc, instance, tmp_path, monkeypatch):
+    """`spark.master = sc://127.0.0.1:PORT`: the run is a thin client of a server memwal starts once."""
+    import socket
+
+    from memwal_core import spark_connect
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    remote = f"sc://127.0.0.1:{port}"
+    monkeypatch.setenv("MEMWAL_STATE_DIR", str(tmp_path / "state"))
+    w = make_table(table_loc, regions=2, rounds=1)
+    cfg = TableConfig(name="t", uri=table_loc.lance_uri, spark_master=remote)
+    td = table_definitions(cfg)
+    regions = sorted(w.regions.values())
+    instance.add_dynamic_partitions(td.partitions.name, regions)
+    by = {a.key.path[-1]: a for a in td.assets}
+    try:
+        r = materialize([by["base_table"]], instance=instance, resources=td.resources,
+                        tags={ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]})
+        assert r.success
+        assert spark_connect.listening("127.0.0.1", port)  # started on first use, still up for the next run
+        assert rows(table_loc) == w.expected()
+    finally:
+        spark_connect.stop_server(remote)

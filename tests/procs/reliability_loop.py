@@ -3,8 +3,9 @@
 usage: reliability_loop.py JOB URI READY_FILE GO_FILE STOP_FILE OUT_JSON
 JOB: `merge` (own local SparkSession, small byte budget so a pass makes several commits),
 `index` (the MemWAL index builder, then the base-index catch-up) or `gc` (no grace, no minimum
-age, 3 manifest versions kept, base-table versions older than 5 s cleaned first). Writes
-READY_FILE when warm, starts at GO_FILE, loops until STOP_FILE exists, then writes OUT_JSON:
+age, 3 manifest versions kept, base-table versions older than 2 s cleaned first). Writes
+READY_FILE when warm, starts at GO_FILE, loops until STOP_FILE exists (after each pass
+OUT_JSON.pass holds "passes start_of_last_pass"), then writes OUT_JSON:
 {"passes": n, "errors": [...], "stats": {...}}. An exception in a pass is recorded (type and
 first line) and the loop goes on, so one failure does not hide later ones.
 """
@@ -21,7 +22,7 @@ from memwal_core import catchup, gc, merge, snapshot
 from memwal_core.store import open_store
 
 GC_CONFIG = gc.GcConfig(manifest_keep_versions=3, manifest_min_age_s=0, orphan_grace_s=0,
-                        base_cleanup_older_than=timedelta(seconds=5))
+                        base_cleanup_older_than=timedelta(seconds=2))
 
 
 def main() -> int:
@@ -38,11 +39,13 @@ def main() -> int:
     while not os.path.exists(go):
         time.sleep(0.01)
     passes = 0
+    last_kept: dict = {}
     while not os.path.exists(stop):
         passes += 1
+        started = time.time()
         try:
             if job == "merge":
-                r = merge.merge(loc, spark, budget_bytes=20_000)
+                r = merge.merge(loc, spark, budget_bytes=40_000)
                 stats["commits"] += r.commits
                 stats["conflicts"] += r.conflicts
                 stats["generations_merged"] += r.generations_merged
@@ -66,6 +69,7 @@ def main() -> int:
                     stats[f"deleted_{kind}"] += n
                 stats["skipped"] += len(r.skipped)
                 stats["manifest_commits"] += r.manifest_commits
+                last_kept = {k: v for k, v in r.kept.items() if k.startswith("generation:")}
                 errors.extend(r.region_errors.values())
                 if r.base_cleanup and r.base_cleanup.get("error"):
                     errors.append(f"base cleanup: {r.base_cleanup['error']}")
@@ -75,8 +79,12 @@ def main() -> int:
             errors.append(f"{type(e).__name__}: {first}")
             print(traceback.format_exc(), file=sys.stderr, flush=True)
             time.sleep(0.3)
+        with open(out + ".pass.tmp", "w") as f:  # heartbeat: passes done, start of the last one
+            f.write(f"{passes} {started}")
+        os.replace(out + ".pass.tmp", out + ".pass")
     with open(out + ".tmp", "w") as f:
-        json.dump({"job": job, "passes": passes, "errors": errors, "stats": dict(stats)}, f)
+        json.dump({"job": job, "passes": passes, "errors": errors, "stats": dict(stats),
+                   **({"last_kept": last_kept} if job == "gc" else {})}, f)
     os.replace(out + ".tmp", out)
     return 0
 
