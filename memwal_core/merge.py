@@ -259,7 +259,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     columns = [f.name for f in ds.schema]
     specs = {s.spec_id: routing.RegionSpec.from_proto(s).to_lance() for s in state.details.region_specs}
     manifests = region.load_many(loc.store, sorted(plan.pending))
-    parts = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "4")))
+    parts = merge_partitions(spark)
     for n, batch in enumerate(plan.batches, 1):
         if progress:
             progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
@@ -269,6 +269,15 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
     return result
+
+
+def merge_partitions(spark) -> int:
+    """Key partitions of the dedup stage: `memwal.merge.partitions` if set, else the session's
+    shuffle partitions capped at 64 (Spark's default 200 is far too many for a merge batch)."""
+    explicit = spark.conf.get("memwal.merge.partitions", None)
+    if explicit:
+        return max(1, int(explicit))
+    return max(1, min(64, int(spark.conf.get("spark.sql.shuffle.partitions", "8"))))
 
 
 def _routing_config(rid: str, manifests, specs, lance_schema) -> str:
@@ -348,7 +357,12 @@ def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, specs, manifests, p
     try:
         fields = {rid: [f["field_id"] for f in json.loads(c)["spec"]["fields"]]
                   for rid, c in ((region_index[i], c) for i, c in cfg.routing) if c}
-        bad, why = _first_bad(read.stats, region_index, expected, fields)
+        # Progress read after stage 1: a generation another merger merged since the plan may be
+        # gone already (GC collects merged generations) and fail to read; it is skipped below as
+        # already merged, so it must not be reported as a broken generation.
+        merged_now = read_memwal_state(loc).merged
+        stats = [s for s in read.stats if s["generation"] > merged_now.get(region_index[s["region"]], 0)]
+        bad, why = _first_bad(stats, region_index, expected, fields)
         for ridx, (msg, offending) in why.items():
             r = result.regions[region_index[ridx]]
             r.error = f"region {region_index[ridx]}: {msg}"

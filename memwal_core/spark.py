@@ -240,9 +240,11 @@ class BatchRead:
 def read_batch(spark, tasks: list[tuple[int, int, int, str]], cfg: ReadConfig) -> BatchRead:
     """Run stage 1 over `tasks` (task id, region index, generation, uri); collect its stats.
 
-    One Spark partition per generation, straight from `range` (no shuffle to spread them).
+    Tasks are spread over about two Spark partitions per key partition, straight from `range`
+    (no shuffle to spread them): a Spark task costs ~0.1 s of fixed overhead, far more than
+    reading one small generation, so each task reads several generations in turn.
     """
-    df = spark.range(0, len(tasks), 1, numPartitions=max(1, len(tasks)))
+    df = spark.range(0, len(tasks), 1, numPartitions=max(1, min(len(tasks), 2 * cfg.parts)))
     fn = functools.partial(read_generations, cfg, tuple(tasks))
     stage1 = df.mapInArrow(fn, STAGE1_DDL).persist()
     stats = [r.asDict() for r in stage1.filter("kind = 'stats'").drop("blob").collect()]
@@ -262,7 +264,9 @@ def dedup_batch(spark, stage1, pk: list[str], parts: int) -> Deduped:
     """Stage 2 over (a filtered view of) the cached stage 1, collected in one Spark job."""
     from pyspark.sql import functions as F
 
-    data = stage1.filter(F.col("kind") == "data").select("part", "blob").repartition(parts, "part")
+    # By range, not by hash: Spark's Murmur3 of the small ints 0..parts-1 collides (with 2 or 4
+    # partitions most parts land in one), which would put the whole batch in one task.
+    data = stage1.filter(F.col("kind") == "data").select("part", "blob").repartitionByRange(parts, "part")
     out = data.mapInArrow(functools.partial(dedup_partition, tuple(pk)), STAGE2_DDL).toArrow()
     live, deleted, dups = [], [], []
     for row in out.to_pylist():

@@ -52,6 +52,7 @@ def ensure_server(remote: str, *, master: str = "local[*]", conf: dict[str, str]
     args = ["bash", os.path.join(spark_home(), "sbin", "start-connect-server.sh"), "--master", master,
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.sql.execution.arrow.pyspark.enabled=true",
+            "--conf", f"spark.sql.shuffle.partitions={max(2, os.cpu_count() or 2)}",
             "--conf", "spark.ui.enabled=false"]
     for k, v in (conf or {}).items():
         args += ["--conf", f"{k}={v}"]

@@ -71,12 +71,19 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
     events = []
     if changed:
         merged = read_memwal_state(loc).merged
-        for rid, version in sorted(changed.items()):
+
+        def load(item: tuple[str, int]):
+            rid, version = item
             try:
-                m = region.load_version(loc.store, rid, version)
-                st = status.region_status(loc, m, merged.get(rid, 0))
-            except Exception as e:  # noqa: BLE001
-                context.log.error(f"{cfg.name}: region {rid}: {e}")
+                return status.region_status(loc, region.load_version(loc.store, rid, version), merged.get(rid, 0))
+            except Exception as e:  # noqa: BLE001 - reported, the others proceed
+                return e
+
+        with ThreadPoolExecutor(max_workers=min(16, len(changed))) as pool:
+            loaded = list(pool.map(load, sorted(changed.items())))
+        for (rid, version), st in zip(sorted(changed.items()), loaded):
+            if isinstance(st, Exception):
+                context.log.error(f"{cfg.name}: region {rid}: {st}")
                 continue
             known[rid] = version
             events.append(AssetObservation(asset_key=keys.asset("region_generations"), partition=rid,
