@@ -197,6 +197,9 @@ def main() -> None:
     p.add_argument("--poll", type=float, default=0.1, help="seconds between progress reads")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--quick", action="store_true", help="2 trials of 200 rows")
+    p.add_argument("--connect-conf", action="append", default=[], metavar="K=V",
+                   help="extra --conf for the Spark Connect server (e.g. spark.sql.shuffle.partitions=2); "
+                        "default none, as memwal starts it")
     p.add_argument("--workdir", default=None)
     args = p.parse_args()
     if args.quick:
@@ -216,7 +219,9 @@ def main() -> None:
             medians["local"] = common.median(lat)
         if "connect" in modes:
             t = time.perf_counter()
-            started = spark_connect.ensure_server(remote, master="local[2]", state_dir=os.path.join(root, "state"))
+            conf = dict(kv.split("=", 1) for kv in args.connect_conf)
+            started = spark_connect.ensure_server(remote, master="local[2]", conf=conf,
+                                                  state_dir=os.path.join(root, "state"))
             common.say(f"Spark Connect server {remote} started in {time.perf_counter() - t:.1f}s (once)")
             timings = []
             lat = bench_mode("connect", f"(ii) run process, {remote}", tbl,

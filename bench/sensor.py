@@ -128,6 +128,11 @@ def bench_store(name: str, loc, args) -> list[dict]:
         assert len(instance.get_dynamic_partitions(td.partitions.name)) == args.regions
         common.say(f"[{name}] first tick (adds {args.regions} partitions, {len(reqs)} merge requests): "
                    f"{secs:.2f}s, requests {stats}")
+        # Not steady state (every region is new: hint + probes + manifest + status per region),
+        # but what a new deployment or a sensor with a lost cursor pays once.
+        common.result("sensor", store=name, case="first_tick", regions=args.regions, sensor_ms=secs * 1e3,
+                      merge_requests=len(reqs), sensor_requests=sum(stats.values()),
+                      sensor_req="/".join(f"{k}:{v}" for k, v in sorted(stats.items())))
         # Steady state: the instance has the partitions, the cursor every version.
         naive_versions = dict(regs.version)
         for case, k in (("unchanged", 0), ("changed", args.changed)):

@@ -328,7 +328,8 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     try:
         listed = [(g, layout.generation_dir(rid, g.path, g.generation)) for g in m.generations]
     except layout.UnsafePath as e:
-        rp.error = f"region {rid}: corrupt manifest version {m.version}: {e}; nothing collected here"
+        why = str(e).removeprefix(f"region {rid}: ")  # layout names the region already
+        rp.error = f"region {rid}: corrupt manifest version {m.version}: {why}; nothing collected here"
         return rp
     limit, bounds = _limit(ctx, rid)
     rp.limit = limit

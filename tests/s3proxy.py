@@ -11,7 +11,9 @@ boto3 (memwal's store) and Lance's Rust object_store. Every request is forwarded
   client sees when the server process dies (connection refused / reset); `up()` listens again
   **on the same port**, and the server behind it still has its data (unlike a restarted moto);
 - `cut_after(predicate)`: forward the first request matching `predicate`, answer it, then go
-  down: "the server died right after this request" at a precise point of a run.
+  down: "the server died right after this request" at a precise point of a run;
+- `before(predicate, action)`: run `action` (e.g. plant an object on the server) right before
+  the first matching request is forwarded: another writer winning a race at an exact moment.
 
 Kinds (path-style addressing): `list` (GET on a bucket), `get`, `head`, `put`,
 `put_if_absent` (PUT with `If-None-Match`), `delete`, `delete_batch` (POST ?delete),
@@ -281,7 +283,10 @@ class _Handler(BaseHTTPRequestHandler):
         p = self.proxy
         if p.is_down:
             self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             return
         body, chunked = self._read_body()
         url = urlsplit(self.path)

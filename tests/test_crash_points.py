@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -238,8 +239,11 @@ def snapshot_rows(loc) -> list[dict]:
     return sorted(snapshot.read_snapshot(loc).to_pylist(), key=lambda r: r["region_id"])
 
 
-@pytest.mark.parametrize("inline_threshold", [100, 0], ids=["inline", "external"])
+@pytest.mark.parametrize("inline_threshold", [
+    0, pytest.param(100, marks=[soak, pytest.mark.slow])], ids=["external", "inline"])
 def test_index_builder_killed_at_every_write(template, tmp_path, spark, inline_threshold):
+    """Every write of the index builder (two WAL-hint commits, the external snapshot file, the
+    guarded commit); the inline variant (the same minus the file) under soak."""
     t0 = time.monotonic()
     model = template[1]
     args = ("--inline-threshold", str(inline_threshold))
@@ -270,7 +274,7 @@ def test_index_builder_killed_at_every_write(template, tmp_path, spark, inline_t
         assert paths(d, layout.MEM_WAL_DIR) == want_regions, what
         # A kill inside the commit leaves the external snapshot file it had written: unreferenced.
         extra = {x for x in paths(d, "_indices") - paths(base.store.root, "_indices")}
-        idx_uuid = str(__import__("uuid").UUID(bytes=table.read_memwal_state(loc).index.uuid.uuid))
+        idx_uuid = str(uuid.UUID(bytes=table.read_memwal_state(loc).index.uuid.uuid))
         leftovers += len([x for x in extra if idx_uuid not in x])
         assert_reads_correctly(loc, model, what)
     loc = open_store(cases[-1][2])
@@ -298,12 +302,22 @@ def merge_template(tmp_path_factory):
 def _merge_crash_points(merge_template, tmp_path, spark, monkeypatch, ks) -> None:
     t0 = time.monotonic()
     _, model = merge_template
-    # The un-killed run counted in this process (the session's Spark: no extra JVM start).
     base = copy_of(merge_template, str(tmp_path / "baseline"))
     whole = merge.plan_merge(base).batches[0]
     budget = max(max(g.bytes for g in whole.generations), whole.bytes // 3)
     plan = merge.plan_merge(base, budget_bytes=budget)
     assert len(plan.batches) >= 3
+    # One commit per batch: the merger's counted writes are its Lance commits, K = batches.
+    ks = [k for k in ks if k <= len(plan.batches)] if ks else list(range(1, len(plan.batches) + 1))
+    cases = [(k, str(tmp_path / f"k{k}")) for k in ks]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMWAL_")}
+    procs = []
+    for k, d in cases:  # started first: their JVM start-up overlaps the un-killed run below
+        copy_of(merge_template, d)
+        procs.append(subprocess.Popen([sys.executable, JOB, "merge", d, "--budget", str(budget)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env={**env, "MEMWAL_CRASH_AFTER_OPS": str(k)}))
+    # The un-killed run, counted in this process (the session's Spark: no extra JVM start).
     monkeypatch.setenv("MEMWAL_COUNT_OPS", "1")
     monkeypatch.setattr(faults, "_ops", [])
     r = merge.execute_merge(base, plan, spark)
@@ -312,15 +326,10 @@ def _merge_crash_points(merge_template, tmp_path, spark, monkeypatch, ks) -> Non
     assert r.commits == len(plan.batches) == len(ops) and all(o.startswith("lance_commit") for o in ops)
     assert base_rows(base) == model
     want_merged = table.read_memwal_state(base).merged
-    ks = [k for k in ks if k <= len(ops)] if ks else list(range(1, len(ops) + 1))
-    cases = [(k, False, str(tmp_path / f"k{k}")) for k in ks]
-    for _, _, d in cases:
-        copy_of(merge_template, d)
-    with ThreadPoolExecutor(2) as pool:  # a JVM each: two at a time on 2 cores
-        procs = list(pool.map(lambda c: run_job("merge", c[2], {"MEMWAL_CRASH_AFTER_OPS": str(c[0])},
-                                                "--budget", str(budget)), cases))
-    for (k, _, d), p in zip(cases, procs):
-        assert p.returncode == faults.EXIT_CODE, f"k={k}: {p.stderr[-3000:]}"
+    for (k, d), p in zip(cases, procs):
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == faults.EXIT_CODE, f"k={k}: {err[-3000:]}"
+        assert f"memwal crash before write {k}: lance_commit merge.during_commit" in err
         what = f"merger killed in commit {k} of {len(ops)}"
         loc = open_store(d)
         # Exactly the batches before k are merged: nothing of batch k landed.

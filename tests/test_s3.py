@@ -22,7 +22,6 @@ import time
 import uuid
 from datetime import timedelta
 
-import lance
 import pytest
 from dagster import (
     AssetKey,
@@ -96,7 +95,7 @@ def s3_options(endpoint: str, secret: str, **extra: str) -> dict[str, str]:
             "aws_secret_access_key": secret, **extra}
 
 
-def bucket_keys(raw, bucket: str, prefix: str = PREFIX + "/") -> dict[str, bytes | int]:
+def bucket_keys(raw, bucket: str, prefix: str = PREFIX + "/") -> dict[str, int]:
     out = {}
     for page in raw.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for o in page.get("Contents", []):
@@ -192,6 +191,28 @@ def test_throttling_503_slowdown_is_retried_by_both_clients(px, raw, secret):
 
 # ------------------------------------------------------------- conditional region commits
 
+def test_store_conditional_put_semantics_and_readme_check(px, raw, secret):
+    """The README's check of a store (a second `If-None-Match: *` PUT must get 412), and what
+    memwal does with a store that answers 412, or refuses the header (501)."""
+    import botocore
+
+    bucket = new_bucket(raw)
+    raw.put_object(Bucket=bucket, Key="memwal-check", Body=b"1", IfNoneMatch="*")
+    with pytest.raises(botocore.exceptions.ClientError) as ei:
+        raw.put_object(Bucket=bucket, Key="memwal-check", Body=b"2", IfNoneMatch="*")
+    assert ei.value.response["Error"]["Code"] == "PreconditionFailed"
+    store = open_store(f"s3://{bucket}/{PREFIX}", s3_options(px.endpoint, secret)).store
+    assert store.put_if_absent("m/1", b"a") is True and store.put_if_absent("m/1", b"b") is False
+    assert store.get("m/1") == b"a"
+    px.throttle("put_if_absent", 1, status=501, code="NotImplemented", message="IfNoneMatch")
+    with pytest.raises(StoreError) as ei:
+        store.put_if_absent("m/2", b"a")
+    msg = one_line_error(str(ei.value))
+    assert "put_if_absent" in msg and "NotImplemented" in msg and f"s3://{bucket}/{PREFIX}/m/2" in msg
+    assert px.count("put_if_absent", injected=True) == 1  # 501 is not retried
+    assert not store.exists("m/2")
+
+
 def test_region_commit_reloads_when_a_writer_commits_first(px, raw, secret):
     """memwal loads version N; a real pylance writer then claims the region (commits N+1 with a
     new epoch, writes its fence sentinel) and appends a durable WAL entry; memwal commits its
@@ -263,8 +284,7 @@ def test_randomized_differential_then_gc_on_s3(px, raw, secret, spark, seed):
     w = demo.Workload(loc, seed=seed, key_space=300, max_memtable_rows=30)
     progress_seen: dict[str, int] = {}
     for step in range(2):
-        for _ in range(2):
-            w.write_round(100, overwrite=0.3, delete=0.05, absent_delete=0.02, puts_per_batch=15)
+        w.write_round(150, overwrite=0.3, delete=0.05, absent_delete=0.02, puts_per_batch=15)
         px.throttle("get", 2)   # Spark tasks and the driver read through a throttled server
         px.throttle("head", 2)
         budget = [6_000, 10**9][step]  # several small commits, then one big one
@@ -291,7 +311,8 @@ def test_randomized_differential_then_gc_on_s3(px, raw, secret, spark, seed):
 
     # The first trim commit of a region meets a version planted right before it reaches the
     # server: a copy of the latest with an extra field (as a newer writer might write).
-    planted: dict[str, bytes] = {}
+    marker = b"\x98\x06\x2a"  # field 99 (unknown to memwal and pylance 14) = 42
+    planted: dict = {}
 
     def plant(req: Request) -> None:
         rid = req.key.split("/")[2]
@@ -299,9 +320,9 @@ def test_randomized_differential_then_gc_on_s3(px, raw, secret, spark, seed):
         prev = raw.get_object(Bucket=bucket, Key=f"{PREFIX}/{layout.manifest_key(rid, version - 1)}")["Body"].read()
         msg = pb.RegionManifest.FromString(prev)
         msg.version = version
-        data = msg.SerializeToString() + b"\x98\x06\x2a"  # unknown field 99 = 42
+        data = msg.SerializeToString() + marker
         raw.put_object(Bucket=bucket, Key=req.key, Body=data)
-        planted.update(rid=rid.encode(), key=req.key.encode(), data=data, version=str(version).encode())
+        planted.update(rid=rid, key=req.key, data=data, version=version)
 
     px.reset_counts()
     px.throttle("delete_batch", 1)
@@ -314,11 +335,11 @@ def test_randomized_differential_then_gc_on_s3(px, raw, secret, spark, seed):
     assert px.count("delete", match=by_memwal) == 0  # deletes went out in batches only
 
     # The planted version is untouched; memwal's trim landed after it and kept its field.
-    rid, key, n1 = planted["rid"].decode(), planted["key"].decode(), int(planted["version"])
+    rid, key, n1 = planted["rid"], planted["key"], planted["version"]
     assert raw.get_object(Bucket=bucket, Key=key)["Body"].read() == planted["data"]
     latest = region.load_latest(loc.store, rid)
     assert latest.version == n1 + 1
-    assert latest.raw.endswith(b"\x98\x06\x2a") and latest.generations == []
+    assert marker in latest.raw and latest.generations == []  # re-applied on top of the planted one
     statuses = [r.status for r in px.requests if by_memwal(r) and is_manifest(r) and r.method == "PUT"]
     assert statuses.count(412) == 1 and statuses.count(200) == 3
 
@@ -330,6 +351,77 @@ def test_randomized_differential_then_gc_on_s3(px, raw, secret, spark, seed):
         if item.kind in (gc.GENERATION, gc.ORPHAN):
             assert not any(k.startswith(f"{PREFIX}/{item.path}/") for k in left), item.path
     assert as_dict(reader.lsm_table(loc)) == w.expected()
+
+
+# ------------------------------------------------------------------ the CLI, cut mid-run
+
+def _memwal(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run([MEMWAL, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
+    """`memwal status` / `memwal maintain` with --storage-option flags against the proxy. The
+    "server" dies right after the merge commit of a maintenance pass (the CLI's own `run_pass`,
+    run in this process to share its Spark session): every failed step is one line naming what
+    failed. With the server back (same port, data intact) `memwal maintain` converges, without
+    starting Spark since nothing is left to merge."""
+    from memwal_pipeline.cli import STEPS, run_pass
+    from memwal_pipeline.config import single_table
+
+    bucket = new_bucket(raw)
+    uri = f"s3://{bucket}/{PREFIX}"
+    opts = s3_options(px.endpoint, secret, s3_max_attempts="2", client_max_retries="0")
+    loc = open_store(uri, opts)
+    w = make_table(loc, regions=2, rounds=2)
+    flags = [a for k, v in opts.items() for a in ("--storage-option", f"{k}={v}")]
+
+    assert [len(r.pending_generations) for r in status.table_status(loc).regions] == [2, 2]
+
+    # Cut: the first base-table commit (Lance's conditional PUT of a _versions manifest) is
+    # answered, then the server is gone.
+    version = table.open_dataset(loc).version
+    px.cut_after(lambda r: r.kind == "put_if_absent" and r.key.startswith(f"{PREFIX}/_versions/"))
+    cfg = single_table(uri, opts, spark_master="local[2]", base_versions_older_than=0)
+    report = run_pass(cfg, list(STEPS))
+    assert px.cut_at is not None and px.is_down
+    failed = report["failed"]
+    assert [f.split(":", 1)[0] for f in failed] == ["merge", "index", "catchup", "gc"], failed
+    for line in failed:
+        assert "\n" not in line and "Traceback" not in line, line
+        assert px.endpoint in line or uri in line, line  # names the table or the endpoint
+        assert secret not in line
+    px.up()
+    # The merge committed before the cut: progress is recorded, nothing is merged twice later.
+    state = table.read_memwal_state(loc)
+    assert table.open_dataset(loc).version == version + 1
+    assert all(state.merged[r] == region.load_latest(loc.store, r).current_generation - 1
+               for r in w.regions.values())
+
+    # The server is back on the same port with its data: the CLI converges. Nothing is left to
+    # merge, so Spark is never started (an unusable master proves it).
+    run = _memwal("maintain", uri, *flags, "--base-versions-older-than", "0", "--json",
+                  "--spark-master", "invalid://spark-must-not-start")
+    assert run.returncode == 0, run.stderr[-3000:]
+    rep = json.loads(run.stdout)
+    assert rep["steps"]["merge"]["generations_merged"] == 0
+    assert rep["steps"]["gc"]["generations_deleted"] == 4
+    assert as_dict(table.open_dataset(loc).to_table()) == w.expected()
+    assert as_dict(reader.lsm_table(loc)) == w.expected()
+    # Credentials from the environment instead of the command line (where `ps` shows them):
+    # boto3 and Lance both pick them up.
+    px.reset_counts()
+    public = [a for k, v in opts.items() if not k.startswith("aws_") or k in ("aws_endpoint", "aws_region")
+              for a in ("--storage-option", f"{k}={v}")]
+    st2 = _memwal("status", uri, *public, "--json",
+                  env={"AWS_ACCESS_KEY_ID": "env-key-id", "AWS_SECRET_ACCESS_KEY": secret})
+    assert st2.returncode == 0 and json.loads(st2.stdout)["pending_generations"] == 0
+    signers = {(r.headers["user-agent"].split("/")[0], r.headers["authorization"].split("/")[0])
+               for r in px.requests}
+    assert signers == {("Boto3", "AWS4-HMAC-SHA256 Credential=env-key-id"),
+                       ("pylance", "AWS4-HMAC-SHA256 Credential=env-key-id")}, signers
+    for p in (run, st2):
+        assert secret not in p.stdout and secret not in p.stderr
 
 
 # ------------------------------------------------------------- the Dagster pipeline on S3
@@ -450,7 +542,7 @@ def test_pipeline_on_s3_from_config_with_env_secret_and_ui(px, raw, secret, spar
           - name: s3bad
             uri: s3://memwal-no-such-bucket/{PREFIX}
             storage_options: {{aws_endpoint: "{px.endpoint}", aws_region: us-east-1, aws_access_key_id: testing,
-                              s3_max_attempts: "2", client_max_retries: "1", client_retry_timeout: "5"}}
+                              s3_max_attempts: "2", client_max_retries: "0"}}
             secrets: {{aws_secret_access_key: {SECRET_ENV}}}
     """))
     assert secret not in config.read_text()
@@ -583,78 +675,14 @@ def test_pipeline_on_s3_from_config_with_env_secret_and_ui(px, raw, secret, spar
             assert secret.encode() not in f.read()
 
 
-# ------------------------------------------------------------------ the CLI, cut mid-run
-
-def _memwal(*args: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([MEMWAL, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
-
-
-def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
-    """`memwal status` / `memwal maintain` with --storage-option flags against the proxy. The
-    "server" dies right after the merge commit of a maintenance pass (the CLI's own `run_pass`,
-    run in this process to share its Spark session): every failed step is one line naming what
-    failed. With the server back (same port, data intact) `memwal maintain` converges, without
-    starting Spark since nothing is left to merge."""
-    from memwal_pipeline.cli import STEPS, run_pass
-    from memwal_pipeline.config import single_table
-
-    bucket = new_bucket(raw)
-    uri = f"s3://{bucket}/{PREFIX}"
-    opts = s3_options(px.endpoint, secret, s3_max_attempts="2", client_max_retries="1", client_retry_timeout="5")
-    loc = open_store(uri, opts)
-    w = make_table(loc, regions=2, rounds=2)
-    flags = [a for k, v in opts.items() for a in ("--storage-option", f"{k}={v}")]
-
-    st = _memwal("status", uri, *flags, "--json")
-    assert st.returncode == 0, st.stderr
-    report = json.loads(st.stdout)
-    assert [len(r["pending_generations"]) for r in report["regions"]] == [2, 2]
-
-    # Cut: the first base-table commit (Lance's conditional PUT of a _versions manifest) is
-    # answered, then the server is gone.
-    version = table.open_dataset(loc).version
-    px.cut_after(lambda r: r.kind == "put_if_absent" and r.key.startswith(f"{PREFIX}/_versions/"))
-    cfg = single_table(uri, opts, spark_master="local[2]", base_versions_older_than=0)
-    report = run_pass(cfg, list(STEPS))
-    assert px.cut_at is not None and px.is_down
-    failed = report["failed"]
-    assert [f.split(":", 1)[0] for f in failed] == ["merge", "index", "catchup", "gc"], failed
-    for line in failed:
-        assert "\n" not in line and "Traceback" not in line, line
-        assert px.endpoint in line or uri in line, line  # names the table or the endpoint
-        assert secret not in line
-    px.up()
-    # The merge committed before the cut: progress is recorded, nothing is merged twice later.
-    state = table.read_memwal_state(loc)
-    assert table.open_dataset(loc).version == version + 1
-    assert all(state.merged[r] == region.load_latest(loc.store, r).current_generation - 1
-               for r in w.regions.values())
-
-    # The server is back on the same port with its data: the CLI converges.
-    run = _memwal("maintain", uri, *flags, "--base-versions-older-than", "0", "--json")
-    assert run.returncode == 0, run.stderr[-3000:]
-    rep = json.loads(run.stdout)
-    assert rep["steps"]["merge"]["generations_merged"] == 0
-    assert rep["steps"]["gc"]["generations_deleted"] == 4
-    assert "log4j" not in run.stderr  # nothing to merge: no JVM was started
-    assert as_dict(table.open_dataset(loc).to_table()) == w.expected()
-    assert as_dict(reader.lsm_table(loc)) == w.expected()
-    st2 = _memwal("status", uri, *flags, "--json")
-    assert st2.returncode == 0 and json.loads(st2.stdout)["pending_generations"] == 0
-    for p in (st, run, st2):
-        assert secret not in p.stdout and secret not in p.stderr
-
-
 # -------------------------------------------------- a real moto stopped and restarted
 
-def test_server_stopped_then_restarted_on_the_same_port(secret, spark):
+def test_server_stopped_then_restarted_on_the_same_port(secret):
     """A real moto server dies under memwal: status, merge, GC and `memwal maintain` fail with
     one line naming what failed. Restarted on the same port it is reachable again through the
     same clients (their pooled connections are dead), but empty, which is also said clearly."""
     with LocalS3() as s3:
-        opts = s3_options(s3.endpoint, secret, s3_max_attempts="2", client_max_retries="1",
-                          client_retry_timeout="5")
+        opts = s3_options(s3.endpoint, secret, s3_max_attempts="2", client_max_retries="0")
         make_s3_client(opts).create_bucket(Bucket="memwal-restart")
         uri = f"s3://memwal-restart/{PREFIX}"
         loc = open_store(uri, opts)
@@ -665,7 +693,7 @@ def test_server_stopped_then_restarted_on_the_same_port(secret, spark):
 
         failures = {}
         for name, fn in (("status", lambda: status.table_status(loc)),
-                         ("merge", lambda: merge.merge(loc, spark)),
+                         ("merge", lambda: merge.merge(loc, None)),  # fails while planning: no Spark needed
                          ("gc", lambda: gc.run_gc(loc, FAST_GC))):
             with pytest.raises(Exception) as ei:
                 fn()

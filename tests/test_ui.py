@@ -215,7 +215,7 @@ def test_webserver_graphql_shows_assets_partitions_and_metadata(ui_env, spark, t
                             tags={ASSET_PARTITION_RANGE_START_TAG: regions[0],
                                   ASSET_PARTITION_RANGE_END_TAG: regions[-1]})
             assert r.success
-            in_process = r.asset_materializations_for_node(by["base_table"].op.name)[0].metadata
+            in_process = {m.partition: m.metadata for m in r.asset_materializations_for_node(by["base_table"].op.name)}
             run_id = r.run_id
 
             server.wait_ready()
@@ -271,9 +271,12 @@ def test_webserver_graphql_shows_assets_partitions_and_metadata(ui_env, spark, t
             assert md["bytes_read"] > 0 and md["bytes_written"] > 0
             assert isinstance(md["duration_s"], float) and md["duration_s"] > 0
             assert md["errors"] == {}
-            # What the UI shows is what the run recorded.
-            assert {k: md[k] for k in in_process if k != "errors"} == \
-                {k: v.value for k, v in in_process.items() if k != "errors"}
+            # What the UI shows is what the run recorded, for that partition (run totals plus the
+            # region's own numbers).
+            recorded = in_process[latest["partition"]]
+            assert {k: md[k] for k in recorded if k != "errors"} == \
+                {k: v.value for k, v in recorded.items() if k != "errors"}
+            assert md["region/generations_merged"] == 2 and md["region/pending_generations"] == 0
 
             # region_generations: the one partition materialized, with the pending generations it saw.
             node = server.graphql(PARTITIONS_AND_LATEST,
