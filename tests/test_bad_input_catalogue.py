@@ -225,7 +225,9 @@ class Moto:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 break
             except OSError:
-                assert time.time() < deadline, "moto_server did not start"
+                if time.time() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto_server did not start") from None
                 time.sleep(0.1)
 
     def options(self, endpoint: str | None = None) -> dict[str, str]:
@@ -240,7 +242,11 @@ class Moto:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(10)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 # ------------------------------------------------------------------------- the tables
@@ -348,22 +354,9 @@ def build_simple(root: str, case: str) -> None:
 SIMPLE = ["not_initialized", "index_removed", "empty"]  # through the CLI; no primary key: library
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Build every table, then run every `memwal maintain` at once; the S3 ones on a moto
-    server of their own (403: its auth switch flipped; gone: a proxy pulled away mid-run)."""
-    tmp = tmp_path_factory.mktemp("catalogue")
-    a = build_table_a(str(tmp / "a"))
-    jobs: dict[str, Run] = {}
-    jobs["A"] = Run(maintain_cmd(a.root, "--base-versions-older-than", "0"), before=tree(a.root))
-    for case in SIMPLE:
-        root = str(tmp / case)
-        build_simple(root, case)
-        jobs[case] = Run(maintain_cmd(root), before=tree(root))
-
-    # Two servers: the 403 one has its (server-wide) auth switch flipped during the runs.
-    servers = {"s3_403": Moto(), "s3_gone": Moto()}
-    s3: dict[str, tuple[str, object, object]] = {}
+def _run_all(jobs: dict[str, Run], servers: dict[str, Moto], proxy: Proxy, stopped_at: list[str]) -> None:
+    """Make the S3 tables, then run every job at once (threads, one subprocess each)."""
+    s3: dict[str, tuple[str, object]] = {}
     for case, moto in servers.items():
         client = make_s3_client(moto.options())
         bucket = f"b{uuid.uuid4().hex[:12]}"
@@ -372,15 +365,13 @@ def runs(tmp_path_factory):
         demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
         w = demo.Workload(loc, seed=5, key_space=100, max_memtable_rows=30)
         w.write_round(40)
-        s3[case] = (bucket, client, moto)
-    proxy = Proxy(servers["s3_gone"].port)
+        s3[case] = (bucket, client)
     jobs["s3_403"] = Run(maintain_cmd(f"s3://{s3['s3_403'][0]}/t", options=servers["s3_403"].options()),
                          before=s3_tree(s3["s3_403"][1], s3["s3_403"][0]))
     jobs["s3_gone"] = Run(maintain_cmd(f"s3://{s3['s3_gone'][0]}/t",
                                        options=servers["s3_gone"].options(f"http://127.0.0.1:{proxy.port}")),
                           before=s3_tree(s3["s3_gone"][1], s3["s3_gone"][0]))
     servers["s3_403"].require_auth(True)
-    stopped_at: list[str] = []
 
     def run(name: str) -> None:
         job = jobs[name]
@@ -396,17 +387,41 @@ def runs(tmp_path_factory):
         p.stdout.read()
         job.returncode, job.stderr, job.seconds = p.returncode, "".join(out), time.monotonic() - t0
 
+    threads = [threading.Thread(target=run, args=(n,)) for n in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    servers["s3_403"].require_auth(False)
+    for case in servers:
+        jobs[case].after = s3_tree(s3[case][1], s3[case][0])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Build every table, then run every `memwal maintain` at once; the S3 ones on a moto
+    server of their own (403: its auth switch flipped; gone: a proxy pulled away mid-run)."""
+    tmp = tmp_path_factory.mktemp("catalogue")
+    a = build_table_a(str(tmp / "a"))
+    jobs: dict[str, Run] = {}
+    jobs["A"] = Run(maintain_cmd(a.root, "--base-versions-older-than", "0"), before=tree(a.root))
+    for case in SIMPLE:
+        root = str(tmp / case)
+        build_simple(root, case)
+        jobs[case] = Run(maintain_cmd(root), before=tree(root))
+
+    # Two servers: the 403 one has its (server-wide) auth switch flipped during the runs.
+    servers: dict[str, Moto] = {}
+    proxy = None
     try:
-        threads = [threading.Thread(target=run, args=(n,)) for n in jobs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        servers["s3_403"].require_auth(False)
-        for case in servers:
-            jobs[case].after = s3_tree(s3[case][1], s3[case][0])
+        for name in ("s3_403", "s3_gone"):
+            servers[name] = Moto()
+        proxy = Proxy(servers["s3_gone"].port)
+        stopped_at: list[str] = []
+        _run_all(jobs, servers, proxy, stopped_at)
     finally:
-        proxy.stop()
+        if proxy is not None:
+            proxy.stop()
         for moto in servers.values():
             moto.stop()
     jobs["A"].after = tree(a.root)
@@ -629,7 +644,8 @@ def test_s3_server_disappears_mid_run(runs):
     assert job.returncode == 1
     errors = job.errors()
     steps = [ln.split(":")[1].strip() for ln in errors]
-    assert steps == ["merge", "index", "catchup", "gc"], errors
+    # One line per step that lost the server (the merge may, rarely, have finished first).
+    assert steps in (["merge", "index", "catchup", "gc"], ["index", "catchup", "gc"]), errors
     for ln in errors:
         assert "error sending request" in ln or "Could not connect to the endpoint URL" in ln, ln
         assert "testing-secret" not in ln
