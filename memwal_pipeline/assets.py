@@ -22,7 +22,7 @@ from dagster import (
 )
 
 from memwal_core import catchup, gc, merge, region, snapshot, status
-from memwal_core.table import read_memwal_state
+from memwal_core.table import open_dataset, primary_key, read_memwal_state
 
 from .config import TableConfig
 
@@ -99,6 +99,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
     def base_table(context) -> MaterializeResult:
         loc = _location(context, keys)
         regions = list(context.partition_keys)
+        primary_key(open_dataset(loc))  # a table without a primary key: a clear error before any Spark
         plan = merge.plan_merge(loc, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations,
                                 regions=regions)
         # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
