@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -123,7 +124,8 @@ def _first_failure(result) -> str:
             while getattr(cause, "cause", None) is not None:
                 cause = cause.cause
             message = getattr(cause, "message", str(cause)).strip().splitlines()
-            return message[-1] if message else "step failed"
+            # Dagster prefixes the qualified exception class; the message itself says what failed.
+            return re.sub(r"^(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*: ", "", message[-1]) if message else "step failed"
     return "run failed"
 
 

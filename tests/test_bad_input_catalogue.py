@@ -574,7 +574,7 @@ def test_table_a_nothing_deleted_but_what_is_legitimate(runs):
 def test_memwal_not_initialized(runs):
     job = runs["jobs"]["not_initialized"]
     assert job.returncode == 1
-    msg = ("memwal_core.table.MemWalNotInitialized: table {} version 1 has no MemWAL index (__lance_mem_wal): "
+    msg = ("table {} version 1 has no MemWAL index (__lance_mem_wal): "
            "MemWAL is not initialized on this table (call LanceDataset.initialize_mem_wal first)")
     root = str(runs["tmp"] / "not_initialized")
     assert job.errors() == [f"error: {s}: {msg.format(root)}" for s in ("index", "catchup", "gc")]
@@ -587,7 +587,7 @@ def test_memwal_index_gone_from_the_latest_version(runs):
     job = runs["jobs"]["index_removed"]
     root = str(runs["tmp"] / "index_removed")
     assert job.returncode == 1
-    msg = (f"memwal_core.table.MemWalNotInitialized: table {root} version 3 has no MemWAL index "
+    msg = (f"table {root} version 3 has no MemWAL index "
            "(__lance_mem_wal): MemWAL is not initialized on this table (call LanceDataset.initialize_mem_wal first)")
     assert job.errors() == [f"error: {s}: {msg}" for s in ("merge", "index", "catchup", "gc")]
     assert job.after == job.before
