@@ -15,8 +15,11 @@ from __future__ import annotations
 import functools
 import io
 import json
+import logging
 import os
+import struct
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -29,6 +32,8 @@ import pyarrow.compute as pc
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.
 warnings.filterwarnings("ignore", message="lance is not fork-safe")
+
+log = logging.getLogger(__name__)
 
 GEN_COL = "_memwal_gen"
 ORD_COL = "_memwal_ord"
@@ -60,11 +65,60 @@ STAGE2_SCHEMA = pa.schema([
 STAGE2_DDL = "kind string, blob binary, rows long, info string"
 
 
+_prestart_lock = threading.Lock()
+_prestarting: threading.Thread | None = None
+
+
+def prestart(master: str = "local[*]", conf: dict[str, str] | None = None) -> None:
+    """Start the session and its Python workers in the background (a no-op for `sc://`).
+
+    A short-lived process (the CLI) otherwise pays the JVM start (~7 s here) and then the first
+    job's worker start-up (fork, import lance) one after the other, after its own imports and
+    planning; started early they overlap. `get_spark` waits for a prestart in flight.
+    """
+    global _prestarting
+    if master.startswith("sc://"):
+        return
+    with _prestart_lock:
+        if _prestarting is not None:
+            return
+
+        def run() -> None:
+            try:
+                warm_workers(_build_session(master, conf))
+            except Exception:  # noqa: BLE001 - get_spark will raise the real error in the caller
+                log.debug("Spark prestart failed", exc_info=True)
+
+        _prestarting = threading.Thread(target=run, name="memwal-spark-prestart", daemon=True)
+        _prestarting.start()
+
+
+def _import_worker_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import lance  # noqa: F401  (the import is the point: it takes a fresh worker ~1 s)
+
+    from . import routing  # noqa: F401
+
+    yield from batches
+
+
+def warm_workers(session) -> None:
+    """One trivial task per core, so Python workers exist and have imported lance."""
+    n = max(1, int(session.sparkContext.defaultParallelism))
+    session.range(0, n, 1, n).mapInArrow(_import_worker_modules, "id long").collect()
+
+
 def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, app_name: str = "memwal"):
     """A SparkSession for the merger (`getOrCreate`: an existing session in the process wins).
 
     A `sc://host:port` master builds a Spark Connect session instead of a local JVM.
     """
+    thread = _prestarting
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+    return _build_session(master, conf, app_name)
+
+
+def _build_session(master: str, conf: dict[str, str] | None = None, app_name: str = "memwal"):
     from pyspark.sql import SparkSession
 
     conf = dict(conf or {})
@@ -106,7 +160,19 @@ def from_blob(blob: bytes) -> pa.Table:
 
 
 def key_partition(table: pa.Table, pk: list[str], parts: int) -> np.ndarray:
-    """Deterministic (same in every process) hash partition of each row's primary key."""
+    """Deterministic (same in every process) hash partition of each row's primary key.
+
+    A single non-null integer key (the common case) is mixed with splitmix64 in numpy, ~30x
+    cheaper than pandas' generic row hashing, which every other key shape uses.
+    """
+    col = table.column(pk[0]) if len(pk) == 1 else None
+    if col is not None and pa.types.is_integer(col.type) and col.null_count == 0:
+        with np.errstate(over="ignore"):
+            x = col.to_numpy().astype(np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            x = x ^ (x >> np.uint64(31))
+        return (x % np.uint64(parts)).astype(np.int32)
     import pandas as pd
 
     frame = table.select(pk).to_pandas()
@@ -137,6 +203,9 @@ def _route_counts(table: pa.Table, routing_json: str) -> list:
     values = routing.region_values(spec, table, sources)
     if values.num_rows == 0:
         return []
+    if values.num_columns == 1:  # one field: value_counts is far cheaper than a group_by
+        counts = pc.value_counts(values.column(0))
+        return [[[v], c] for v, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())]
     counts = values.group_by(values.column_names).aggregate([([], "count_all")])
     return [[[r[c] for c in values.column_names], r["count_all"]] for r in counts.to_pylist()]
 
@@ -153,6 +222,7 @@ def read_generations(cfg: ReadConfig, tasks: tuple, batches: Iterator[pa.RecordB
             task = {"region": region_idx, "generation": generation, "uri": uri}
             info: dict = {"routes": [], "error": None}
             nbytes = nrows = 0
+            rows: list[tuple] = []  # (kind, part, blob, rows, bytes, info): one record batch per task
             try:
                 ds = lance.dataset(task["uri"], storage_options=options)
                 names = [f.name for f in ds.schema]
@@ -177,41 +247,61 @@ def read_generations(cfg: ReadConfig, tasks: tuple, batches: Iterator[pa.RecordB
                     bounds = np.flatnonzero(np.diff(part)) + 1
                     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, nrows]):
                         chunk = table.slice(int(lo), int(hi - lo))
-                        yield _stage1_row("data", int(part[lo]), task, to_blob(chunk), chunk.num_rows, 0, "")
+                        rows.append(("data", int(part[lo]), to_blob(chunk), chunk.num_rows, 0, ""))
             except Exception as e:  # noqa: BLE001 - reported per generation, refused by the driver
                 info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            yield _stage1_row("stats", -1, task, b"", nrows, nbytes, json.dumps(info))
+                rows = []  # a generation that failed half-way emits no data at all
+            rows.append(("stats", -1, b"", nrows, nbytes, json.dumps(info)))
+            yield _stage1_batch(task, rows)
 
 
-def _stage1_row(kind, part, task, blob, rows, nbytes, info) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(
-        [{"kind": kind, "part": part, "region": task["region"], "generation": task["generation"],
-          "blob": blob, "rows": rows, "bytes": nbytes, "info": info}], schema=STAGE1_SCHEMA)
+def _stage1_batch(task: dict, rows: list[tuple]) -> pa.RecordBatch:
+    kind, part, blob, nrows, nbytes, info = zip(*rows)
+    n = len(rows)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(kind, pa.string()), pa.array(part, pa.int32()), pa.array([task["region"]] * n, pa.int32()),
+         pa.array([task["generation"]] * n, pa.int64()), pa.array(blob, pa.binary()),
+         pa.array(nrows, pa.int64()), pa.array(nbytes, pa.int64()), pa.array(info, pa.string())],
+        schema=STAGE1_SCHEMA)
 
 
-def newest_per_key(table: pa.Table, pk: list[str]) -> pa.Table:
-    """Keep the newest row of each key: highest generation, then highest row position."""
-    table = table.sort_by([(GEN_COL, "ascending"), (ORD_COL, "ascending")])
+def _in_order(table: pa.Table) -> pa.Table:
+    """A stage-1 blob in row-position order (Lance scans in that order; sort if it did not)."""
+    ords = table.column(ORD_COL)
+    if table.num_rows > 1 and not pc.all(pc.greater_equal(ords.slice(1), ords.slice(0, table.num_rows - 1))).as_py():
+        return table.sort_by(ORD_COL)
+    return table
+
+
+def newest_per_key(tables: list[pa.Table], pk: list[str]) -> tuple[pa.Table, pa.Table]:
+    """The newest row of each key (highest generation, then highest row position), and the
+    keys whose rows come from more than one region.
+
+    Each stage-1 blob holds one generation in row order, so concatenating the blobs by
+    generation orders every row by (generation, position) without sorting rows; one group_by
+    then finds each key's last row and its lowest and highest region at once.
+    """
+    tables = sorted((_in_order(t) for t in tables if t.num_rows), key=lambda t: t.column(GEN_COL)[0].as_py())
+    table = pa.concat_tables(tables, promote_options="permissive")
     table = table.append_column("_memwal_i", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    last = table.group_by(pk, use_threads=False).aggregate([("_memwal_i", "max")])
-    return table.take(last["_memwal_i_max"]).drop_columns(["_memwal_i"])
+    last = table.group_by(pk, use_threads=False).aggregate(
+        [("_memwal_i", "max"), (REGION_COL, "min"), (REGION_COL, "max")])
+    shared = last.filter(pc.not_equal(last[f"{REGION_COL}_min"], last[f"{REGION_COL}_max"])).select(pk)
+    return table.take(last["_memwal_i_max"]).drop_columns(["_memwal_i"]), shared
 
 
 def dedup_partition(pk: tuple[str, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Stage 2: all blobs of some key partitions -> newest live rows and tombstoned keys."""
     tables = [from_blob(b) for batch in batches for b in batch.column("blob").to_pylist()]
-    if not tables:
+    if not any(t.num_rows for t in tables):
         return
-    table = pa.concat_tables(tables, promote_options="permissive")
     pk = list(pk)
-    regions = table.group_by(pk, use_threads=False).aggregate([(REGION_COL, "count_distinct")])
-    shared = regions.filter(pc.greater(regions[f"{REGION_COL}_count_distinct"], 1))
+    newest, shared = newest_per_key(tables, pk)
     if shared.num_rows:
         # A key in several regions breaks the spec's exclusivity: report which regions share keys.
-        keys = shared.select(pk)
-        both = table.join(keys, pk, join_type="inner").group_by([REGION_COL]).aggregate([([], "count_all")])
+        table = pa.concat_tables(tables, promote_options="permissive")
+        both = table.join(shared, pk, join_type="inner").group_by([REGION_COL]).aggregate([([], "count_all")])
         yield _stage2_row("dups", b"", shared.num_rows, json.dumps(both.to_pylist()))
-    newest = newest_per_key(table, pk)
     dead = newest.column(TOMBSTONE).fill_null(False)
     live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE, GEN_COL, ORD_COL, REGION_COL])
     gone = newest.filter(dead).select(pk)
@@ -251,6 +341,20 @@ def read_batch(spark, tasks: list[tuple[int, int, int, str]], cfg: ReadConfig) -
     return BatchRead(stage1, stats)
 
 
+@functools.lru_cache(maxsize=64)
+def hash_slots(parts: int) -> tuple[int, ...]:
+    """For each p in 0..parts-1 the smallest int v with pmod(murmur3_32(v, seed 42), parts) == p:
+    Spark's `HashPartitioning` of an int column (`hash()` in Spark SQL) sends v to partition p."""
+    import mmh3
+
+    slots: dict[int, int] = {}
+    v = 0
+    while len(slots) < parts:
+        slots.setdefault(mmh3.hash(struct.pack("<i", v), 42, signed=True) % parts, v)
+        v += 1
+    return tuple(slots[p] for p in range(parts))
+
+
 @dataclass
 class Deduped:
     """Stage-2 output of one batch, on the driver: bounded by the batch budget."""
@@ -264,9 +368,14 @@ def dedup_batch(spark, stage1, pk: list[str], parts: int) -> Deduped:
     """Stage 2 over (a filtered view of) the cached stage 1, collected in one Spark job."""
     from pyspark.sql import functions as F
 
-    # By range, not by hash: Spark's Murmur3 of the small ints 0..parts-1 collides (with 2 or 4
-    # partitions most parts land in one), which would put the whole batch in one task.
-    data = stage1.filter(F.col("kind") == "data").select("part", "blob").repartitionByRange(parts, "part")
+    # Spark's Murmur3 of the small ints 0..parts-1 collides (with 2 or 4 partitions most parts
+    # land in one task), and repartitionByRange costs a sampling job; so each part is mapped to
+    # an int that Spark's hash partitioning sends to Spark partition `part`. Were Spark to hash
+    # differently, only the balance would suffer: a part still lands in exactly one partition.
+    slots = F.array(*[F.lit(v) for v in hash_slots(parts)])
+    data = (stage1.filter(F.col("kind") == "data")
+            .select(F.element_at(slots, F.col("part") + 1).alias("slot"), "blob")
+            .repartition(parts, "slot"))
     out = data.mapInArrow(functools.partial(dedup_partition, tuple(pk)), STAGE2_DDL).toArrow()
     live, deleted, dups = [], [], []
     for row in out.to_pylist():
