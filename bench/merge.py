@@ -10,9 +10,9 @@ generation or base table); the rest are new keys of the region's bucket.
 Contenders, in one run:
   (a) memwal  `memwal_core.merge.merge(loc, spark)` in a process whose SparkSession is up
               (session created and a tiny warm-up merge run first);
-  (a') memwal_fix  the same with the two spark.py changes this benchmark suggests
-              (`suggested_fix`: fewer stage-1 tasks, range-partitioned stage 2), patched in
-              by the benchmark only; identical to (a) once memwal_core adopts them;
+  (a2) memwal_2nd  the same merge once more, on a second copy in the same session: a
+              long-lived process (Spark Connect server, the CLI in a loop) is past the JVM's
+              first-merge JIT warm-up; reported, not used in the ratios;
   (b) naive   one marked merge_insert per generation, region by region, in Python: read the
               generation through Lance, upsert its live rows and delete its tombstoned keys
               (`when_not_matched_by_source_delete("id IN (...)")`) with
@@ -295,60 +295,16 @@ def profile_memwal(phases: dict[str, float], counts: dict[str, int]):
             setattr(obj, name, saved[key])
 
 
-@contextmanager
-def suggested_fix():
-    """memwal's merger with the two spark.py changes this benchmark suggests (see
-    docs/benchmarks.md), patched in for the duration; memwal_core itself is not modified.
-
-    1. `read_batch`: at most 2 x shuffle-partitions stage-1 partitions instead of one per
-       generation (each Python task costs ~0.1 s of Spark overhead here; 200 generations
-       meant 200 tasks).
-    2. `dedup_batch`: `repartitionByRange(parts, "part")` instead of `repartition(parts, "part")`:
-       Spark's hash of the small integers 0..parts-1 collides (with 2 partitions both land in
-       Spark partition 1), so all of stage 2 ran in one task.
-    """
-    import functools
-
-    from memwal_core import spark as sp
-
-    saved = (sp.read_batch, sp.dedup_batch)
-
-    def read_batch(spark, tasks, cfg):
-        n = max(1, min(len(tasks), 2 * cfg.parts))
-        df = spark.range(0, len(tasks), 1, numPartitions=n)
-        stage1 = df.mapInArrow(functools.partial(sp.read_generations, cfg, tuple(tasks)), sp.STAGE1_DDL).persist()
-        stats = [r.asDict() for r in stage1.filter("kind = 'stats'").drop("blob").collect()]
-        return sp.BatchRead(stage1, stats)
-
-    def dedup_batch(spark, stage1, pk, parts):
-        from pyspark.sql import functions as F
-
-        data = stage1.filter(F.col("kind") == "data").select("part", "blob").repartitionByRange(parts, "part")
-        out = data.mapInArrow(functools.partial(sp.dedup_partition, tuple(pk)), sp.STAGE2_DDL).toArrow()
-        live, deleted, dups = [], [], []
-        for row in out.to_pylist():
-            if row["kind"] == "live":
-                live.append(sp.from_blob(row["blob"]))
-            elif row["kind"] == "del":
-                deleted.append(sp.from_blob(row["blob"]))
-            else:
-                dups.append({"rows": row["rows"], "regions": json.loads(row["info"])})
-        return sp.Deduped(live, deleted, dups)
-
-    sp.read_batch, sp.dedup_batch = read_batch, dedup_batch
-    try:
-        yield
-    finally:
-        sp.read_batch, sp.dedup_batch = saved
-
-
-def memwal_merge(path: str, spark, budget_bytes: int | None = None) -> tuple[dict, dict, dict]:
+def memwal_merge(path: str, spark, budget_bytes: int | None = None,
+                 max_generations: int | None = None) -> tuple[dict, dict, dict]:
     from memwal_core import merge
 
     loc = open_store(path)
     phases: dict[str, float] = {}
     counts: dict[str, int] = {}
-    kw = {"budget_bytes": budget_bytes} if budget_bytes else {}
+    kw: dict = {"budget_bytes": budget_bytes} if budget_bytes else {}
+    if max_generations:
+        kw["max_generations"] = max_generations
     batches: list[str] = []
     t = time.perf_counter()
     with profile_memwal(phases, counts):
@@ -456,19 +412,18 @@ def run_compare(args) -> None:
 
         if "bound" in contenders:
             measure("bound", "(c) bound", lambda: bound_merge(paths["bound"], bl.regions))
-        if "memwal" in contenders or "memwal_fix" in contenders:
+        if "memwal" in contenders or "memwal_2nd" in contenders:
             t = time.perf_counter()
             spark = common.spark_session(args.spark_master)
             start = time.perf_counter() - t
             warm = common.warm_up_merge(spark, root)
             common.say(f"spark session {args.spark_master} up in {start:.1f}s, warm-up merge {warm:.1f}s")
         if "memwal" in contenders:
-            measure("memwal", "(a) memwal", lambda: memwal_merge(paths["memwal"], spark))
-        if "memwal_fix" in contenders:
-            def fixed():
-                with suggested_fix():
-                    return memwal_merge(paths["memwal_fix"], spark)
-            measure("memwal_fix", "(a') memwal + suggested spark.py fix", fixed)
+            measure("memwal", "(a) memwal", lambda: memwal_merge(paths["memwal"], spark,
+                                                                 max_generations=args.max_generations))
+        if "memwal_2nd" in contenders:
+            measure("memwal_2nd", "(a2) memwal, second merge in the session",
+                    lambda: memwal_merge(paths["memwal_2nd"], spark, max_generations=args.max_generations))
         if "naive" in contenders:
             measure("naive", "(b) naive", lambda: naive_merge(paths["naive"], bl.regions))
         if "cold" in contenders:
@@ -477,7 +432,7 @@ def run_compare(args) -> None:
         check_identical(paths, bl)
         kv = {"generations": bl.generations, "regions": shape.regions, "rows_per_gen": shape.rows,
               "rows": bl.rows_put + bl.rows_deleted, "backlog_mb": round(bl.in_memory_bytes / 1e6, 1)}
-        keys = {"memwal": "memwal", "memwal_fix": "memwal_fix", "naive": "naive", "bound": "bound", "cold": "cold_cli"}
+        keys = {"memwal": "memwal", "memwal_2nd": "memwal_2nd", "naive": "naive", "bound": "bound", "cold": "cold_cli"}
         for name, key in keys.items():
             if name in secs:
                 kv[f"{key}_s"] = secs[name]
@@ -485,10 +440,8 @@ def run_compare(args) -> None:
             kv["naive_over_memwal"] = common.ratio(secs["naive"], secs["memwal"])
         if "memwal" in secs and "bound" in secs:
             kv["memwal_over_bound"] = common.ratio(secs["memwal"], secs["bound"])
-        if "naive" in secs and "memwal_fix" in secs:
-            kv["naive_over_memwal_fix"] = common.ratio(secs["naive"], secs["memwal_fix"])
-        if "memwal_fix" in secs and "bound" in secs:
-            kv["memwal_fix_over_bound"] = common.ratio(secs["memwal_fix"], secs["bound"])
+        if "memwal_2nd" in secs and "bound" in secs:
+            kv["memwal_2nd_over_bound"] = common.ratio(secs["memwal_2nd"], secs["bound"])
         if "cold" in secs and "naive" in secs:
             kv["naive_over_cold_cli"] = common.ratio(secs["naive"], secs["cold"])
         if "memwal" in info:
@@ -537,29 +490,27 @@ def run_memory(args) -> None:
         if bl.in_memory_bytes < args.memory_gb * 1e9:
             common.say(f"NOTE backlog {bl.in_memory_bytes / 1e9:.2f} GB is below --memory-gb {args.memory_gb}")
         budgets = [int(b) for b in str(args.budget_mb).split(",")]
-        variants = [False, True] if args.fix == "both" else [bool(args.fix)]
         for budget in budgets:
-            for fix in variants:
-                run = os.path.join(root, f"run-{budget}-{'fix' if fix else 'shipped'}")
-                if len(budgets) * len(variants) > 1:
-                    shutil.copytree(path, run)  # every run starts from the same backlog
-                else:
-                    run = path
-                child = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-child", run,
-                                        "--budget-mb", str(budget), "--spark-master", args.spark_master,
-                                        "--backlog-bytes", str(bl.in_memory_bytes)] + (["--fix", "1"] if fix else []),
-                                       timeout=24 * 3600)
-                if child.returncode != 0:
-                    raise SystemExit(f"FAIL memory child exited {child.returncode}")
-                loc = open_store(run)
-                merged = table.read_memwal_state(loc).merged
-                if merged != {rid: n for rid, n in bl.gens_per_region.items() if n}:
-                    raise SystemExit(f"FAIL not every generation merged: {merged}")
-                n = lance.dataset(run).count_rows()
-                if n != bl.live_keys:
-                    raise SystemExit(f"FAIL base table has {n} rows, the workload left {bl.live_keys} live keys")
-                if run != path:
-                    shutil.rmtree(run, ignore_errors=True)
+            run = os.path.join(root, f"run-{budget}")
+            if len(budgets) > 1:
+                shutil.copytree(path, run)  # every run starts from the same backlog
+            else:
+                run = path
+            child = subprocess.run([sys.executable, os.path.abspath(__file__), "--memory-child", run,
+                                    "--budget-mb", str(budget), "--spark-master", args.spark_master,
+                                    "--backlog-bytes", str(bl.in_memory_bytes)],
+                                   timeout=24 * 3600)
+            if child.returncode != 0:
+                raise SystemExit(f"FAIL memory child exited {child.returncode}")
+            loc = open_store(run)
+            merged = table.read_memwal_state(loc).merged
+            if merged != {rid: n for rid, n in bl.gens_per_region.items() if n}:
+                raise SystemExit(f"FAIL not every generation merged: {merged}")
+            n = lance.dataset(run).count_rows()
+            if n != bl.live_keys:
+                raise SystemExit(f"FAIL base table has {n} rows, the workload left {bl.live_keys} live keys")
+            if run != path:
+                shutil.rmtree(run, ignore_errors=True)
         common.say(f"check: every generation merged, {n} rows as expected")
     finally:
         if not args.keep:
@@ -573,11 +524,7 @@ def memory_child(args) -> None:
     spark.range(10).count()
     base = common.self_peak_rss_mb()
     with common.RssSampler() as rss:
-        if args.fix:
-            with suggested_fix():
-                info, phases, counts = memwal_merge(args.memory_child, spark, budget_bytes=budget)
-        else:
-            info, phases, counts = memwal_merge(args.memory_child, spark, budget_bytes=budget)
+        info, phases, counts = memwal_merge(args.memory_child, spark, budget_bytes=budget)
     peak = common.self_peak_rss_mb()
     hwm = common.proc_status_kb("self", "VmHWM") / 1024
     common.say(f"memwal merge with a {args.budget_mb} MB budget: {info}")
@@ -591,7 +538,7 @@ def memory_child(args) -> None:
                f"as collected IPC blobs and decoded tables, plus merge_insert's working set; measured growth "
                f"{peak - base:.0f} MB = {(peak - base) / int(args.budget_mb):.1f} x the budget, independent of the "
                f"{args.backlog_bytes / 1e9:.2f} GB backlog")
-    common.result("merge_memory", variant="memwal_fix" if args.fix else "memwal", backlog_mb=round(args.backlog_bytes / 1e6), budget_mb=args.budget_mb,
+    common.result("merge_memory", backlog_mb=round(args.backlog_bytes / 1e6), budget_mb=args.budget_mb,
                   commits=info["commits"], batches=info["batches"], generations=info["generations_merged"],
                   seconds=round(sum(phases.values()), 2), driver_peak_rss_mb=round(peak),
                   driver_rss_before_mb=round(base), driver_growth_mb=round(peak - base),
@@ -609,16 +556,15 @@ def main() -> None:
     p.add_argument("--base-rows", type=int, default=None, help="rows in the base table before merging (default 50000)")
     p.add_argument("--string-bytes", type=int, default=None, help="bytes per string value (default short; --memory: 1500)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--contenders", default="memwal,memwal_fix,naive,bound,cold",
-                   help="subset of memwal,memwal_fix,naive,bound,cold (default: all)")
+    p.add_argument("--contenders", default="memwal,memwal_2nd,naive,bound,cold",
+                   help="subset of memwal,memwal_2nd,naive,bound,cold (default: all)")
     p.add_argument("--spark-master", default="local[*]")
+    p.add_argument("--max-generations", type=int, default=None,
+                   help="memwal's max generations per batch (default: memwal's own, 256)")
     p.add_argument("--memory", action="store_true", help="the >= 1 GB backlog with a small budget instead")
     p.add_argument("--memory-gb", type=float, default=1.0)
     p.add_argument("--budget-mb", default="64", help="--memory: merge budget in MB; a comma-separated list "
                                                      "runs each on its own copy of the backlog (e.g. 32,64,128)")
-    p.add_argument("--fix", nargs="?", const="1", default="",
-                   help="--memory: merge with the suggested spark.py fix patched in ('--fix both': as shipped "
-                        "and with the fix, each on its own copy)")
     p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     p.add_argument("--workdir", default=None, help="parent directory of the working copies (default: $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the tables")

@@ -28,7 +28,7 @@ BENCHES: list[tuple[str, str, list[str], list[str]]] = [
     ("gc", "gc.py", [], ["--regions", "5"]),
     ("merge", "merge.py", [], ["--quick"]),
     ("merge_2000", "merge.py", ["--generations-per-region", "200"],
-     ["--quick", "--generations-per-region", "20", "--contenders", "memwal,memwal_fix,naive,bound"]),
+     ["--quick", "--generations-per-region", "20", "--contenders", "memwal,memwal_2nd,naive,bound"]),
     ("merge_memory", "merge.py", ["--memory"], ["--memory", "--quick"]),
     ("sensor", "sensor.py", [], ["--quick"]),
     ("latency", "latency.py", [], ["--quick"]),

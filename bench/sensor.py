@@ -15,12 +15,13 @@ that already has the partitions, and the previous tick's cursor):
 Baseline, the naive tick a user writes: list `_mem_wal/`, then `region.load_latest` (version
 hint GET + existence probes + manifest GET) for every region, and compare versions with the
 previous tick; measured as a plain loop (`naive_seq`) and with memwal's own 16-thread
-`region.load_many` (`naive_par`, the same concurrency as the sensor's probes). Request
+`region.load_many` (`naive_par`, the same concurrency as the sensor's probes); `ratio` is the
+faster of the two over the sensor (`ratio_par`, `ratio_seq` each). Request
 counts per tick come from the store's counters (`loc.store.stats`, reset before each tick).
 
 usage: python bench/sensor.py [--regions 1000] [--changed 10] [--ticks 5] [--stores local,s3] [--quick]
 Prints `RESULT sensor store=... case=... regions=N sensor_ms=... naive_par_ms=... naive_seq_ms=...
-ratio=naive_par/sensor sensor_requests=... naive_requests=...` per store and case.
+ratio=min(naive)/sensor sensor_requests=... naive_requests=...` per store and case.
 """
 
 from __future__ import annotations
@@ -161,7 +162,10 @@ def bench_store(name: str, loc, args) -> list[dict]:
             row = {"store": name, "case": case, "regions": args.regions, "changed": k,
                    "sensor_ms": common.median(s_times) * 1e3, "naive_par_ms": common.median(n_par) * 1e3,
                    "naive_seq_ms": common.median(n_seq) * 1e3,
-                   "ratio": common.ratio(common.median(n_par), common.median(s_times)),
+                   # headline: the faster of the two naive ticks (the loop wins on local disk,
+                   # where 16 Python threads only add GIL contention; the threads win on S3)
+                   "ratio": common.ratio(min(common.median(n_par), common.median(n_seq)), common.median(s_times)),
+                   "ratio_par": common.ratio(common.median(n_par), common.median(s_times)),
                    "ratio_seq": common.ratio(common.median(n_seq), common.median(s_times)),
                    "sensor_requests": sum(s_req.values()), "naive_requests": sum(n_req.values()),
                    "sensor_req": "/".join(f"{k}:{v}" for k, v in sorted(s_req.items())),

@@ -56,13 +56,18 @@ def ensure_server(remote: str, *, master: str = "local[*]", conf: dict[str, str]
             "--conf", "spark.ui.enabled=false"]
     for k, v in (conf or {}).items():
         args += ["--conf", f"{k}={v}"]
-    subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Two runs may race to start it: the loser's script exits non-zero ("running as process
+    # N"), and it then simply waits for the winner's server like everyone else.
+    started = subprocess.run(args, env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if listening(host, port):
-            return True
+            return started.returncode == 0
         time.sleep(0.25)
-    raise TimeoutError(f"Spark Connect server on port {port} did not start; see {state / 'spark-logs'}")
+    said = started.stdout.strip().splitlines()[-1:] if started.stdout else []
+    raise TimeoutError(f"Spark Connect server on port {port} did not start within {timeout_s:.0f} s"
+                       f"{': ' + said[0] if said else ''}; see {state / 'spark-logs'}")
 
 
 def stop_server(remote: str, state_dir: str | os.PathLike | None = None) -> None:

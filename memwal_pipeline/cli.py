@@ -68,7 +68,7 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
             _say(f"warning: skipping _mem_wal/{name}: {reason}")
         regions = sorted(listing.region_ids)
         instance.add_dynamic_partitions(td.partitions.name, regions)
-        if "merge" in steps and regions and _has_pending(loc):
+        if "merge" in steps and regions and not cfg.spark_connect and _has_pending(loc):
             spark.prestart(cfg.spark_master, cfg.spark_conf)  # no-op when the caller prestarted already
         by_key = {a.key.path[-1]: a for a in td.assets}
         for step in STEPS:

@@ -36,6 +36,9 @@ class TableConfig:
     secret_env: dict[str, str] = field(default_factory=dict)  # storage option -> env var name
     spark_master: str = "local[*]"
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # Dagster runs use a long-lived Spark Connect server here (started on first use, running
+    # `spark_master`) instead of a JVM per run; None: each run starts `spark_master` itself.
+    spark_connect: str | None = None
     budget_bytes: int = 256 * 1024 * 1024
     max_generations: int = 256
     inline_threshold: int = 100
@@ -77,6 +80,7 @@ def _table(raw: dict[str, Any], where: str) -> TableConfig:
         name=name, uri=str(raw["uri"]), storage_options=options, secret_env=secrets,
         spark_master=str(spark.get("master", d["spark_master"].default)),
         spark_conf={str(k): str(v) for k, v in (spark.get("conf") or {}).items()},
+        spark_connect=_connect_url(spark.get("connect"), f"{where} ({name})"),
         budget_bytes=int(merge.get("budget_bytes", d["budget_bytes"].default)),
         max_generations=int(merge.get("max_generations", d["max_generations"].default)),
         inline_threshold=int((raw.get("snapshot") or {}).get("inline_threshold", 100)),
@@ -91,6 +95,15 @@ def _table(raw: dict[str, Any], where: str) -> TableConfig:
         sensor_interval_seconds=int((raw.get("sensor") or {}).get("interval_seconds", 30)),
         maintenance_cron=str((raw.get("schedule") or {}).get("maintenance_cron", "0 * * * *")),
     )
+
+
+def _connect_url(value: Any, where: str) -> str | None:
+    if value in (None, "", False):
+        return None
+    if not (isinstance(value, str) and value.startswith("sc://")):
+        raise ConfigError(f"{where}: spark.connect must be a Spark Connect URL like sc://127.0.0.1:15002, "
+                          f"got {value!r}")
+    return value
 
 
 def resolve_uri(uri: str, base: Path) -> str:

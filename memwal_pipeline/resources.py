@@ -62,6 +62,8 @@ def table_resource(cfg: TableConfig) -> MemWalTable:
 
 def spark_resource(cfg: TableConfig) -> MemWalSpark:
     conf: dict[str, Any] = {"spark.master": cfg.spark_master, **cfg.spark_conf}
-    if cfg.spark_master.startswith("sc://"):
+    if cfg.spark_connect:  # runs are clients of one long-lived server that runs spark_master
+        conf = {"spark.remote": cfg.spark_connect, "memwal.connect.autostart": "true", **conf}
+    elif cfg.spark_master.startswith("sc://"):
         conf = {"spark.remote": cfg.spark_master, "memwal.connect.autostart": "true", **cfg.spark_conf}
     return MemWalSpark(spark_config=conf)

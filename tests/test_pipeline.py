@@ -131,6 +131,28 @@ def test_config_refuses_secrets_in_file(tmp_path):
         load_config(cfg)
 
 
+def test_config_spark_connect_for_runs(tmp_path):
+    """`spark.connect`: runs are Connect clients of a server that runs `spark.master`."""
+    from memwal_pipeline.config import ConfigError
+    from memwal_pipeline.resources import spark_resource
+
+    cfg = tmp_path / "memwal.yaml"
+    cfg.write_text("tables:\n  - name: x\n    uri: data/x\n"
+                   "    spark: {master: 'local[3]', connect: 'sc://127.0.0.1:15999', conf: {a.b: '1'}}\n"
+                   "  - name: y\n    uri: data/y\n")
+    x, y = load_config(cfg)
+    assert x.spark_connect == "sc://127.0.0.1:15999" and y.spark_connect is None
+    assert spark_resource(x).spark_config == {"spark.remote": "sc://127.0.0.1:15999", "memwal.connect.autostart": "true",
+                                              "spark.master": "local[3]", "a.b": "1"}
+    assert spark_resource(y).spark_config == {"spark.master": "local[*]"}
+    cfg.write_text("tables:\n  - name: x\n    uri: data/x\n    spark: {connect: 'localhost:15002'}\n")
+    with pytest.raises(ConfigError, match=r"spark.connect must be a Spark Connect URL"):
+        load_config(cfg)
+    # The shipped default: runs share one long-lived local server.
+    (shipped,) = load_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "memwal.yaml"))
+    assert shipped.spark_connect == "sc://127.0.0.1:15002" and shipped.spark_master == "local[*]"
+
+
 def test_definitions_validate_cli():
     out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dagster"), "definitions", "validate",
                           "-w", "workspace.yaml"], cwd=REPO, capture_output=True, text=True, timeout=300)
