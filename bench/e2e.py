@@ -1,0 +1,246 @@
+"""Benchmark: end to end, a writer flushing continuously while the pipeline runs on its sensor.
+
+Per mode, on a fresh table (bucket-sharded, `--regions` regions, MemWAL initialized):
+  * `dagster-daemon run` on a throwaway DAGSTER_HOME (SQLite, the repo's pools and run
+    monitoring) and a throwaway MEMWAL_CONFIG naming the table, with the manifest sensor every
+    `--sensor-interval` s: the daemon evaluates the sensor, queues the merge runs it requests
+    (run_key region:generation, pool limit 1) and the maintenance runs that follow (MemWAL
+    index, catch-up, GC), and launches each as its own run process — exactly as deployed;
+  * a writer process (pylance `ShardWriter`s via `demo.Workload`) that every `--flush-every` s
+    writes `--rows` operations (puts, overwrites, deletes) spread over all regions and closes
+    each writer, which flushes one generation per region; it logs each flush's time;
+  * this process polls the table's merge progress every 0.5 s and records, per flushed
+    generation, flush -> first poll that sees it merged (the merge lag), and the backlog
+    (flushed, not yet merged generations) over time.
+After `--duration` s the writer stops; the pipeline gets `--drain` s to merge what is left. The
+final LSM read (pylance, generations newer than merged) must equal the writer's model.
+
+Modes: `connect` — the shipped default, `spark.connect: sc://127.0.0.1:<port>`: runs are clients
+of one long-lived local Spark Connect server (`spark.master local[2]`) that the first merging run
+starts; `local` — the baseline, `spark.master local[2]` without `connect`: every merge run starts
+its own JVM. Ratio: local p50 / connect p50.
+
+usage: python bench/e2e.py [--duration 180] [--modes connect,local] [--regions 4] [--quick]
+Prints `RESULT e2e mode=... flushes=... p50_s=... p95_s=... max_s=... backlog_q1..q4=...
+drained_s=... runs_ok=... runs_failed=...` per mode and `RESULT e2e_ratio local_over_connect=...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from memwal_core import demo, reader, region, spark_connect, table  # noqa: E402
+from memwal_core.store import open_store  # noqa: E402
+
+DAGSTER_YAML = """\
+storage:
+  sqlite:
+    base_dir: {base}
+concurrency:
+  pools:
+    default_limit: 1
+    granularity: op
+run_monitoring:
+  enabled: true
+  start_timeout_seconds: 180
+  max_resume_run_attempts: 0
+  poll_interval_seconds: 30
+  free_slots_after_run_end_seconds: 30
+telemetry:
+  enabled: false
+"""
+
+
+def writer_main(args) -> None:
+    """The writer process: one round of writes (one flush per region) every --flush-every s."""
+    loc = open_store(args.table)
+    w = demo.Workload(loc, seed=11, key_space=args.rows * 20, max_memtable_rows=args.rows * 4)
+    deadline = time.time() + args.duration
+    with open(args.writer_log, "a") as log:
+        while time.time() < deadline:
+            t0 = time.time()
+            w.write_round(args.rows, overwrite=0.2, delete=0.02)
+            done = time.time()
+            for rid in w.regions.values():
+                m = region.load_latest(loc.store, rid)
+                gens = [g.generation for g in m.generations]
+                if gens:
+                    log.write(json.dumps({"t": done, "region": rid, "generation": max(gens)}) + "\n")
+            log.flush()
+            time.sleep(max(0.0, args.flush_every - (time.time() - t0)))
+    with open(args.writer_log + ".model", "w") as f:
+        json.dump({str(k): v for k, v in w.expected().items()}, f)
+
+
+def read_flushes(path: str) -> dict[tuple[str, int], float]:
+    out: dict[tuple[str, int], float] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.endswith("\n"):
+                    r = json.loads(line)
+                    out.setdefault((r["region"], r["generation"]), r["t"])
+    return out
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def run_mode(mode: str, args) -> dict:
+    root = common.workdir(f"e2e-{mode}", args.workdir)
+    port = common.free_port()
+    remote = f"sc://127.0.0.1:{port}"
+    state = os.path.join(root, "state")
+    daemon = writer = None
+    try:
+        path = os.path.join(root, "table")
+        loc = open_store(path)
+        demo.create_table(loc, sharding="bucket", num_buckets=args.regions, base_rows=1000, btree_index=True)
+        home = os.path.join(root, "home")
+        os.makedirs(home)
+        with open(os.path.join(home, "dagster.yaml"), "w") as f:
+            f.write(DAGSTER_YAML.format(base=os.path.join(home, "storage")))
+        spark = {"master": "local[2]", **({"connect": remote} if mode == "connect" else {})}
+        config = os.path.join(root, "memwal.yaml")
+        with open(config, "w") as f:
+            json.dump({"tables": [{"name": "e2e", "uri": path, "spark": spark,
+                                   "sensor": {"interval_seconds": args.sensor_interval}}]}, f)  # JSON is YAML
+        env = {**os.environ, "DAGSTER_HOME": home, "MEMWAL_CONFIG": config, "MEMWAL_STATE_DIR": state}
+        daemon_log = open(os.path.join(root, "daemon.log"), "w")
+        daemon = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "dagster-daemon"), "run",
+                                   "-w", os.path.join(common.REPO, "workspace.yaml")],
+                                  cwd=common.REPO, env=env, stdout=daemon_log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        wlog = os.path.join(root, "flushes.jsonl")
+        writer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--writer", "--table", path,
+                                   "--writer-log", wlog, "--duration", str(args.duration),
+                                   "--rows", str(args.rows), "--flush-every", str(args.flush_every)],
+                                  cwd=common.REPO, env=env)
+        t_start = time.time()
+        lags: dict[tuple[str, int], float] = {}
+        backlog: list[tuple[float, int]] = []
+        last_say = 0.0
+        drained_at = None
+        while True:
+            now = time.time()
+            merged = table.read_memwal_state(loc).merged
+            flushes = read_flushes(wlog)
+            for key, t in flushes.items():
+                if key not in lags and merged.get(key[0], 0) >= key[1]:
+                    lags[key] = now - t
+            pending = len(flushes) - len(lags)
+            backlog.append((now - t_start, pending))
+            if now - last_say >= 15:
+                done = [v for v in lags.values()]
+                common.say(f"[{mode}] t={now - t_start:5.0f}s flushed {len(flushes)} merged {len(lags)} "
+                           f"backlog {pending} lag p50 {percentile(done, .5):.1f}s")
+                last_say = now
+            writer_done = writer.poll() is not None
+            if writer_done and writer.returncode != 0:
+                raise SystemExit(f"FAIL writer exited {writer.returncode}")
+            if writer_done and pending == 0:
+                drained_at = now - t_start
+                break
+            if writer_done and now - t_start > args.duration + args.drain:
+                break
+            time.sleep(0.5)
+        # What the users read: base table + unmerged generations equals what was written.
+        with open(wlog + ".model") as f:
+            model = {int(k): v for k, v in json.load(f).items()}
+        got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
+        if got != model:
+            raise SystemExit(f"FAIL [{mode}] LSM read differs from the writer's model "
+                             f"({len(got)} rows vs {len(model)})")
+        runs = run_counts(home)
+        values = list(lags.values())
+        quarter = args.duration / 4
+        qs = []
+        for i in range(4):
+            xs = [n for t, n in backlog if i * quarter <= t < (i + 1) * quarter]
+            qs.append(round(sum(xs) / len(xs), 1) if xs else float("nan"))
+        row = {"mode": mode, "duration_s": args.duration, "regions": args.regions, "flush_every_s": args.flush_every,
+               "sensor_interval_s": args.sensor_interval, "flushes": len(read_flushes(wlog)), "merged": len(lags),
+               "p50_s": round(percentile(values, .5), 1), "p95_s": round(percentile(values, .95), 1),
+               "max_s": round(max(values), 1) if values else float("nan"),
+               **{f"backlog_q{i + 1}": q for i, q in enumerate(qs)},
+               "backlog_max": max(n for _, n in backlog),
+               "drained_s": round(drained_at - args.duration, 1) if drained_at is not None else "NO",
+               **runs}
+        common.result("e2e", **row)
+        common.say(f"check [{mode}]: LSM read equals the writer's model ({len(model)} rows)")
+        return row
+    finally:
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+        if daemon is not None and daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGTERM)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)
+        if mode == "connect":
+            spark_connect.stop_server(remote, state_dir=state)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            common.say(f"kept {root}")
+
+
+def run_counts(home: str) -> dict:
+    from dagster import DagsterInstance, DagsterRunStatus
+
+    os.environ["DAGSTER_HOME"] = home
+    with DagsterInstance.get() as instance:
+        runs = instance.get_runs()
+        merge = [r for r in runs if r.job_name.endswith("_merge")]
+        return {"runs": len(runs), "merge_runs": len(merge),
+                "runs_ok": sum(r.status == DagsterRunStatus.SUCCESS for r in runs),
+                "runs_failed": sum(r.status == DagsterRunStatus.FAILURE for r in runs)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=180.0, help="seconds the writer writes")
+    p.add_argument("--drain", type=float, default=180.0, help="seconds allowed afterwards to merge the rest")
+    p.add_argument("--regions", type=int, default=4)
+    p.add_argument("--rows", type=int, default=400, help="operations per round (one flush per region)")
+    p.add_argument("--flush-every", type=float, default=10.0)
+    p.add_argument("--sensor-interval", type=int, default=5)
+    p.add_argument("--modes", default="connect,local")
+    p.add_argument("--quick", action="store_true", help="60 s, connect only")
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--writer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--table", help=argparse.SUPPRESS)
+    p.add_argument("--writer-log", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.writer:
+        writer_main(args)
+        return
+    if args.quick:
+        args.duration, args.modes = min(args.duration, 60.0), "connect"
+    common.print_machine("e2e", args)
+    rows = {m: run_mode(m, args) for m in args.modes.split(",")}
+    if "connect" in rows and "local" in rows:
+        common.result("e2e_ratio", local_over_connect_p50=common.ratio(rows["local"]["p50_s"], rows["connect"]["p50_s"]),
+                      local_over_connect_p95=common.ratio(rows["local"]["p95_s"], rows["connect"]["p95_s"]))
+
+
+if __name__ == "__main__":
+    main()
