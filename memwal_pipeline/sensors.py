@@ -14,8 +14,9 @@ materialization that maintenance was requested for. A tick:
    A region whose merge run is still queued is left to that run: it plans when it starts, so
    it takes the new generation along (runs never pile up, however fast writers flush);
 4. when no merge is being requested, no maintenance run is queued, and base_table
-   materialized since the last maintenance request, requests the maintenance job (memwal_index -> index_catchup -> garbage), whose
-   run_key is that materialization, so maintenance follows merges exactly once.
+   materialized since the last maintenance request, requests the maintenance job
+   (memwal_index -> index_catchup -> garbage), whose run_key is that materialization, so
+   maintenance follows merges exactly once.
 """
 
 from __future__ import annotations

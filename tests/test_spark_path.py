@@ -67,3 +67,52 @@ def test_dedup_partition_reports_keys_shared_by_regions():
     out = pa.Table.from_batches(list(sp.dedup_partition(("id",), iter([batch]))))
     dups = [r for r in out.to_pylist() if r["kind"] == "dups"]
     assert len(dups) == 1 and dups[0]["rows"] == 1
+
+
+def test_one_job_path_equals_the_cached_two_job_path(table_loc, spark):
+    """`read_and_dedup` (the common case) and `read_batch` + `dedup_batch` (the careful path)
+    give the same stats and the same newest rows for the same generations."""
+    from memwal_core import demo, layout, merge, region, routing, table
+
+    demo.create_table(table_loc, sharding="bucket", num_buckets=3, base_rows=20)
+    w = demo.Workload(table_loc, seed=5, key_space=300, max_memtable_rows=40)
+    for _ in range(3):
+        w.write_round(150, overwrite=0.3, delete=0.05)
+    plan = merge.plan_merge(table_loc)
+    (batch,) = plan.batches
+    ds = table.open_dataset(table_loc)
+    state = table.read_memwal_state(table_loc, ds.version)
+    specs = {s.spec_id: routing.RegionSpec.from_proto(s).to_lance() for s in state.details.region_specs}
+    rids = sorted({g.region_id for g in batch.generations})
+    index = {r: i for i, r in enumerate(rids)}
+    manifests = region.load_many(table_loc.store, rids)
+    cfg = sp.ReadConfig(pk=("id",), columns=tuple(f.name for f in ds.schema), parts=3, storage_options=(),
+                        routing=tuple((index[r], merge._routing_config(r, manifests, specs, ds.lance_schema))
+                                      for r in rids))
+    tasks = [(i, index[g.region_id], g.generation,
+              table_loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)))
+             for i, g in enumerate(batch.generations)]
+    assert len(tasks) >= 6
+
+    stats1, one = sp.read_and_dedup(spark, tasks, cfg)
+    read = sp.read_batch(spark, tasks, cfg)
+    try:
+        two = sp.dedup_batch(spark, read.stage1, ["id"], 3)
+        stats2 = read.stats
+    finally:
+        read.release()
+
+    def key(s):
+        return (s["region"], s["generation"], s["rows"], s["bytes"], s["info"])
+
+    assert sorted(map(key, stats1)) == sorted(map(key, stats2)) and len(stats1) == len(tasks)
+
+    def rows(tables):
+        return sorted(pa.concat_tables(tables).to_pylist(), key=lambda r: r["id"]) if tables else []
+
+    assert rows(one.live) == rows(two.live) and rows(one.deleted) == rows(two.deleted)
+    assert one.dups == two.dups == []
+    # And they are what the writers left: newest value per key, deletes as tombstones.
+    model = w.expected()
+    assert rows(one.live) and all(model[r["id"]] == r for r in rows(one.live))
+    assert rows(one.deleted) and not ({r["id"] for r in rows(one.deleted)} & set(model))
