@@ -31,6 +31,8 @@ if REPO not in sys.path:
 os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
 BIN = os.path.dirname(sys.executable)
 
+from memwal_pipeline.s3_demo import LocalS3  # noqa: E402  (light: no Dagster import)
+
 
 # ------------------------------------------------------------------------------ reporting
 
@@ -298,45 +300,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class MotoServer:
-    """`moto_server` on 127.0.0.1 on a free port, in a subprocess (as tests/conftest.py)."""
+class MotoServer(LocalS3):
+    """`moto_server` on 127.0.0.1 on a free port, in a subprocess (memwal's own `LocalS3`),
+    with the benchmarks' credentials."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> "MotoServer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        exe = shutil.which("moto_server", path=BIN) or shutil.which("moto_server")
-        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-        self.proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("moto_server did not start")
-
-    def stop(self) -> None:
-        if self.proc:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-            self.proc = None
+    def start(self, timeout: float = 60.0) -> "MotoServer":
+        return super().start(timeout)
 
     def options(self) -> dict[str, str]:
         return {"aws_endpoint": self.endpoint, "allow_http": "true", "aws_access_key_id": "testing",

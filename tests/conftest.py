@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
 import uuid
 
 import pytest
 
 from memwal_core.store import open_store
-
-BIN = os.path.dirname(sys.executable)
+from memwal_pipeline.s3_demo import LocalS3
 
 
 @pytest.fixture
@@ -23,39 +16,9 @@ def table_loc(tmp_path):
     return open_store(str(tmp_path / "table"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MotoServer:
-    """`moto_server` on 127.0.0.1 in a subprocess; can be stopped and restarted on its port."""
-
-    def __init__(self) -> None:
-        self.port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        exe = shutil.which("moto_server", path=BIN) or shutil.which("moto_server")
-        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-        self.proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("moto_server did not start")
-
-    def stop(self) -> None:
-        if self.proc:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
+class MotoServer(LocalS3):
+    """`moto_server` on 127.0.0.1 in a subprocess (memwal's own `LocalS3`), with the tests'
+    credentials; can be stopped and restarted on its port."""
 
     def options(self, secret: str = "testing-secret") -> dict[str, str]:
         return {"aws_endpoint": self.endpoint, "allow_http": "true", "aws_access_key_id": "testing",

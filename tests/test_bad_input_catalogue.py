@@ -31,25 +31,15 @@ import pytest
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec
 
 from memwal_core import checks, demo, gc, layout, region, snapshot, table
-from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.store import make_s3_client, open_store
+from memwal_pipeline.s3_demo import LocalS3
 
-BIN = os.path.dirname(sys.executable)
+from helpers import plant_generation, tree
+
 N_BUCKETS = 16
 
 
 # ---------------------------------------------------------------------------------- helpers
-
-def tree(root: str) -> dict[str, tuple[int, int]]:
-    """Every file under `root`: relative path -> (size, mtime in ns)."""
-    out = {}
-    for d, _dirs, files in os.walk(root):
-        for f in files:
-            p = os.path.join(d, f)
-            st = os.stat(p)
-            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
-    return out
-
 
 def s3_tree(client, bucket: str) -> dict[str, tuple[int, str]]:
     out = {}
@@ -122,23 +112,6 @@ def write_generation(uri: str, rid: str, data: pa.Table) -> None:
             w.put(data)
 
 
-def plant_generation(loc, rid: str, data: pa.Table, path: str | None = None) -> int:
-    """A generation written by hand and listed in a new manifest version (a foreign writer)."""
-    latest = region.load_latest(loc.store, rid)
-    gen = latest.current_generation
-    path = path or f"{uuid.uuid4().hex[:8]}_gen_{gen}"
-    if "/" not in path:
-        lance.write_dataset(data, loc.child_uri(layout.generation_dir(rid, path, gen)))
-
-    def add(m: pb.RegionManifest) -> bool:
-        m.flushed_generations.add(generation=gen, path=path, physical_rows=data.num_rows)
-        m.current_generation = gen + 1
-        return True
-
-    region.commit_next(loc.store, latest, add)
-    return gen
-
-
 def manifest_versions(root: str, rid: str) -> list[int]:
     d = os.path.join(root, layout.manifest_dir(rid))
     return sorted(v for v in (layout.parse_bitrev(f) for f in os.listdir(d)) if v)
@@ -207,28 +180,12 @@ class Proxy:
                 pass
 
 
-class Moto:
-    """A moto S3 server of this module's own (its auth switch is server-wide)."""
+class Moto(LocalS3):
+    """A moto S3 server of this module's own (its auth switch is server-wide), started at once."""
 
     def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        exe = shutil.which("moto_server", path=BIN) or shutil.which("moto_server")
-        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-        self.proc = subprocess.Popen(cmd + ["-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    self.stop()
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.1)
+        super().__init__()
+        self.start()
 
     def options(self, endpoint: str | None = None) -> dict[str, str]:
         return {"aws_endpoint": endpoint or self.endpoint, "aws_access_key_id": "testing",
@@ -239,14 +196,6 @@ class Moto:
         req = urllib.request.Request(f"{self.endpoint}/moto-api/reset-auth", data=b"0" if on else b"inf",
                                      method="POST", headers={"Content-Type": "application/octet-stream"})
         urllib.request.urlopen(req, timeout=10).read()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 # ------------------------------------------------------------------------- the tables

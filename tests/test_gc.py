@@ -27,6 +27,8 @@ from memwal_core.lance_mem_wal import lsm_read
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.store import open_store
 
+from helpers import tree
+
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 
 # Collect as soon as allowed: no age or grace, and the base table's old versions cleaned first.
@@ -43,16 +45,6 @@ def as_dict(t: pa.Table) -> dict:
 def lsm_rows(loc) -> dict:
     return as_dict(reader.lsm_table(loc))
 
-
-def tree(root: str) -> dict[str, tuple[int, int]]:
-    """Every file under `root` with its size and mtime: "touched nothing" means equal trees."""
-    out = {}
-    for d, _dirs, files in os.walk(root):
-        for f in files:
-            p = os.path.join(d, f)
-            st = os.stat(p)
-            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
-    return out
 
 
 def wal_positions(loc, rid: str) -> list[int]:

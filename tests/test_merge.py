@@ -7,14 +7,14 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import demo, layout, merge, reader, region, table
-from memwal_core.proto import memwal_pb2 as pb
+from memwal_core import demo, merge, reader, region, table
+
+from helpers import plant_generation
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 
@@ -154,22 +154,6 @@ def test_crash_then_rerun_converges(tmp_path, spark):
         assert merge.plan_merge(loc).batches == []
 
 
-def _plant_generation(loc, region_id: str, data: pa.Table) -> int:
-    """Append a hand-written generation to a region's manifest, as a foreign writer could."""
-    latest = region.load_latest(loc.store, region_id)
-    gen = latest.current_generation
-    path = f"{uuid.uuid4().hex[:8]}_gen_{gen}"
-    lance.write_dataset(data, loc.child_uri(layout.generation_dir(region_id, path, gen)))
-
-    def add(m: pb.RegionManifest) -> bool:
-        m.flushed_generations.add(generation=gen, path=path, physical_rows=data.num_rows)
-        m.current_generation = gen + 1
-        return True
-
-    region.commit_next(loc.store, latest, add)
-    return gen
-
-
 def test_misrouted_rows_are_refused_and_others_proceed(table_loc, spark):
     demo.create_table(table_loc, sharding="bucket", num_buckets=4)
     w = demo.Workload(table_loc, seed=21, key_space=200)
@@ -199,7 +183,7 @@ def test_schema_mismatch_generation_is_refused(table_loc, spark):
     rid = next(iter(w.regions.values()))
     wrong = pa.table({"id": pa.array([5000], pa.int64()), "n": pa.array([1], pa.int64()),
                       "other": pa.array(["x"]), "_tombstone": pa.array([False])})
-    gen = _plant_generation(table_loc, rid, wrong)
+    gen = plant_generation(table_loc, rid, wrong)
     result = merge.merge(table_loc, spark)
     err = result.regions[rid].error
     assert f"generation {gen}" in err and "columns differ" in err and "other" in err

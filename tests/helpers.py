@@ -1,0 +1,42 @@
+"""Helpers shared by several test modules (imported as `helpers`, like `s3proxy`)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import lance
+import pyarrow as pa
+
+from memwal_core import layout, region
+from memwal_core.proto import memwal_pb2 as pb
+
+
+def tree(root: str) -> dict[str, tuple[int, int]]:
+    """Every file under `root`: relative path -> (size, mtime in ns); "touched nothing" means
+    equal trees."""
+    out = {}
+    for d, _dirs, files in os.walk(root):
+        for f in files:
+            p = os.path.join(d, f)
+            st = os.stat(p)
+            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def plant_generation(loc, rid: str, data: pa.Table, path: str | None = None) -> int:
+    """A generation written by hand and listed in a new manifest version (a foreign writer).
+    A `path` with a `/` is only listed, never written (an unsafe path)."""
+    latest = region.load_latest(loc.store, rid)
+    gen = latest.current_generation
+    path = path or f"{uuid.uuid4().hex[:8]}_gen_{gen}"
+    if "/" not in path:
+        lance.write_dataset(data, loc.child_uri(layout.generation_dir(rid, path, gen)))
+
+    def add(m: pb.RegionManifest) -> bool:
+        m.flushed_generations.add(generation=gen, path=path, physical_rows=data.num_rows)
+        m.current_generation = gen + 1
+        return True
+
+    region.commit_next(loc.store, latest, add)
+    return gen
