@@ -64,8 +64,6 @@ def _wrap(obj, name, key):
             phases[key] = phases.get(key, 0.0) + time.perf_counter() - t
     setattr(obj, name, inner)
 _wrap(_sp, "read_and_dedup", "read_and_dedup")
-_wrap(_sp, "read_batch", "read_batch")
-_wrap(_sp, "dedup_batch", "dedup_batch")
 _wrap(sys.modules["lance.dataset"].MergeInsertBuilder, "execute", "merge_insert")
 _wrap(sys.modules["memwal_pipeline.resources"], "get_spark", "spark_session")
 uri, rid, master = sys.argv[1:4]
@@ -181,7 +179,7 @@ def bench_mode(name: str, label: str, tbl: Table, trigger, args, warm_up: bool =
         common.say(f"{label}: trial {i + 1}: flush -> merged {s:.2f}s (run finished at {e:.2f}s){extra}")
     kv = {}
     if timings:
-        for k in ("import", "spark_session", "merge", "read_and_dedup", "read_batch", "dedup_batch", "merge_insert",
+        for k in ("import", "spark_session", "merge", "read_and_dedup", "merge_insert",
                   "outside_merge"):
             kv[f"{k}_median_s"] = common.median([t.get(k, 0.0) for t in timings])
     common.result("latency", mode=name, trials=args.trials, rows=args.rows, median_s=common.median(lat),

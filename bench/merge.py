@@ -268,16 +268,15 @@ def bound_merge(path: str, regions: list[str]) -> dict:
 
 @contextmanager
 def profile_memwal(phases: dict[str, float], counts: dict[str, int]):
-    """Time memwal's phases: plan, the one-job Spark path (read_and_dedup: stages 1 + 2 +
-    collect), the fallback path's stage 1 (read_batch) and stage 2 + collect (dedup_batch),
-    and Lance's merge_insert (the commit), by wrapping them for the duration."""
+    """Time memwal's phases: plan, the Spark job and its collection on the driver
+    (read_and_dedup; more than one call means a re-run) and Lance's merge_insert (the commit),
+    by wrapping them for the duration."""
     ld = sys.modules["lance.dataset"]  # `lance.dataset` the attribute is the function
 
     from memwal_core import merge as mg
     from memwal_core import spark as sp
 
-    orig = {"read_and_dedup": (sp, "read_and_dedup"), "read_batch": (sp, "read_batch"),
-            "dedup_batch": (sp, "dedup_batch"),
+    orig = {"read_and_dedup": (sp, "read_and_dedup"),
             "plan": (mg, "plan_merge"), "merge_insert": (ld.MergeInsertBuilder, "execute")}
     saved = {k: getattr(obj, name) for k, (obj, name) in orig.items()}
 

@@ -20,7 +20,6 @@ import json
 import logging
 import re
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -239,7 +238,7 @@ ProgressFn = Callable[[str], None]
 
 def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: int = 5,
                   progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
-    """Merge every batch of `plan`, one Spark job and one commit per batch.
+    """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
 
     `expected_values` (region id -> {field id: value}, e.g. from the MemWAL snapshot) pins each
     region's region value; otherwise it is the majority value of the region's oldest
@@ -259,21 +258,21 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     columns = [f.name for f in ds.schema]
     specs = {s.spec_id: routing.RegionSpec.from_proto(s).to_lance() for s in state.details.region_specs}
     manifests = region.load_many(loc.store, sorted(plan.pending))
-    parts = merge_partitions(spark)
+    tasks = merge_tasks(spark)
     for n, batch in enumerate(plan.batches, 1):
         if progress:
             progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
                      f"{batch.bytes / 1e6:.1f} MB")
-        _merge_batch(loc, spark, batch, pk, columns, specs, manifests, parts, result,
+        _merge_batch(loc, spark, batch, pk, columns, specs, manifests, tasks, result,
                      max_attempts, expected_values or {})
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
     return result
 
 
-def merge_partitions(spark) -> int:
-    """Key partitions of the dedup stage: `memwal.merge.partitions` if set, else the session's
-    shuffle partitions capped at 64 (Spark's default 200 is far too many for a merge batch)."""
+def merge_tasks(spark) -> int:
+    """Spark tasks per merge batch (each takes whole regions): `memwal.merge.partitions` if
+    set, else the session's shuffle partitions (`local[*]`: the core count) capped at 64."""
     explicit = spark.conf.get("memwal.merge.partitions", None)
     if explicit:
         return max(1, int(explicit))
@@ -294,162 +293,97 @@ def _routing_config(rid: str, manifests, specs, lance_schema) -> str:
                                                          routing.source_columns_for(rs, lance_schema).items()}})
 
 
-def _region_value_key(values: list) -> str:
-    return json.dumps(values, sort_keys=True, default=str)
-
-
-def _first_bad(stats: list[dict], region_index: dict[int, str], expected: dict[str, dict],
-               specs_fields: dict[str, list[str]]) -> tuple[dict[int, int], dict[int, tuple[str, int]]]:
-    """Per region index: the first generation that must not be merged, and why.
-
-    A generation is bad when its read failed (schema mismatch, unreadable) or when any of its
-    rows routes to a region value other than the region's own.
-    """
-    by_region: dict[int, list[dict]] = {}
-    for s in stats:
-        by_region.setdefault(s["region"], []).append(s)
-    bad: dict[int, int] = {}
-    why: dict[int, tuple[str, int]] = {}
-    for ridx, rows in by_region.items():
-        rows.sort(key=lambda s: s["generation"])
-        rid = region_index[ridx]
-        own: str | None = None
-        if rid in expected and rid in specs_fields:
-            own = _region_value_key([expected[rid].get(f) for f in specs_fields[rid]])
-        offending = 0
-        for s in rows:
-            info = json.loads(s["info"])
-            if info["error"]:
-                bad.setdefault(ridx, s["generation"])
-                why.setdefault(ridx, (f"generation {s['generation']}: {info['error']}", 0))
-                continue
-            counts = Counter({_region_value_key(v): c for v, c in info["routes"]})
-            if counts and own is None:
-                own = counts.most_common(1)[0][0]
-            stray = sum(c for v, c in counts.items() if v != own)
-            if stray:
-                bad.setdefault(ridx, s["generation"])
-                offending += stray
-        if offending:
-            first = bad[ridx]
-            prior = why.get(ridx, ("", 0))[0]
-            why[ridx] = (prior or f"generation {first}: {offending} rows route to another region "
-                         f"(region value {own}); the spec requires mutually exclusive regions", offending)
-    return bad, why
-
-
-def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, specs, manifests, parts,
+def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, specs, manifests, tasks: int,
                  result: MergeResult, max_attempts: int, expected: dict[str, dict]) -> None:
+    """Read, check, deduplicate and commit one batch; re-run the Spark job when what it read
+    cannot be committed as it is (a generation merged meanwhile, keys shared by regions, a
+    lost commit race). Each re-run has fewer generations or counts a conflict, so it ends."""
     ds = open_dataset(loc)
     region_ids = sorted({g.region_id for g in batch.generations})
     index = {rid: i for i, rid in enumerate(region_ids)}
     region_index = {i: rid for rid, i in index.items()}
     for rid in region_ids:
         result.regions.setdefault(rid, RegionMergeResult(rid))
+    routes = {rid: _routing_config(rid, manifests, specs, ds.lance_schema) for rid in region_ids}
+    own: dict[int, str] = {}
+    for rid, conf in routes.items():
+        if conf and rid in expected:
+            fields = [f["field_id"] for f in json.loads(conf)["spec"]["fields"]]
+            own[index[rid]] = sparkpath.value_key([expected[rid].get(f) for f in fields])
     cfg = sparkpath.ReadConfig(
-        pk=tuple(pk), columns=tuple(columns), parts=parts,
-        storage_options=tuple(sorted(loc.storage_options.items())),
-        routing=tuple((index[rid], _routing_config(rid, manifests, specs, ds.lance_schema)) for rid in region_ids))
-    tasks = [(i, index[g.region_id], g.generation,
-              loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)))
-             for i, g in enumerate(batch.generations)]
-    fields = {rid: [f["field_id"] for f in json.loads(c)["spec"]["fields"]]
-              for rid, c in ((region_index[i], c) for i, c in cfg.routing) if c}
-
-    def refusals(all_stats: list[dict]) -> tuple[dict[int, int], dict[int, tuple[str, int]], bool]:
-        """First bad generation per region and why, and whether no generation got merged
-        meanwhile. Progress is read after stage 1: a generation another merger merged since
-        the plan may be gone already (GC collects merged generations) and fail to read; it is
-        skipped as already merged, so it must not be reported as a broken generation."""
-        merged_now = read_memwal_state(loc).merged
-        stats = [s for s in all_stats if s["generation"] > merged_now.get(region_index[s["region"]], 0)]
-        return (*_first_bad(stats, region_index, expected, fields), len(stats) == len(all_stats))
-
-    # Common case first: one Spark job, nothing cached. Anything unusual (a refusal, a
-    # generation merged meanwhile, keys shared by regions, a lost commit race) falls through to
-    # the careful path below, which caches stage 1 and can drop generations and retry.
-    stats, deduped = sparkpath.read_and_dedup(spark, tasks, cfg)
-    bad, _, fresh = refusals(stats)
-    if fresh and not bad and not deduped.dups:
-        outcome = _commit(loc, deduped, stats, list(batch.generations), index, region_index, pk, columns, result)
-        if outcome == "committed":
+        pk=tuple(pk), columns=tuple(columns), storage_options=tuple(sorted(loc.storage_options.items())),
+        routing=tuple((index[rid], conf) for rid, conf in routes.items()), own_values=tuple(own.items()))
+    refused: dict[str, int] = {}  # region -> its first generation that must not be merged in this batch
+    conflicts = 0
+    while True:
+        merged = read_memwal_state(loc).merged
+        gens = []
+        for g in batch.generations:
+            if g.generation <= merged.get(g.region_id, 0):
+                r = result.regions[g.region_id]
+                if g.generation not in r.skipped_generations:
+                    r.skipped_generations.append(g.generation)
+            elif g.generation < refused.get(g.region_id, g.generation + 1):
+                gens.append(g)
+        if not gens:
             return
-        result.conflicts += 1
-        log.info("merge commit lost to another merger; re-reading progress")
-    del deduped
-    read = sparkpath.read_batch(spark, tasks, cfg)
-    try:
-        bad, why, _ = refusals(read.stats)
-        for ridx, (msg, offending) in why.items():
-            r = result.regions[region_index[ridx]]
-            r.error = f"region {region_index[ridx]}: {msg}"
-            r.offending_keys += offending
-            log.error("%s; merging its generations before %d only", r.error, bad[ridx])
-        for attempt in range(1, max_attempts + 1):
-            merged = read_memwal_state(loc).merged
-            gens = []
-            for g in batch.generations:
-                first_bad = bad.get(index[g.region_id])
-                if g.generation <= merged.get(g.region_id, 0):
-                    r = result.regions[g.region_id]
-                    if g.generation not in r.skipped_generations:
-                        r.skipped_generations.append(g.generation)
-                elif first_bad is None or g.generation < first_bad:
-                    gens.append(g)
-            if not gens:
-                return
-            outcome = _dedup_and_commit(loc, spark, read, gens, index, region_index, pk, columns, parts, result)
-            if outcome == "committed":
-                return
-            if isinstance(outcome, set):  # regions sharing keys: refuse them in this batch, retry the rest
-                for ridx in outcome:
-                    bad[ridx] = min(g.generation for g in batch.generations if index[g.region_id] == ridx)
-                continue
-            result.conflicts += 1
-            log.info("merge commit lost to another merger (attempt %d); re-reading progress", attempt)
-        raise MergeError(f"gave up merging a batch after {max_attempts} conflicting attempts")
-    finally:
-        read.release()
-
-
-def _dedup_and_commit(loc, spark, read, gens: list[PlannedGeneration], index, region_index, pk, columns,
-                      parts, result: MergeResult) -> str | set[int]:
-    """Dedup exactly `gens` and commit them; "committed", "conflict", or the region indexes
-    found sharing primary keys (nothing committed then)."""
-    from pyspark.sql import functions as F
-
-    lo_hi: dict[int, tuple[int, int]] = {}
-    for g in gens:
-        lo, hi = lo_hi.get(index[g.region_id], (g.generation, g.generation))
-        lo_hi[index[g.region_id]] = (min(lo, g.generation), max(hi, g.generation))
-    # Restrict stage 1's cached output to exactly the generations being merged.
-    cond = None
-    for ridx, (lo, hi) in lo_hi.items():
-        c = (F.col("region") == ridx) & (F.col("generation") >= lo) & (F.col("generation") <= hi)
-        cond = c if cond is None else (cond | c)
-    deduped = sparkpath.dedup_batch(spark, read.stage1.filter(cond), pk, parts)
-    return _commit(loc, deduped, read.stats, gens, index, region_index, pk, columns, result)
-
-
-def _commit(loc, deduped: sparkpath.Deduped, stats_rows: list[dict], gens: list[PlannedGeneration], index,
-            region_index, pk, columns, result: MergeResult) -> str | set[int]:
-    """Commit exactly `gens` from their deduplicated rows: "committed", "conflict", or the
-    region indexes found sharing primary keys (nothing committed then)."""
-    if deduped.dups:
-        involved: Counter = Counter()
-        for d in deduped.dups:
-            for row in d["regions"]:
-                involved[row[sparkpath.REGION_COL]] += row["count_all"]
-        keys = sum(d["rows"] for d in deduped.dups)
-        for ridx in involved:
+        deduped = sparkpath.read_and_dedup(
+            spark, [(index[g.region_id], g.generation,
+                     loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)), g.bytes)
+                    for g in gens], cfg, tasks)
+        # Progress is read again after the read: a generation another merger merged meanwhile
+        # may be gone already (GC collects merged generations) and fail to read. It is skipped
+        # as merged on the next round, not reported as broken.
+        merged_now = read_memwal_state(loc).merged
+        if any(g.generation <= merged_now.get(g.region_id, 0) for g in gens):
+            log.info("generations of this batch were merged by another merger meanwhile; re-reading the rest")
+            continue
+        by_region: dict[int, list[dict]] = {}
+        for s in deduped.stats:
+            by_region.setdefault(s["region"], []).append(s)
+        for ridx, rows in by_region.items():
             rid = region_index[ridx]
+            refusal = sparkpath.first_refused(rows, own.get(ridx))  # what the task decided too
+            if refusal is None or rid in refused:
+                continue
+            refused[rid] = refusal.generation
             r = result.regions[rid]
-            r.error = (f"region {rid}: {keys} primary keys also appear in another region "
-                       f"({', '.join(region_index[i] for i in involved if i != ridx)}); the spec requires "
-                       "mutually exclusive regions, so none of these regions is merged in this batch")
-            r.offending_keys = max(r.offending_keys, involved[ridx])
-            log.error(r.error)
-        return set(involved)
+            r.error = f"region {rid}: {refusal.message}"
+            r.offending_keys += refusal.offending_rows
+            log.error("%s; merging its generations before %d only", r.error, refusal.generation)
+        if deduped.shared:
+            _refuse_shared(deduped, gens, region_index, refused, result)
+            continue
+        gens = [g for g in gens if g.generation < refused.get(g.region_id, g.generation + 1)]
+        if not gens:
+            return
+        if _commit(loc, deduped, gens, index, pk, columns, result) == "committed":
+            return
+        conflicts += 1
+        result.conflicts += 1
+        if conflicts >= max_attempts:
+            raise MergeError(f"gave up merging a batch after {max_attempts} conflicting attempts")
+        log.info("merge commit lost to another merger (attempt %d); re-reading progress", conflicts)
+
+
+def _refuse_shared(deduped: sparkpath.Deduped, gens: list[PlannedGeneration], region_index: dict[int, str],
+                   refused: dict[str, int], result: MergeResult) -> None:
+    """Keys in several regions break the spec's exclusivity: none of those regions is merged in
+    this batch (which of their rows is newest is unknowable), the others are."""
+    for ridx, rows in deduped.shared.items():
+        rid = region_index[ridx]
+        others = ", ".join(region_index[i] for i in sorted(deduped.shared) if i != ridx)
+        r = result.regions[rid]
+        r.error = (f"region {rid}: {deduped.shared_keys} primary keys also appear in another region ({others}); "
+                   "the spec requires mutually exclusive regions, so none of these regions is merged in this batch")
+        r.offending_keys = max(r.offending_keys, rows)
+        refused[rid] = min(g.generation for g in gens if g.region_id == rid)
+        log.error(r.error)
+
+
+def _commit(loc, deduped: sparkpath.Deduped, gens: list[PlannedGeneration], index, pk, columns,
+            result: MergeResult) -> str:
+    """Commit exactly `gens` from their deduplicated rows: "committed" or "conflict"."""
     deleted = pa.concat_tables(deduped.deleted) if deduped.deleted else None
     progress: dict[str, int] = {}
     for g in gens:
@@ -474,7 +408,7 @@ def _commit(loc, deduped: sparkpath.Deduped, stats_rows: list[dict], gens: list[
     result.rows_upserted += stats["num_inserted_rows"] + stats["num_updated_rows"]
     result.rows_deleted += stats["num_deleted_rows"]
     result.bytes_written += _bytes_written(new, new.version)
-    by_gen = {(s["region"], s["generation"]): s for s in stats_rows}
+    by_gen = {(s["region"], s["generation"]): s for s in deduped.stats}
     for g in gens:
         r = result.regions[g.region_id]
         r.generations_merged.append(g.generation)

@@ -1,26 +1,33 @@
-"""Spark data path of the merger: parallel generation reads and newest-wins deduplication.
+"""Spark data path of the merger: one Spark task per group of regions, no shuffle.
 
-Rows cross Spark as **Arrow IPC blobs**, not as Spark rows: stage 1 reads one flushed
-generation per task through Lance (so in-generation deletion files apply), tags each row with
-its generation and position, and emits one binary blob per hash partition of the primary key;
-stage 2 gets every blob of a partition together and keeps the newest row per key. Spark thus
-does the parallel I/O and the shuffle while every Arrow type (unsigned ints, nanosecond
-timestamps, fixed-size-list vectors, ...) reaches the merge exactly as written, which a
-conversion to Spark's own types would not guarantee. Only DataFrame APIs are used, so a
-Spark Connect session or a cluster master works the same as `local[*]`.
+Regions own disjoint primary keys (the spec requires it; the driver verifies it on every
+batch), so the newest row of a key is decided inside its region. Each Spark task therefore
+takes whole regions: it reads each region's generations in ascending order through Lance (so
+in-generation deletion files apply), checks them (columns, routing), keeps the newest row per
+key over the generations it may merge, and returns live rows and tombstoned keys as **Arrow
+IPC blobs**. One stage, nothing shuffled: rows cross the JVM once, on their way to the driver.
+(A first design hash-partitioned keys across a shuffle; it moved every row through the JVM
+four times and was ~2x slower at 200 generations, see docs/benchmarks.md.) Blobs rather than
+Spark rows keep every Arrow type (unsigned ints, nanosecond timestamps, fixed-size-list
+vectors, ...) exactly as written. Only DataFrame APIs are used, so a Spark Connect session or
+a cluster master works the same as `local[*]`.
+
+The price: one region's share of a batch is one task, so parallelism comes from regions (a
+single-region table merges on one core; the batch budget bounds that task's work).
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
 import io
 import json
 import logging
 import os
-import struct
 import sys
 import threading
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import warnings
@@ -35,16 +42,13 @@ warnings.filterwarnings("ignore", message="lance is not fork-safe")
 
 log = logging.getLogger(__name__)
 
-GEN_COL = "_memwal_gen"
-ORD_COL = "_memwal_ord"
 REGION_COL = "_memwal_region"
 TOMBSTONE = "_tombstone"
 ROWS_PER_BLOB = 65536
 
-# Stage 1 output: data blobs per hash partition, plus one stats row per task.
-STAGE1_SCHEMA = pa.schema([
-    ("kind", pa.string()),          # 'data' | 'stats'
-    ("part", pa.int32()),
+# Task output: per generation one 'stats' row; per region the 'live' rows and 'del' keys as blobs.
+OUTPUT_SCHEMA = pa.schema([
+    ("kind", pa.string()),          # 'stats' | 'live' | 'del'
     ("region", pa.int32()),
     ("generation", pa.int64()),
     ("blob", pa.binary()),
@@ -52,17 +56,7 @@ STAGE1_SCHEMA = pa.schema([
     ("bytes", pa.int64()),
     ("info", pa.string()),          # stats: JSON {routes: [[values, count]], error: str|None}
 ])
-
-STAGE1_DDL = "kind string, part int, region int, generation long, blob binary, rows long, bytes long, info string"
-
-# Stage 2 output: newest live rows and tombstoned keys, plus cross-region duplicate counts.
-STAGE2_SCHEMA = pa.schema([
-    ("kind", pa.string()),          # 'live' | 'del' | 'dups' | 'stats' (one-job path)
-    ("blob", pa.binary()),
-    ("rows", pa.int64()),
-    ("info", pa.string()),
-])
-STAGE2_DDL = "kind string, blob binary, rows long, info string"
+OUTPUT_DDL = "kind string, region int, generation long, blob binary, rows long, bytes long, info string"
 
 
 _prestart_lock = threading.Lock()
@@ -159,38 +153,18 @@ def from_blob(blob: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
 
 
-def key_partition(table: pa.Table, pk: list[str], parts: int) -> np.ndarray:
-    """Deterministic (same in every process) hash partition of each row's primary key.
-
-    A single non-null integer key (the common case) is mixed with splitmix64 in numpy, ~30x
-    cheaper than pandas' generic row hashing, which every other key shape uses.
-    """
-    col = table.column(pk[0]) if len(pk) == 1 else None
-    if col is not None and pa.types.is_integer(col.type) and col.null_count == 0:
-        with np.errstate(over="ignore"):
-            x = col.to_numpy().astype(np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            x = x ^ (x >> np.uint64(31))
-        return (x % np.uint64(parts)).astype(np.int32)
-    import pandas as pd
-
-    frame = table.select(pk).to_pandas()
-    return (pd.util.hash_pandas_object(frame, index=False).to_numpy() % np.uint64(parts)).astype(np.int32)
-
-
 @dataclass(frozen=True)
 class ReadConfig:
     """What stage-1 tasks need; pickled into the tasks (storage options are never logged)."""
 
     pk: tuple[str, ...]
     columns: tuple[str, ...]            # base-table columns, in order (without _tombstone)
-    parts: int
     storage_options: tuple[tuple[str, str], ...]
     routing: tuple[tuple[int, str], ...]  # region index -> JSON {spec, source_columns} ('' = none)
+    own_values: tuple[tuple[int, str], ...] = ()  # region index -> its region value (`value_key`), if known
 
     def __repr__(self) -> str:  # the storage options hold credentials: never in a repr
-        return (f"ReadConfig(pk={self.pk}, columns={self.columns}, parts={self.parts}, "
+        return (f"ReadConfig(pk={self.pk}, columns={self.columns}, "
                 f"storage_options={sorted(k for k, _ in self.storage_options)}, routing=...)")
 
 
@@ -210,222 +184,194 @@ def _route_counts(table: pa.Table, routing_json: str) -> list:
     return [[[r[c] for c in values.column_names], r["count_all"]] for r in counts.to_pylist()]
 
 
-def read_generations(cfg: ReadConfig, tasks: tuple, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Stage 1: read each task's generation through Lance; emit hash-partitioned blobs + stats."""
-    import lance
-
-    options = dict(cfg.storage_options) or None
-    routes = dict(cfg.routing)
-    for batch in batches:
-        for task_id in batch.column("id").to_pylist():
-            tid, region_idx, generation, uri = tasks[task_id]
-            task = {"region": region_idx, "generation": generation, "uri": uri}
-            info: dict = {"routes": [], "error": None}
-            nbytes = nrows = 0
-            rows: list[tuple] = []  # (kind, part, blob, rows, bytes, info): one record batch per task
-            try:
-                ds = lance.dataset(task["uri"], storage_options=options)
-                names = [f.name for f in ds.schema]
-                want = list(cfg.columns) + [TOMBSTONE]
-                if sorted(names) != sorted(want):
-                    extra = sorted(set(names) - set(want))
-                    missing = sorted(set(want) - set(names))
-                    raise ValueError(f"columns differ from the base table: extra {extra}, missing {missing}")
-                table = ds.to_table(columns=want, with_row_address=True)
-                nrows = table.num_rows
-                nbytes = table.nbytes
-                if routes.get(task["region"]):
-                    info["routes"] = _route_counts(table, routes[task["region"]])
-                table = (table.rename_columns([*want, ORD_COL])
-                         .append_column(GEN_COL, pa.array(np.full(nrows, task["generation"], np.int64)))
-                         .append_column(REGION_COL, pa.array(np.full(nrows, task["region"], np.int32))))
-                if nrows:
-                    part = key_partition(table, list(cfg.pk), cfg.parts)
-                    order = np.argsort(part, kind="stable")
-                    table = table.take(pa.array(order))
-                    part = part[order]
-                    bounds = np.flatnonzero(np.diff(part)) + 1
-                    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, nrows]):
-                        chunk = table.slice(int(lo), int(hi - lo))
-                        rows.append(("data", int(part[lo]), to_blob(chunk), chunk.num_rows, 0, ""))
-            except Exception as e:  # noqa: BLE001 - reported per generation, refused by the driver
-                info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                rows = []  # a generation that failed half-way emits no data at all
-            rows.append(("stats", -1, b"", nrows, nbytes, json.dumps(info)))
-            yield _stage1_batch(task, rows)
 
 
-def _stage1_batch(task: dict, rows: list[tuple]) -> pa.RecordBatch:
-    kind, part, blob, nrows, nbytes, info = zip(*rows)
-    n = len(rows)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(kind, pa.string()), pa.array(part, pa.int32()), pa.array([task["region"]] * n, pa.int32()),
-         pa.array([task["generation"]] * n, pa.int64()), pa.array(blob, pa.binary()),
-         pa.array(nrows, pa.int64()), pa.array(nbytes, pa.int64()), pa.array(info, pa.string())],
-        schema=STAGE1_SCHEMA)
-
-
-def _in_order(table: pa.Table) -> pa.Table:
-    """A stage-1 blob in row-position order (Lance scans in that order; sort if it did not)."""
-    ords = table.column(ORD_COL)
-    if table.num_rows > 1 and not pc.all(pc.greater_equal(ords.slice(1), ords.slice(0, table.num_rows - 1))).as_py():
-        return table.sort_by(ORD_COL)
-    return table
-
-
-def newest_per_key(tables: list[pa.Table], pk: list[str]) -> tuple[pa.Table, pa.Table]:
-    """The newest row of each key (highest generation, then highest row position), and the
-    keys whose rows come from more than one region.
-
-    Each stage-1 blob holds one generation in row order, so concatenating the blobs by
-    generation orders every row by (generation, position) without sorting rows; one group_by
-    then finds each key's last row and its lowest and highest region at once.
-    """
-    tables = sorted((_in_order(t) for t in tables if t.num_rows), key=lambda t: t.column(GEN_COL)[0].as_py())
-    table = pa.concat_tables(tables, promote_options="permissive")
-    table = table.append_column("_memwal_i", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    last = table.group_by(pk, use_threads=False).aggregate(
-        [("_memwal_i", "max"), (REGION_COL, "min"), (REGION_COL, "max")])
-    shared = last.filter(pc.not_equal(last[f"{REGION_COL}_min"], last[f"{REGION_COL}_max"])).select(pk)
-    return table.take(last["_memwal_i_max"]).drop_columns(["_memwal_i"]), shared
-
-
-def dedup_partition(pk: tuple[str, ...], batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Stage 2: all blobs of some key partitions -> newest live rows and tombstoned keys.
-
-    Input rows with a `kind` column (the one-job path) may also be stage-1 stats rows: they
-    pass through as `stats` rows, their fields as JSON in `info`.
-    """
-    tables: list[pa.Table] = []
-    for batch in batches:
-        if "kind" not in batch.schema.names:
-            tables += [from_blob(b) for b in batch.column("blob").to_pylist()]
-            continue
-        for row in batch.to_pylist():
-            if row["kind"] == "data":
-                tables.append(from_blob(row["blob"]))
-            else:
-                stats = {k: row[k] for k in ("region", "generation", "rows", "bytes", "info")}
-                yield _stage2_row("stats", b"", row["rows"], json.dumps(stats))
-    if not any(t.num_rows for t in tables):
-        return
-    pk = list(pk)
-    newest, shared = newest_per_key(tables, pk)
-    if shared.num_rows:
-        # A key in several regions breaks the spec's exclusivity: report which regions share keys.
-        table = pa.concat_tables(tables, promote_options="permissive")
-        both = table.join(shared, pk, join_type="inner").group_by([REGION_COL]).aggregate([([], "count_all")])
-        yield _stage2_row("dups", b"", shared.num_rows, json.dumps(both.to_pylist()))
-    dead = newest.column(TOMBSTONE).fill_null(False)
-    live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE, GEN_COL, ORD_COL, REGION_COL])
-    gone = newest.filter(dead).select(pk)
-    for kind, t in (("live", live), ("del", gone)):
-        for off in range(0, t.num_rows, ROWS_PER_BLOB):
-            chunk = t.slice(off, ROWS_PER_BLOB)
-            yield _stage2_row(kind, to_blob(chunk), chunk.num_rows, "")
-
-
-def _stage2_row(kind, blob, rows, info) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist([{"kind": kind, "blob": blob, "rows": rows, "info": info}],
-                                      schema=STAGE2_SCHEMA)
+def value_key(values: list) -> str:
+    """A region value (one value per spec field) as a comparable string."""
+    return json.dumps(values, sort_keys=True, default=str)
 
 
 @dataclass
-class BatchRead:
-    """The stage-1 result of one merge batch, cached in Spark until `release`."""
+class Refusal:
+    """Why a region's generations from `generation` on must not be merged in this batch."""
 
-    stage1: object  # pyspark DataFrame (persisted)
-    stats: list[dict]
-
-    def release(self) -> None:
-        self.stage1.unpersist()
+    generation: int
+    message: str
+    offending_rows: int = 0
 
 
-def read_batch(spark, tasks: list[tuple[int, int, int, str]], cfg: ReadConfig) -> BatchRead:
-    """Run stage 1 over `tasks` (task id, region index, generation, uri); collect its stats.
+def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
+    """The first generation of one region (stats rows, any order) that must not be merged.
 
-    Tasks are spread over about two Spark partitions per key partition, straight from `range`
-    (no shuffle to spread them): a Spark task costs ~0.1 s of fixed overhead, far more than
-    reading one small generation, so each task reads several generations in turn.
+    A generation is refused when its read failed (wrong columns, unreadable) or when any of its
+    rows routes to a region value other than the region's own: `own` if known (from the MemWAL
+    snapshot), else the most common value of the region's oldest routed generation. Stray rows
+    are counted over all the region's generations, so the report says how big the damage is.
     """
-    df = spark.range(0, len(tasks), 1, numPartitions=max(1, min(len(tasks), 2 * cfg.parts)))
-    fn = functools.partial(read_generations, cfg, tuple(tasks))
-    stage1 = df.mapInArrow(fn, STAGE1_DDL).persist()
-    stats = [r.asDict() for r in stage1.filter("kind = 'stats'").drop("blob").collect()]
-    return BatchRead(stage1, stats)
+    first: Refusal | None = None
+    offending = 0
+    for s in sorted(stats, key=lambda s: s["generation"]):
+        info = json.loads(s["info"])
+        if info["error"]:
+            first = first or Refusal(s["generation"], f"generation {s['generation']}: {info['error']}")
+            continue
+        counts = Counter({value_key(v): c for v, c in info["routes"]})
+        if counts and own is None:
+            own = counts.most_common(1)[0][0]
+        stray = sum(c for v, c in counts.items() if v != own)
+        if stray:
+            first = first or Refusal(s["generation"], "")
+            offending += stray
+    if first is not None and offending:
+        first.offending_rows = offending
+        first.message = first.message or (
+            f"generation {first.generation}: {offending} rows route to another region (region value "
+            f"{own}); the spec requires mutually exclusive regions")
+    return first
 
 
-@functools.lru_cache(maxsize=64)
-def hash_slots(parts: int) -> tuple[int, ...]:
-    """For each p in 0..parts-1 the smallest int v with pmod(murmur3_32(v, seed 42), parts) == p:
-    Spark's `HashPartitioning` of an int column (`hash()` in Spark SQL) sends v to partition p."""
-    import mmh3
+def _read_generation(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -> tuple[pa.Table, dict]:
+    """One generation's rows in row order (columns in base-table order + _tombstone), and its
+    stats info. Raises when it cannot be merged as it is (wrong columns, unreadable)."""
+    import lance
 
-    slots: dict[int, int] = {}
-    v = 0
-    while len(slots) < parts:
-        slots.setdefault(mmh3.hash(struct.pack("<i", v), 42, signed=True) % parts, v)
-        v += 1
-    return tuple(slots[p] for p in range(parts))
+    ds = lance.dataset(ds_uri, storage_options=options)
+    want = list(cfg.columns) + [TOMBSTONE]
+    names = [f.name for f in ds.schema]
+    if sorted(names) != sorted(want):
+        extra = sorted(set(names) - set(want))
+        missing = sorted(set(want) - set(names))
+        raise ValueError(f"columns differ from the base table: extra {extra}, missing {missing}")
+    table = ds.to_table(columns=want, with_row_address=True)
+    addr = table.column(table.num_columns - 1)
+    if table.num_rows > 1 and not pc.all(pc.greater_equal(addr.slice(1), addr.slice(0, table.num_rows - 1))).as_py():
+        table = table.sort_by(table.column_names[-1])  # later position wins: rows must be in write order
+    table = table.drop_columns([table.column_names[-1]])
+    return table, {"routes": _route_counts(table, routing_json) if routing_json else [], "error": None}
+
+
+def newest_rows(tables: list[pa.Table], pk: list[str]) -> pa.Table:
+    """The newest row of each key among `tables` (one region's generations, oldest first, each
+    in write order): the key's last row in their concatenation."""
+    table = pa.concat_tables(tables, promote_options="permissive")
+    table = table.append_column("_memwal_i", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    last = table.group_by(pk, use_threads=False).aggregate([("_memwal_i", "max")])
+    return table.take(last["_memwal_i_max"]).drop_columns(["_memwal_i"])
+
+
+def merge_regions(cfg: ReadConfig, groups: tuple, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The Spark task: for each region of its group, read, check and deduplicate its generations.
+
+    Only the generations before the region's first refused one (`first_refused`) are
+    deduplicated; every generation read gets a stats row, so the driver can report and decide.
+    A refused generation's later generations are still read, to count their stray rows.
+    """
+    options = dict(cfg.storage_options) or None
+    routes = dict(cfg.routing)
+    own = dict(cfg.own_values)
+    for batch in batches:
+        for group in batch.column("id").to_pylist():
+            for ridx, generations in groups[group]:
+                stats, tables = [], []
+                for generation, uri in generations:
+                    try:
+                        table, info = _read_generation(uri, cfg, routes.get(ridx, ""), options)
+                        nrows, nbytes = table.num_rows, table.nbytes
+                    except Exception as e:  # noqa: BLE001 - reported per generation, refused by the driver
+                        table, nrows, nbytes = None, 0, 0
+                        info = {"routes": [], "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+                    stats.append({"region": ridx, "generation": generation, "rows": nrows, "bytes": nbytes,
+                                  "info": json.dumps(info)})
+                    tables.append(table)
+                refused = first_refused(stats, own.get(ridx) or None)
+                keep = [t for (g, _), t in zip(generations, tables) if refused is None or g < refused.generation]
+                rows = [("stats", s["generation"], b"", s["rows"], s["bytes"], s["info"]) for s in stats]
+                del tables
+                if keep:
+                    newest = newest_rows(keep, list(cfg.pk))
+                    del keep
+                    dead = newest.column(TOMBSTONE).fill_null(False)
+                    live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE])
+                    gone = newest.filter(dead).select(list(cfg.pk))
+                    for kind, t in (("live", live), ("del", gone)):
+                        for off in range(0, t.num_rows, ROWS_PER_BLOB):
+                            chunk = t.slice(off, ROWS_PER_BLOB)
+                            rows.append((kind, -1, to_blob(chunk), chunk.num_rows, chunk.nbytes, ""))
+                yield _output_batch(ridx, rows)
+
+
+def _output_batch(ridx: int, rows: list[tuple]) -> pa.RecordBatch:
+    kind, generation, blob, nrows, nbytes, info = zip(*rows)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(kind, pa.string()), pa.array([ridx] * len(rows), pa.int32()), pa.array(generation, pa.int64()),
+         pa.array(blob, pa.binary()), pa.array(nrows, pa.int64()), pa.array(nbytes, pa.int64()),
+         pa.array(info, pa.string())], schema=OUTPUT_SCHEMA)
+
+
+def pack_regions(generations: list[tuple[int, int, str, int]], tasks: int) -> tuple:
+    """Regions -> at most `tasks` groups of about equal bytes (largest region first onto the
+    lightest group). `generations` are (region index, generation, uri, bytes); each group is a
+    tuple of (region index, ((generation, uri), ...) ascending)."""
+    by_region: dict[int, list[tuple[int, str, int]]] = {}
+    for ridx, generation, uri, nbytes in generations:
+        by_region.setdefault(ridx, []).append((generation, uri, nbytes))
+    weight = {r: sum(max(1, b) for _, _, b in gs) for r, gs in by_region.items()}
+    n = max(1, min(tasks, len(by_region)))
+    heap = [(0, i) for i in range(n)]
+    groups: list[list] = [[] for _ in range(n)]
+    for r in sorted(by_region, key=lambda r: (-weight[r], r)):
+        load, i = heapq.heappop(heap)
+        groups[i].append((r, tuple((g, u) for g, u, _ in sorted(by_region[r]))))
+        heapq.heappush(heap, (load + weight[r], i))
+    return tuple(tuple(g) for g in groups if g)
 
 
 @dataclass
 class Deduped:
-    """Stage-2 output of one batch, on the driver: bounded by the batch budget."""
+    """One batch's newest rows, on the driver: bounded by the batch budget."""
 
-    live: list[pa.Table]
-    deleted: list[pa.Table]
-    dups: list[dict]  # {"rows": keys shared, "regions": [{region, count_all}]}
-
-
-def _slot(parts: int, part):
-    """Spark's Murmur3 of the small ints 0..parts-1 collides (with 2 or 4 partitions most parts
-    land in one task), and repartitionByRange costs a sampling job; so each part is mapped to an
-    int that Spark's hash partitioning sends to Spark partition `part`. Were Spark to hash
-    differently, only the balance would suffer: a part still lands in exactly one partition."""
-    from pyspark.sql import functions as F
-
-    return F.element_at(F.array(*[F.lit(v) for v in hash_slots(parts)]), part + 1)
+    stats: list[dict]                   # one per generation read: region, generation, rows, bytes, info
+    live: list[pa.Table] = field(default_factory=list)
+    deleted: list[pa.Table] = field(default_factory=list)
+    shared: dict[int, int] = field(default_factory=dict)  # region index -> its keys also in another region
+    shared_keys: int = 0
 
 
-def dedup_batch(spark, stage1, pk: list[str], parts: int) -> Deduped:
-    """Stage 2 over (a filtered view of) the cached stage 1, collected in one Spark job."""
-    from pyspark.sql import functions as F
-
-    data = (stage1.filter(F.col("kind") == "data")
-            .select(_slot(parts, F.col("part")).alias("slot"), "blob")
-            .repartition(parts, "slot"))
-    out = data.mapInArrow(functools.partial(dedup_partition, tuple(pk)), STAGE2_DDL).toArrow()
-    return _collected(out)[1]
-
-
-def read_and_dedup(spark, tasks: list[tuple[int, int, int, str]], cfg: ReadConfig) -> tuple[list[dict], Deduped]:
-    """Stages 1 and 2 in one Spark job, nothing cached: the common case, where every generation
-    of the batch is readable, routes correctly and is still unmerged. Stats rows travel through
-    the shuffle (to partition 0) and come back beside the result; when they show a refusal the
-    caller falls back to `read_batch` + `dedup_batch`, which can drop generations and re-run.
-    About 1.7x faster than the two-job path on a fresh session (no cache build, one job less).
-    """
-    from pyspark.sql import functions as F
-
-    df = spark.range(0, len(tasks), 1, numPartitions=max(1, min(len(tasks), 2 * cfg.parts)))
-    stage1 = df.mapInArrow(functools.partial(read_generations, cfg, tuple(tasks)), STAGE1_DDL)
-    shuffled = (stage1.select(_slot(cfg.parts, F.greatest(F.col("part"), F.lit(0))).alias("slot"),
-                              "kind", "region", "generation", "blob", "rows", "bytes", "info")
-                .repartition(cfg.parts, "slot"))
-    out = shuffled.mapInArrow(functools.partial(dedup_partition, cfg.pk), STAGE2_DDL).toArrow()
-    return _collected(out)
+def read_and_dedup(spark, generations: list[tuple[int, int, str, int]], cfg: ReadConfig, tasks: int) -> Deduped:
+    """Run one Spark job over `generations` (region index, generation, uri, bytes) and collect
+    the newest rows per region; then check on the driver that no key sits in two regions."""
+    groups = pack_regions(generations, tasks)
+    df = spark.range(0, len(groups), 1, numPartitions=len(groups))
+    out = df.mapInArrow(functools.partial(merge_regions, cfg, groups), OUTPUT_DDL).toArrow()
+    result = Deduped(stats=[])
+    keys: list[tuple[int, pa.Table]] = []
+    regions = out.column("region").to_pylist()
+    for i, kind in enumerate(out.column("kind").to_pylist()):
+        if kind == "stats":
+            result.stats.append({"region": regions[i], "generation": out.column("generation")[i].as_py(),
+                                 "rows": out.column("rows")[i].as_py(), "bytes": out.column("bytes")[i].as_py(),
+                                 "info": out.column("info")[i].as_py()})
+            continue
+        table = pa.ipc.open_stream(out.column("blob")[i].as_buffer()).read_all()
+        (result.live if kind == "live" else result.deleted).append(table)
+        keys.append((regions[i], table.select(list(cfg.pk))))
+    result.shared, result.shared_keys = shared_keys(keys, list(cfg.pk))
+    return result
 
 
-def _collected(out: pa.Table) -> tuple[list[dict], Deduped]:
-    stats, live, deleted, dups = [], [], [], []
-    for row in out.to_pylist():
-        if row["kind"] == "live":
-            live.append(from_blob(row["blob"]))
-        elif row["kind"] == "del":
-            deleted.append(from_blob(row["blob"]))
-        elif row["kind"] == "stats":
-            stats.append(json.loads(row["info"]))
-        else:
-            dups.append({"rows": row["rows"], "regions": json.loads(row["info"])})
-    return stats, Deduped(live, deleted, dups)
+def shared_keys(keys_by_region: list[tuple[int, pa.Table]], pk: list[str]) -> tuple[dict[int, int], int]:
+    """Keys present in more than one region (which the spec forbids): per region index how many
+    of its rows have such a key, and how many such keys. Cheap when there are none (one
+    distinct count for a single-column key)."""
+    if not keys_by_region:
+        return {}, 0
+    keys = pa.concat_tables([t.append_column(REGION_COL, pa.array(np.full(t.num_rows, r, np.int32)))
+                             for r, t in keys_by_region], promote_options="permissive")
+    if len(pk) == 1 and pc.count_distinct(keys.column(pk[0]), mode="all").as_py() == keys.num_rows:
+        return {}, 0
+    spans = keys.group_by(pk, use_threads=False).aggregate([(REGION_COL, "min"), (REGION_COL, "max")])
+    shared = spans.filter(pc.not_equal(spans[f"{REGION_COL}_min"], spans[f"{REGION_COL}_max"])).select(pk)
+    if not shared.num_rows:
+        return {}, 0
+    per = keys.join(shared, pk, join_type="inner").group_by([REGION_COL]).aggregate([([], "count_all")])
+    return dict(zip(per[REGION_COL].to_pylist(), per["count_all"].to_pylist())), shared.num_rows

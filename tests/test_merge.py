@@ -176,6 +176,28 @@ def test_misrouted_rows_are_refused_and_others_proceed(table_loc, spark):
     assert all(k not in base_rows(table_loc) for k in stray)
 
 
+def test_keys_shared_by_regions_refuse_those_regions_only(table_loc, spark):
+    """Without a sharding spec nothing routes rows, so two writers can put the same key into two
+    regions; which row is newest is then unknowable. Those two regions are refused, a third
+    region with its own keys is merged."""
+    import uuid
+
+    demo.create_table(table_loc, sharding="manual", base_rows=5)
+    a, b, c = (str(uuid.uuid4()) for _ in range(3))
+    ds = lance.dataset(table_loc.lance_uri)
+    for rid, keys in ((a, [100, 101, 102]), (b, [102, 103]), (c, [200, 201])):
+        with ds.mem_wal_writer(rid, max_memtable_rows=100) as w:
+            w.put(demo.rows_table([demo.row(k, 1) for k in keys]))
+    result = merge.merge(table_loc, spark)
+    for rid, other in ((a, b), (b, a)):
+        r = result.regions[rid]
+        assert "1 primary keys also appear in another region" in r.error and other in r.error, r.error
+        assert r.generations_merged == [] and r.offending_keys == 1
+    assert result.regions[c].error is None and result.regions[c].generations_merged == [1]
+    assert table.read_memwal_state(table_loc).merged == {c: 1}
+    assert set(base_rows(table_loc)) == {0, 1, 2, 3, 4, 200, 201}
+
+
 def test_schema_mismatch_generation_is_refused(table_loc, spark):
     demo.create_table(table_loc, sharding="unsharded")
     w = demo.Workload(table_loc, seed=4, key_space=100)

@@ -2,76 +2,77 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
-import pytest
 
 from memwal_core import spark as sp
 
 
-@pytest.mark.parametrize("parts", [1, 2, 3, 4, 8, 64])
-def test_hash_slots_land_in_their_spark_partition(spark, parts):
-    """Each key partition goes to its own Spark partition, so stage 2's work is balanced."""
-    from pyspark.sql import functions as F
-
-    slots = sp.hash_slots(parts)
-    assert len(set(slots)) == parts
-    df = spark.createDataFrame([(v,) for v in slots], "slot int").repartition(parts, "slot")
-    got = {r.slot: r.pid for r in df.select("slot", F.spark_partition_id().alias("pid")).collect()}
-    assert got == {v: p for p, v in enumerate(slots)}
-
-
-def test_key_partition_is_deterministic_and_spread():
-    ints = pa.table({"id": pa.array(range(-5000, 5000), pa.int64())})
-    a = sp.key_partition(ints, ["id"], 8)
-    assert (a == sp.key_partition(ints, ["id"], 8)).all()
-    counts = [int((a == p).sum()) for p in range(8)]
-    assert min(counts) > 1000, counts  # ~1,250 each
-    # Same key, same partition, whatever the table around it (what stage 2 relies on).
-    sub = ints.slice(1234, 10)
-    assert (sp.key_partition(sub, ["id"], 8) == a[1234:1244]).all()
-    # Other key shapes take the generic path, also deterministic.
-    strs = pa.table({"k": [f"k{i}" for i in range(1000)], "j": pa.array(range(1000), pa.int32())})
-    assert (sp.key_partition(strs, ["k", "j"], 4) == sp.key_partition(strs, ["k", "j"], 4)).all()
-    nulls = pa.table({"id": pa.array([1, None, 3], pa.int64())})
-    assert sp.key_partition(nulls, ["id"], 4).shape == (3,)
+def test_pack_regions_keeps_regions_whole_and_balances_bytes():
+    # (region index, generation, uri, bytes): region 0 is as heavy as 1 + 2 + 3 together.
+    gens = [(0, g, f"r0/{g}", 300) for g in (3, 1, 2)]
+    gens += [(r, g, f"r{r}/{g}", 100) for r in (1, 2, 3) for g in (1, 2, 3)]
+    groups = sp.pack_regions(gens, 2)
+    assert len(groups) == 2
+    regions = [r for group in groups for r, _ in group]
+    assert sorted(regions) == [0, 1, 2, 3]  # every region exactly once, never split
+    loads = sorted(sum(300 if r == 0 else 100 for r, gs in group for _ in gs) for group in groups)
+    assert loads == [900, 900]
+    for group in groups:
+        for r, gs in group:
+            assert [g for g, _ in gs] == [1, 2, 3] and all(u == f"r{r}/{g}" for g, u in gs)
+    assert len(sp.pack_regions(gens, 64)) == 4  # never more tasks than regions
+    assert sp.pack_regions([], 4) == ()
 
 
-def _blob(gen: int, region: int, ids: list[int], vals: list[str], ords: list[int], dead=None) -> pa.Table:
-    n = len(ids)
+def _gen(ids: list[int], vals: list[str], dead=None) -> pa.Table:
     return pa.table({"id": pa.array(ids, pa.int64()), "v": vals,
-                     sp.TOMBSTONE: pa.array(dead or [False] * n),
-                     sp.ORD_COL: pa.array(ords, pa.uint64()),
-                     sp.GEN_COL: pa.array([gen] * n, pa.int64()),
-                     sp.REGION_COL: pa.array([region] * n, pa.int32())})
+                     sp.TOMBSTONE: pa.array(dead or [False] * len(ids))})
 
 
-def test_newest_per_key_orders_by_generation_then_position():
-    # Blobs arrive in any order; within a blob the row position decides (here out of order).
-    blobs = [_blob(3, 0, [1, 2], ["g3-late", "g3"], [9, 1]),
-             _blob(1, 0, [1, 2, 3], ["g1", "g1", "g1"], [0, 1, 2]),
-             _blob(3, 0, [], [], []),
-             _blob(2, 0, [1, 1, 3], ["g2-a", "g2-b", "g2"], [5, 7, 6], dead=[False, False, True])]
-    # gen 3 rows are given as positions 9 (id 1) and 1 (id 2): both newest for their key.
-    newest, shared = sp.newest_per_key(blobs, ["id"])
-    got = {r["id"]: (r["v"], r[sp.TOMBSTONE]) for r in newest.to_pylist()}
-    assert got == {1: ("g3-late", False), 2: ("g3", False), 3: ("g2", True)}
-    assert shared.num_rows == 0
-    # Same generation, positions decide: id 1 written twice in gen 2 (positions 5 then 7).
-    newest, _ = sp.newest_per_key([_blob(2, 0, [1, 1], ["second", "first"], [7, 5])], ["id"])
-    assert newest.column("v").to_pylist() == ["second"]
+def test_newest_rows_later_generation_then_later_position_wins():
+    gens = [_gen([1, 2, 3], ["g1", "g1", "g1"]),
+            _gen([1, 1, 3], ["g2-a", "g2-b", "g2"], dead=[False, False, True]),
+            _gen([], []),
+            _gen([2], ["g4"])]
+    got = {r["id"]: (r["v"], r[sp.TOMBSTONE]) for r in sp.newest_rows(gens, ["id"]).to_pylist()}
+    assert got == {1: ("g2-b", False), 2: ("g4", False), 3: ("g2", True)}
 
 
-def test_dedup_partition_reports_keys_shared_by_regions():
-    blobs = [_blob(1, 0, [1, 2], ["a", "b"], [0, 1]), _blob(1, 1, [2, 3], ["c", "d"], [0, 1])]
-    batch = pa.record_batch({"blob": pa.array([sp.to_blob(b) for b in blobs], pa.binary())})
-    out = pa.Table.from_batches(list(sp.dedup_partition(("id",), iter([batch]))))
-    dups = [r for r in out.to_pylist() if r["kind"] == "dups"]
-    assert len(dups) == 1 and dups[0]["rows"] == 1
+def _stats(gen: int, routes=(), error=None) -> dict:
+    return {"region": 0, "generation": gen, "rows": 1, "bytes": 1,
+            "info": json.dumps({"routes": [list(r) for r in routes], "error": error})}
 
 
-def test_one_job_path_equals_the_cached_two_job_path(table_loc, spark):
-    """`read_and_dedup` (the common case) and `read_batch` + `dedup_batch` (the careful path)
-    give the same stats and the same newest rows for the same generations."""
+def test_first_refused_reports_the_first_bad_generation_and_all_stray_rows():
+    ok = [_stats(1, [([5], 10)]), _stats(2, [([5], 4)])]
+    assert sp.first_refused(ok, None) is None
+    # Stray rows in generations 3 and 4: refused from 3, both counted; own value by majority.
+    rows = ok + [_stats(4, [([5], 1), ([6], 2)]), _stats(3, [([5], 9), ([7], 3)])]
+    r = sp.first_refused(rows, None)
+    assert (r.generation, r.offending_rows) == (3, 5) and "5 rows route to another region" in r.message
+    # A known own value wins over the majority: everything in value 5 is then stray.
+    r = sp.first_refused(ok, sp.value_key([6]))
+    assert (r.generation, r.offending_rows) == (1, 14)
+    # An unreadable generation is refused with its error, stray rows after it still counted.
+    r = sp.first_refused(ok + [_stats(3, error="ValueError: columns differ"), _stats(4, [([6], 2)])], None)
+    assert r.generation == 3 and "columns differ" in r.message and r.offending_rows == 2
+
+
+def test_shared_keys_names_the_regions_and_counts():
+    assert sp.shared_keys([(0, pa.table({"id": [1, 2]})), (1, pa.table({"id": [3]}))], ["id"]) == ({}, 0)
+    got = sp.shared_keys([(0, pa.table({"id": [1, 2]})), (1, pa.table({"id": [2, 3]})),
+                          (2, pa.table({"id": [4]})), (1, pa.table({"id": [1]}))], ["id"])
+    assert got == ({0: 2, 1: 2}, 2)
+    two = [(0, pa.table({"a": [1, 1], "b": ["x", "y"]})), (3, pa.table({"a": [1], "b": ["y"]}))]
+    assert sp.shared_keys(two, ["a", "b"]) == ({0: 1, 3: 1}, 1)
+    assert sp.shared_keys([], ["id"]) == ({}, 0)
+
+
+def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
+    """The Spark job alone (no commit): one stats row per generation, and the newest live rows
+    and tombstoned keys of every region equal what the pylance writers left."""
     from memwal_core import demo, layout, merge, region, routing, table
 
     demo.create_table(table_loc, sharding="bucket", num_buckets=3, base_rows=20)
@@ -86,33 +87,23 @@ def test_one_job_path_equals_the_cached_two_job_path(table_loc, spark):
     rids = sorted({g.region_id for g in batch.generations})
     index = {r: i for i, r in enumerate(rids)}
     manifests = region.load_many(table_loc.store, rids)
-    cfg = sp.ReadConfig(pk=("id",), columns=tuple(f.name for f in ds.schema), parts=3, storage_options=(),
+    cfg = sp.ReadConfig(pk=("id",), columns=tuple(f.name for f in ds.schema), storage_options=(),
                         routing=tuple((index[r], merge._routing_config(r, manifests, specs, ds.lance_schema))
                                       for r in rids))
-    tasks = [(i, index[g.region_id], g.generation,
-              table_loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)))
-             for i, g in enumerate(batch.generations)]
-    assert len(tasks) >= 6
+    gens = [(index[g.region_id], g.generation,
+             table_loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)), g.bytes)
+            for g in batch.generations]
+    assert len(gens) >= 6 and len(rids) == 3
 
-    stats1, one = sp.read_and_dedup(spark, tasks, cfg)
-    read = sp.read_batch(spark, tasks, cfg)
-    try:
-        two = sp.dedup_batch(spark, read.stage1, ["id"], 3)
-        stats2 = read.stats
-    finally:
-        read.release()
-
-    def key(s):
-        return (s["region"], s["generation"], s["rows"], s["bytes"], s["info"])
-
-    assert sorted(map(key, stats1)) == sorted(map(key, stats2)) and len(stats1) == len(tasks)
-
-    def rows(tables):
-        return sorted(pa.concat_tables(tables).to_pylist(), key=lambda r: r["id"]) if tables else []
-
-    assert rows(one.live) == rows(two.live) and rows(one.deleted) == rows(two.deleted)
-    assert one.dups == two.dups == []
-    # And they are what the writers left: newest value per key, deletes as tombstones.
-    model = w.expected()
-    assert rows(one.live) and all(model[r["id"]] == r for r in rows(one.live))
-    assert rows(one.deleted) and not ({r["id"] for r in rows(one.deleted)} & set(model))
+    for tasks in (1, 2, 8):  # one task for all regions, uneven groups, one task per region
+        out = sp.read_and_dedup(spark, gens, cfg, tasks)
+        assert sorted((s["region"], s["generation"]) for s in out.stats) == sorted((r, g) for r, g, _, _ in gens)
+        assert all(json.loads(s["info"])["error"] is None for s in out.stats)
+        assert out.shared == {} and out.shared_keys == 0
+        live = sorted(pa.concat_tables(out.live).to_pylist(), key=lambda r: r["id"])
+        deleted = {r["id"] for r in pa.concat_tables(out.deleted).to_pylist()}
+        model = w.expected()
+        # Every key written since the base table: newest value, or deleted.
+        assert live and all(model[r["id"]] == r for r in live)
+        assert deleted and not (deleted & set(model))
+        assert len({r["id"] for r in live}) == len(live)
