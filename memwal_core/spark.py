@@ -127,9 +127,15 @@ def _build_session(master: str, conf: dict[str, str] | None = None, app_name: st
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
     if master.startswith("local"):
+        from . import jvm_archive
+
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local session binds to loopback
         log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
-        defaults["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{log4j}"
+        # Ours first, the caller's after them (a later JVM option wins).
+        archive = "" if conf.pop("memwal.jvm_archive", "on") == "off" else jvm_archive.java_options()
+        conf["spark.driver.extraJavaOptions"] = " ".join(
+            o for o in (f"-Dlog4j2.configurationFile=file:{log4j}", archive,
+                        conf.get("spark.driver.extraJavaOptions", "")) if o)
         # Python workers must run this interpreter (it has lance and memwal_core); Spark reads
         # PYSPARK_PYTHON when it forks them. On a cluster, the executors' Python is the cluster's.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

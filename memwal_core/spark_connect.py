@@ -54,7 +54,13 @@ def ensure_server(remote: str, *, master: str = "local[*]", conf: dict[str, str]
             "--conf", "spark.sql.execution.arrow.pyspark.enabled=true",
             "--conf", f"spark.sql.shuffle.partitions={max(2, os.cpu_count() or 2)}",
             "--conf", "spark.ui.enabled=false"]
-    for k, v in (conf or {}).items():
+    conf = dict(conf or {})
+    from . import jvm_archive
+
+    archive = jvm_archive.java_options()  # the server's driver JVM starts sooner too
+    if archive:
+        conf["spark.driver.extraJavaOptions"] = f"{archive} {conf.get('spark.driver.extraJavaOptions', '')}".strip()
+    for k, v in conf.items():
         args += ["--conf", f"{k}={v}"]
     # Two runs may race to start it: the loser's script exits non-zero ("running as process
     # N"), and it then simply waits for the winner's server like everyone else.

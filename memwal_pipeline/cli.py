@@ -293,6 +293,27 @@ def cmd_spark_server(a) -> int:
     return 0
 
 
+def cmd_spark_archive(a) -> int:
+    from memwal_core import jvm_archive
+
+    if a.action == "status":
+        path = jvm_archive.archive_path()
+        there = path is not None and path.is_file()
+        used = there and bool(jvm_archive.java_options())
+        print(f"JVM class archive {path}: " + (f"{path.stat().st_size / 1e6:.0f} MB, "
+              f"{'used' if used else 'not used (MEMWAL_SPARK_CDS=0)'}" if there else "not built"))
+        return 0 if there else 1
+    if a.action == "remove":
+        path = jvm_archive.archive_path()
+        if path is not None and path.is_file():
+            path.unlink()
+        print(f"JVM class archive {path}: removed")
+        return 0
+    path, took = jvm_archive.build(force=a.force)
+    print(f"JVM class archive {path}: " + (f"built in {took:.0f} s" if took else "already built (--force rebuilds)"))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -332,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--port", type=int, default=15002)
     c.add_argument("--master", default="local[*]")
     c.set_defaults(fn=cmd_spark_server)
+
+    j = sub.add_parser("spark-archive", help="build/show/remove the class-data-sharing archive that starts "
+                                             "local Spark driver JVMs ~3 s sooner (make builds it)")
+    j.add_argument("action", nargs="?", default="build", choices=["build", "status", "remove"])
+    j.add_argument("--force", action="store_true", help="rebuild even if present")
+    j.set_defaults(fn=cmd_spark_archive)
 
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
