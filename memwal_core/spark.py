@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -168,6 +169,7 @@ class ReadConfig:
     storage_options: tuple[tuple[str, str], ...]
     routing: tuple[tuple[int, str], ...]  # region index -> JSON {spec, source_columns} ('' = none)
     own_values: tuple[tuple[int, str], ...] = ()  # region index -> its region value (`value_key`), if known
+    read_threads: int = 4                # generations a task reads at once
 
     def __repr__(self) -> str:  # the storage options hold credentials: never in a repr
         return (f"ReadConfig(pk={self.pk}, columns={self.columns}, "
@@ -275,35 +277,49 @@ def merge_regions(cfg: ReadConfig, groups: tuple, batches: Iterator[pa.RecordBat
     options = dict(cfg.storage_options) or None
     routes = dict(cfg.routing)
     own = dict(cfg.own_values)
-    for batch in batches:
-        for group in batch.column("id").to_pylist():
-            for ridx, generations in groups[group]:
-                stats, tables = [], []
-                for generation, uri in generations:
-                    try:
-                        table, info = _read_generation(uri, cfg, routes.get(ridx, ""), options)
-                        nrows, nbytes = table.num_rows, table.nbytes
-                    except Exception as e:  # noqa: BLE001 - reported per generation, refused by the driver
-                        table, nrows, nbytes = None, 0, 0
-                        info = {"routes": [], "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
-                    stats.append({"region": ridx, "generation": generation, "rows": nrows, "bytes": nbytes,
-                                  "info": json.dumps(info)})
-                    tables.append(table)
-                refused = first_refused(stats, own.get(ridx) or None)
-                keep = [t for (g, _), t in zip(generations, tables) if refused is None or g < refused.generation]
-                rows = [("stats", s["generation"], b"", s["rows"], s["bytes"], s["info"]) for s in stats]
-                del tables
-                if keep:
-                    newest = newest_rows(keep, list(cfg.pk))
-                    del keep
-                    dead = newest.column(TOMBSTONE).fill_null(False)
-                    live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE])
-                    gone = newest.filter(dead).select(list(cfg.pk))
-                    for kind, t in (("live", live), ("del", gone)):
-                        for off in range(0, t.num_rows, ROWS_PER_BLOB):
-                            chunk = t.slice(off, ROWS_PER_BLOB)
-                            rows.append((kind, -1, to_blob(chunk), chunk.num_rows, chunk.nbytes, ""))
-                yield _output_batch(ridx, rows)
+
+    def read(ridx: int, generation: int, uri: str) -> tuple[pa.Table | None, dict]:
+        try:
+            table, info = _read_generation(uri, cfg, routes.get(ridx, ""), options)
+            nrows, nbytes = table.num_rows, table.nbytes
+        except Exception as e:  # noqa: BLE001 - reported per generation, refused by the driver
+            table, nrows, nbytes = None, 0, 0
+            info = {"routes": [], "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        return table, {"region": ridx, "generation": generation, "rows": nrows, "bytes": nbytes,
+                       "info": json.dumps(info)}
+
+    # Generations are read `read_threads` at a time: opening and scanning a small Lance dataset
+    # is mostly waiting (file I/O, object-store round trips) with the GIL released.
+    with ThreadPoolExecutor(max(1, cfg.read_threads)) as pool:
+        for batch in batches:
+            for group in batch.column("id").to_pylist():
+                for ridx, generations in groups[group]:
+                    # No name keeps the tables alive here: _merge_region drops them as it goes.
+                    yield _merge_region(cfg, ridx, list(pool.map(lambda gu: read(ridx, *gu), generations)),
+                                        own.get(ridx) or None)
+
+
+def _merge_region(cfg: ReadConfig, ridx: int, read: list[tuple[pa.Table | None, dict]],
+                  own: str | None) -> pa.RecordBatch:
+    """One region's output from its generations' (table, stats) in ascending order: a stats row
+    per generation, then its newest live rows and tombstoned keys over the generations before
+    its first refused one."""
+    stats = [s for _, s in read]
+    refused = first_refused(stats, own)
+    keep = [t for t, s in read if refused is None or s["generation"] < refused.generation]
+    rows = [("stats", s["generation"], b"", s["rows"], s["bytes"], s["info"]) for s in stats]
+    del read
+    if keep:
+        newest = newest_rows(keep, list(cfg.pk))
+        del keep
+        dead = newest.column(TOMBSTONE).fill_null(False)
+        live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE])
+        gone = newest.filter(dead).select(list(cfg.pk))
+        for kind, t in (("live", live), ("del", gone)):
+            for off in range(0, t.num_rows, ROWS_PER_BLOB):
+                chunk = t.slice(off, ROWS_PER_BLOB)
+                rows.append((kind, -1, to_blob(chunk), chunk.num_rows, chunk.nbytes, ""))
+    return _output_batch(ridx, rows)
 
 
 def _output_batch(ridx: int, rows: list[tuple]) -> pa.RecordBatch:
