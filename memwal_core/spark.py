@@ -156,13 +156,13 @@ def to_blob(table: pa.Table | pa.RecordBatch) -> bytes:
     return sink.getvalue()
 
 
-def from_blob(blob: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+def from_blob(blob: bytes | pa.Buffer) -> pa.Table:
+    return pa.ipc.open_stream(blob if isinstance(blob, pa.Buffer) else pa.py_buffer(blob)).read_all()
 
 
 @dataclass(frozen=True)
 class ReadConfig:
-    """What stage-1 tasks need; pickled into the tasks (storage options are never logged)."""
+    """What the merge tasks need; pickled into them (storage options are never logged)."""
 
     pk: tuple[str, ...]
     columns: tuple[str, ...]            # base-table columns, in order (without _tombstone)
@@ -190,8 +190,6 @@ def _route_counts(table: pa.Table, routing_json: str) -> list:
         return [[[v], c] for v, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())]
     counts = values.group_by(values.column_names).aggregate([([], "count_all")])
     return [[[r[c] for c in values.column_names], r["count_all"]] for r in counts.to_pylist()]
-
-
 
 
 def value_key(values: list) -> str:
@@ -374,7 +372,7 @@ def read_and_dedup(spark, generations: list[tuple[int, int, str, int]], cfg: Rea
                                  "rows": out.column("rows")[i].as_py(), "bytes": out.column("bytes")[i].as_py(),
                                  "info": out.column("info")[i].as_py()})
             continue
-        table = pa.ipc.open_stream(out.column("blob")[i].as_buffer()).read_all()
+        table = from_blob(out.column("blob")[i].as_buffer())
         (result.live if kind == "live" else result.deleted).append(table)
         keys.append((regions[i], table.select(list(cfg.pk))))
     result.shared, result.shared_keys = shared_keys(keys, list(cfg.pk))
