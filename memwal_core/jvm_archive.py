@@ -1,8 +1,8 @@
 """A class-data-sharing (AppCDS) archive for Spark's driver JVM: local sessions start ~3 s sooner.
 
 A Spark driver loads some 20,000 classes while starting and running its first job; on 2 cores
-that is most of a cold `memwal maintain` (session + first job: ~9 s without, ~6 s with the
-archive, docs/benchmarks.md). Java 17 dumps the classes a run loaded into an archive
+that is most of a cold `memwal maintain` (session + first job, measured alone: 11–13 s
+without, 7.5–8.5 s with the archive; docs/benchmarks.md). Java 17 dumps the classes a run loaded into an archive
 (`-XX:ArchiveClassesAtExit`) and maps it at the next start (`-XX:SharedArchiveFile`).
 
 The JVM validates an archive itself (same JVM build, same class path) and silently runs without
