@@ -296,16 +296,17 @@ def cmd_spark_server(a) -> int:
 def cmd_spark_archive(a) -> int:
     from memwal_core import jvm_archive
 
+    path = jvm_archive.archive_path()
+    if path is None:
+        raise CliError("no java found (JAVA_HOME or PATH): Spark needs Java 17")
     if a.action == "status":
-        path = jvm_archive.archive_path()
-        there = path is not None and path.is_file()
+        there = path.is_file()
         used = there and bool(jvm_archive.java_options())
         print(f"JVM class archive {path}: " + (f"{path.stat().st_size / 1e6:.0f} MB, "
               f"{'used' if used else 'not used (MEMWAL_SPARK_CDS=0)'}" if there else "not built"))
         return 0 if there else 1
     if a.action == "remove":
-        path = jvm_archive.archive_path()
-        if path is not None and path.is_file():
+        if path.is_file():
             path.unlink()
         print(f"JVM class archive {path}: removed")
         return 0
