@@ -263,7 +263,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         if progress:
             progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
                      f"{batch.bytes / 1e6:.1f} MB")
-        _merge_batch(loc, spark, batch, pk, columns, specs, manifests, tasks, result,
+        _merge_batch(loc, spark, batch, pk, columns, ds.lance_schema, specs, manifests, tasks, result,
                      max_attempts, expected_values or {})
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
@@ -293,18 +293,17 @@ def _routing_config(rid: str, manifests, specs, lance_schema) -> str:
                                                          routing.source_columns_for(rs, lance_schema).items()}})
 
 
-def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, specs, manifests, tasks: int,
+def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, lance_schema, specs, manifests, tasks: int,
                  result: MergeResult, max_attempts: int, expected: dict[str, dict]) -> None:
     """Read, check, deduplicate and commit one batch; re-run the Spark job when what it read
     cannot be committed as it is (a generation merged meanwhile, keys shared by regions, a
     lost commit race). Each re-run has fewer generations or counts a conflict, so it ends."""
-    ds = open_dataset(loc)
     region_ids = sorted({g.region_id for g in batch.generations})
     index = {rid: i for i, rid in enumerate(region_ids)}
     region_index = {i: rid for rid, i in index.items()}
     for rid in region_ids:
         result.regions.setdefault(rid, RegionMergeResult(rid))
-    routes = {rid: _routing_config(rid, manifests, specs, ds.lance_schema) for rid in region_ids}
+    routes = {rid: _routing_config(rid, manifests, specs, lance_schema) for rid in region_ids}
     own: dict[int, str] = {}
     for rid, conf in routes.items():
         if conf and rid in expected:

@@ -37,6 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import jvm_archive
+
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.
 warnings.filterwarnings("ignore", message="lance is not fork-safe")
@@ -128,8 +130,6 @@ def _build_session(master: str, conf: dict[str, str] | None = None, app_name: st
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
     if master.startswith("local"):
-        from . import jvm_archive
-
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local session binds to loopback
         log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
         # Ours first, the caller's after them (a later JVM option wins).

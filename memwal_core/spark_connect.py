@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from . import jvm_archive
+
 
 def listening(host: str, port: int) -> bool:
     try:
@@ -55,8 +57,6 @@ def ensure_server(remote: str, *, master: str = "local[*]", conf: dict[str, str]
             "--conf", f"spark.sql.shuffle.partitions={max(2, os.cpu_count() or 2)}",
             "--conf", "spark.ui.enabled=false"]
     conf = dict(conf or {})
-    from . import jvm_archive
-
     archive = jvm_archive.java_options()  # the server's driver JVM starts sooner too
     if archive:
         conf["spark.driver.extraJavaOptions"] = f"{archive} {conf.get('spark.driver.extraJavaOptions', '')}".strip()

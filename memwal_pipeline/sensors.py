@@ -66,9 +66,9 @@ def _queued_runs(instance, job_name: str) -> list:
                                                 statuses=[DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED]))
 
 
-def _queued_merge_regions(instance, merge_job_name: str, order: list[str]) -> set[str]:
-    """Regions that a queued, not yet started merge run will merge (its partition or range)."""
-    pos = {rid: i for i, rid in enumerate(order)}
+def _queued_merge_regions(instance, merge_job_name: str, order: list[str], pos: dict[str, int]) -> set[str]:
+    """Regions that a queued, not yet started merge run will merge (its partition or range);
+    `pos` is each region's index in the partition `order`."""
     covered: set[str] = set()
     for run in _queued_runs(instance, merge_job_name):
         one = run.tags.get("dagster/partition") or run.tags.get("memwal/region")
@@ -80,7 +80,7 @@ def _queued_merge_regions(instance, merge_job_name: str, order: list[str]) -> se
     return covered
 
 
-def _merge_request(cfg: TableConfig, job_name: str, merges: list[tuple[str, int]], order: list[str]) -> RunRequest:
+def _merge_request(cfg: TableConfig, job_name: str, merges: list[tuple[str, int]], pos: dict[str, int]) -> RunRequest:
     """One run for every region that needs a merge this tick.
 
     One region: its partition, run_key `region:generation`. Several: one run over the range of
@@ -94,7 +94,6 @@ def _merge_request(cfg: TableConfig, job_name: str, merges: list[tuple[str, int]
         rid, top = merges[0]
         return RunRequest(run_key=f"{rid}:{top}", job_name=job_name, partition_key=rid,
                           tags={**tags, "memwal/region": rid, "memwal/generation": str(top)})
-    pos = {rid: i for i, rid in enumerate(order)}
     merges = sorted(merges, key=lambda m: pos[m[0]])
     pairs = [f"{rid}:{top}" for rid, top in merges]
     run_key = ",".join(pairs) if len(pairs) <= 4 else (
@@ -137,7 +136,8 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
         with ThreadPoolExecutor(max_workers=min(16, len(changed))) as pool:
             loaded = list(pool.map(load, sorted(changed.items())))
         order = [*partition_order, *new_partitions]
-        waiting = _queued_merge_regions(context.instance, merge_job_name, order)
+        pos = {rid: i for i, rid in enumerate(order)}
+        waiting = _queued_merge_regions(context.instance, merge_job_name, order, pos)
         merges: list[tuple[str, int]] = []
         for (rid, version), st in zip(sorted(changed.items()), loaded):
             if isinstance(st, Exception):
@@ -154,7 +154,7 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
             elif st.pending_generations:
                 merges.append((rid, st.pending_generations[-1]))
         if merges:
-            run_requests.append(_merge_request(cfg, merge_job_name, merges, order))
+            run_requests.append(_merge_request(cfg, merge_job_name, merges, pos))
 
     maint_after = cursor.get("maintained_after", 0)
     if not run_requests and not _queued_runs(context.instance, maintenance_job_name):
