@@ -16,7 +16,7 @@ import lance
 from . import layout, region, routing
 from .status import _GEN_MANIFEST
 from .store import TableLocation
-from .table import open_dataset, read_memwal_state
+from .table import NoPrimaryKey, open_dataset, primary_key, read_memwal_state
 
 
 @dataclass
@@ -34,46 +34,61 @@ class ExclusivityReport:
 
 
 def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8) -> ExclusivityReport:
-    """Route the rows of each region's newest pending generations (bounded per region)."""
+    """Route the rows of each region's oldest pending generations (bounded per region).
+
+    The same rules as the merger's (`spark.first_refused`): live rows only (a tombstone carries
+    just its key, NULL elsewhere), checked against the region's authoritative value
+    (`merge.region_values`: MemWAL snapshot, else its first generation), never a majority.
+    """
+    from . import merge, spark
+
     ds = open_dataset(loc)
     state = read_memwal_state(loc, ds.version)
     specs = {s.spec_id: s for s in state.details.region_specs}
     merged = state.merged
     report = ExclusivityReport()
     loaded = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
+    routes: dict[str, str] = {}
     for rid, m in sorted(loaded.items()):
         if isinstance(m, Exception):
             report.errors[rid] = str(m)
             continue
-        spec_pb = specs.get(m.message.region_spec_id)
-        if spec_pb is None:
-            continue  # manual region: no spec to route by
-        spec = routing.RegionSpec.from_proto(spec_pb)
-        if any(f.transform == routing.UNSHARDED for f in spec.fields):
-            continue
-        pending = [g for g in m.generations if g.generation > merged.get(rid, 0)][-max_generations_per_region:]
-        counts: dict[str, int] = {}
         try:
-            sources = routing.source_columns_for(spec, ds.lance_schema)
+            routes[rid] = merge._routing_config(m, specs, ds.lance_schema)
+        except Exception as e:  # noqa: BLE001 - reported per region
+            report.errors[rid] = f"region {rid}: {type(e).__name__}: {e}"
+    routes = {rid: conf for rid, conf in routes.items() if conf}  # manual or unsharded: nothing to route
+    try:
+        pk = primary_key(ds)
+    except NoPrimaryKey:
+        pk = []
+    values = merge.region_values(loc, state, ds, {rid: loaded[rid] for rid in routes}, pk, {})
+    for rid, conf in sorted(routes.items()):
+        m = loaded[rid]
+        fields = [f["field_id"] for f in json.loads(conf)["spec"]["fields"]]
+        own = spark.value_key([values[rid].get(f) for f in fields]) if rid in values else None
+        pending = [g for g in m.generations if g.generation > merged.get(rid, 0)][:max_generations_per_region]
+        stats = []
+        try:
             for g in pending:
                 uri = loc.child_uri(layout.generation_dir(rid, g.path, g.generation))
-                rows = lance.dataset(uri, storage_options=loc.storage_options or None).to_table(
-                    columns=sorted(set(sources.values())))
-                values = routing.region_values(spec, rows, sources)
+                rows = lance.dataset(uri, storage_options=loc.storage_options or None).to_table()
                 report.rows_checked += rows.num_rows
-                for v in values.to_pylist():
-                    key = json.dumps([v[c] for c in values.column_names], default=str)
-                    counts[key] = counts.get(key, 0) + 1
+                stats.append({"generation": g.generation,
+                              "info": json.dumps({"routes": spark._route_counts(rows, conf, tuple(pk)),
+                                                  "error": None})})
         except Exception as e:  # noqa: BLE001 - reported per region
             report.errors[rid] = f"region {rid}: {type(e).__name__}: {e}"
             continue
         report.regions_checked += 1
-        if counts:
-            own = max(counts, key=counts.get)
+        refusal = spark.first_refused(stats, own)
+        if own is None:
+            firsts = [json.loads(s["info"])["routes"] for s in stats if json.loads(s["info"])["routes"]]
+            own = spark.value_key(firsts[0][0][0]) if firsts and len(firsts[0]) == 1 else None
+        if own is not None:
             report.region_values[rid] = own
-            stray = sum(c for v, c in counts.items() if v != own)
-            if stray:
-                report.mixed[rid] = stray
+        if refusal is not None:
+            report.mixed[rid] = max(1, refusal.offending_rows)
     by_value: dict[str, list[str]] = {}
     for rid, v in report.region_values.items():
         by_value.setdefault(v, []).append(rid)

@@ -20,6 +20,8 @@ import json
 import logging
 import re
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -68,15 +70,34 @@ class MergeBatch:
         return out
 
 
+@dataclass(frozen=True)
+class Wall:
+    """A region's first generation that is not merged in this run, and why.
+
+    Merge progress never passes it: every later generation of the region waits too, across
+    all batches and retries of the run. `permanent`: the region itself is wrong (a refused
+    generation, a malformed or corrupt manifest) and stays stuck until repaired; otherwise
+    (a read or load that failed after retries) the next run tries again.
+    """
+
+    generation: int
+    reason: str
+    permanent: bool
+
+
 @dataclass
 class MergePlan:
     table_uri: str
     table_version: int
     merged: dict[str, int]
     batches: list[MergeBatch]
-    region_errors: dict[str, str] = field(default_factory=dict)
+    walls: dict[str, Wall] = field(default_factory=dict)  # regions refused while planning
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     max_generations: int = DEFAULT_MAX_GENERATIONS
+
+    @property
+    def region_errors(self) -> dict[str, str]:
+        return {rid: w.reason for rid, w in self.walls.items()}
 
     @property
     def pending(self) -> dict[str, list[int]]:
@@ -91,7 +112,8 @@ class MergePlan:
                 "budget_bytes": self.budget_bytes, "max_generations": self.max_generations,
                 "batches": [{"bytes": b.bytes, "progress": b.progress,
                              "generations": [asdict(g) for g in b.generations]} for b in self.batches],
-                "region_errors": self.region_errors}
+                "region_errors": self.region_errors,
+                "walls": {rid: asdict(w) for rid, w in self.walls.items()}}
 
 
 def _generation_bytes(loc: TableLocation, region_id: str, g: region.Generation) -> int:
@@ -104,30 +126,73 @@ def _generation_bytes(loc: TableLocation, region_id: str, g: region.Generation) 
 def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
                max_generations: int = DEFAULT_MAX_GENERATIONS, regions: list[str] | None = None,
                state: MemWalState | None = None) -> MergePlan:
-    """Which generations to merge, in which batches. Reads only committed state."""
+    """Which generations to merge, in which batches. Reads only committed state.
+
+    A region whose manifest cannot be loaded, or whose generation list is malformed, gets a
+    wall at its first unmerged generation and nothing planned; the other regions are planned.
+    """
     if budget_bytes <= 0 or max_generations <= 0:
         raise ValueError("budget_bytes and max_generations must be positive")
     state = state or read_memwal_state(loc)
     merged = state.merged
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids)
-    errors: dict[str, str] = {}
+    walls: dict[str, Wall] = {}
     queues: dict[str, list[PlannedGeneration]] = {}
     for rid, m in sorted(loaded.items()):
+        done = merged.get(rid, 0)
         if isinstance(m, Exception):
-            errors[rid] = str(m)
+            walls[rid] = Wall(done + 1, str(m), permanent=isinstance(m, region.CorruptManifest))
+            log.error("%s", m)
             continue
         try:
             pending = [PlannedGeneration(rid, g.generation, layout.validate_generation_path(g.path, g.generation),
                                          _generation_bytes(loc, rid, g), g.physical_rows)
-                       for g in m.generations if g.generation > merged.get(rid, 0)]
-        except layout.UnsafePath as e:
-            errors[rid] = f"region {rid}: corrupt manifest version {m.version}: {e}"
+                       for g in pending_generations(m, done)]
+        except (layout.UnsafePath, MalformedRegion) as e:
+            walls[rid] = Wall(done + 1, f"region {rid}: manifest version {m.version}: {e}", permanent=True)
+            log.error("%s", walls[rid].reason)
+            continue
+        except Exception as e:  # noqa: BLE001 - sizing a generation failed (I/O): this region only
+            walls[rid] = Wall(done + 1, f"region {rid}: {type(e).__name__}: {e}", permanent=False)
+            log.error("%s", walls[rid].reason)
             continue
         if pending:
             queues[rid] = pending
     return MergePlan(loc.lance_uri, state.table_version, merged,
-                     _batches(queues, budget_bytes, max_generations), errors, budget_bytes, max_generations)
+                     _batches(queues, budget_bytes, max_generations), walls, budget_bytes, max_generations)
+
+
+class MalformedRegion(MergeError):
+    """A region manifest whose generations cannot be merged in order as listed."""
+
+
+def pending_generations(m: region.RegionManifest, merged: int) -> list[region.Generation]:
+    """The generations of `m` above merged progress, checked to be mergeable in order.
+
+    The spec's writers flush generations 1, 2, 3, ... and list each one; progress `merged`
+    claims every generation up to it. So what is listed above progress must be exactly
+    merged+1, merged+2, ... below `current_generation`. Anything else (a gap, a number listed
+    twice, progress ahead of what the region ever flushed: a reset directory or a reused
+    UUID) means merging as listed could skip or shadow a write: refused.
+    """
+    numbers = [g.generation for g in m.generations]
+    twice = sorted(n for n, c in Counter(numbers).items() if c > 1)
+    if twice:
+        raise MalformedRegion(f"generation(s) {twice} are listed more than once")
+    if merged and merged >= m.current_generation:
+        raise MalformedRegion(f"recorded merge progress {merged} is at or past the region's "
+                              f"current_generation {m.current_generation}: the region was reset or its "
+                              "UUID reused; merging (and GC) would treat new generations as merged")
+    pending = [g for g in m.generations if g.generation > merged]
+    for want, g in zip(range(merged + 1, merged + 1 + len(pending)), pending):
+        if g.generation != want:
+            raise MalformedRegion(f"generation {want} is not listed but {g.generation} is (merged progress "
+                                  f"{merged}): generations above progress must be contiguous")
+    if pending and pending[-1].generation >= m.current_generation:
+        raise MalformedRegion(f"generation {pending[-1].generation} is listed but current_generation is "
+                              f"{m.current_generation}")
+    return pending
 
 
 def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: int) -> list[MergeBatch]:
@@ -169,6 +234,13 @@ class RegionMergeResult:
     skipped_generations: list[int] = field(default_factory=list)  # already merged by another merger
     error: str | None = None
     offending_keys: int = 0
+    wall: int | None = None      # first generation not merged in this run (see `Wall`)
+    permanent: bool = False      # the wall stays until the region is repaired (stuck)
+
+    def stop(self, wall: Wall) -> None:
+        """Record a wall; the lowest one wins (progress can never pass it)."""
+        if self.wall is None or wall.generation < self.wall:
+            self.wall, self.error, self.permanent = wall.generation, wall.reason, wall.permanent
 
 
 @dataclass
@@ -189,6 +261,11 @@ class MergeResult:
         return {rid: r.error for rid, r in self.regions.items() if r.error}
 
     @property
+    def stuck_regions(self) -> dict[str, str]:
+        """Regions behind a permanent wall: nothing merges there until they are repaired."""
+        return {rid: r.error for rid, r in self.regions.items() if r.error and r.permanent}
+
+    @property
     def generations_merged(self) -> int:
         return sum(len(r.generations_merged) for r in self.regions.values())
 
@@ -196,10 +273,17 @@ class MergeResult:
         d = asdict(self)
         d["generations_merged"] = self.generations_merged
         d["failed_regions"] = self.failed_regions
+        d["stuck_regions"] = self.stuck_regions
         return d
 
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def quote_column(name: str) -> str:
+    """A column name as Lance's SQL filter reads it: plain, or in backquotes (a backquote inside
+    is doubled), so any key column name can be used in a delete predicate."""
+    return name if _IDENT.match(name) else "`" + name.replace("`", "``") + "`"
 
 
 def _literal(v: Any) -> str:
@@ -216,13 +300,11 @@ def _literal(v: Any) -> str:
 
 def delete_predicate(keys: pa.Table, pk: list[str]) -> str:
     """SQL predicate matching exactly the tombstoned keys (for `when_not_matched_by_source_delete`)."""
-    for c in pk:
-        if not _IDENT.match(c):
-            raise MergeError(f"primary key column name {c!r} cannot be used in a delete predicate")
+    cols = {c: quote_column(c) for c in pk}
     if len(pk) == 1:
-        return f"{pk[0]} IN ({', '.join(_literal(v) for v in keys.column(pk[0]).to_pylist())})"
+        return f"{cols[pk[0]]} IN ({', '.join(_literal(v) for v in keys.column(pk[0]).to_pylist())})"
     rows = keys.to_pylist()
-    return " OR ".join("(" + " AND ".join(f"{c} = {_literal(r[c])}" for c in pk) + ")" for r in rows)
+    return " OR ".join("(" + " AND ".join(f"{cols[c]} = {_literal(r[c])}" for c in pk) + ")" for r in rows)
 
 
 class _Clock:
@@ -240,31 +322,41 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
                   progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
     """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
 
-    `expected_values` (region id -> {field id: value}, e.g. from the MemWAL snapshot) pins each
-    region's region value; otherwise it is the majority value of the region's oldest
-    generation in the batch.
+    Each region's value (what its rows must route to) comes from authoritative state:
+    `expected_values` (region id -> {field id: value}) if given, else the MemWAL snapshot, else
+    the region's first generation (`region_values`). A region's first generation that cannot be
+    merged is a `Wall` for the rest of the run: no later batch or retry merges past it.
     """
     clock = _Clock()
     ds = open_dataset(loc)
     pk = primary_key(ds)  # a table without a primary key cannot be merged: say so first
     result = MergeResult(plan.table_uri)
-    for rid, err in plan.region_errors.items():
-        result.regions[rid] = RegionMergeResult(rid, error=err)
+    for rid, wall in plan.walls.items():
+        result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
     if not plan.batches:
         result.duration_s = clock.elapsed()
         result.table_version = plan.table_version
         return result
     state = read_memwal_state(loc, ds.version)
-    columns = [f.name for f in ds.schema]
-    specs = {s.spec_id: routing.RegionSpec.from_proto(s).to_lance() for s in state.details.region_specs}
+    specs = {s.spec_id: s for s in state.details.region_specs}
     manifests = region.load_many(loc.store, sorted(plan.pending))
-    tasks = merge_tasks(spark)
+    run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), merge_tasks(spark), result, max_attempts)
+    for rid, m in manifests.items():
+        if isinstance(m, Exception):  # loaded when planned, not now: no routing to check it by
+            run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, str(m), permanent=isinstance(m, region.CorruptManifest)))
+        else:
+            run.routes[rid] = _routing_config(m, specs, ds.lance_schema)
+    values = region_values(loc, state, ds, {r: m for r, m in manifests.items() if run.routes.get(r)}, pk,
+                           expected_values or {})
+    for rid, conf in run.routes.items():
+        if conf and rid in values:
+            fields = [f["field_id"] for f in json.loads(conf)["spec"]["fields"]]
+            run.own[rid] = sparkpath.value_key([values[rid].get(f) for f in fields])
     for n, batch in enumerate(plan.batches, 1):
         if progress:
             progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
                      f"{batch.bytes / 1e6:.1f} MB")
-        _merge_batch(loc, spark, batch, pk, columns, ds.lance_schema, specs, manifests, tasks, result,
-                     max_attempts, expected_values or {})
+        _merge_batch(run, batch)
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
     return result
@@ -279,40 +371,99 @@ def merge_tasks(spark) -> int:
     return max(1, min(64, int(spark.conf.get("spark.sql.shuffle.partitions", "8"))))
 
 
-def _routing_config(rid: str, manifests, specs, lance_schema) -> str:
-    m = manifests.get(rid)
-    if isinstance(m, Exception) or m is None:
+def _routing_config(m: region.RegionManifest, specs: dict, lance_schema) -> str:
+    """The routing the tasks check a region's rows by, as JSON ('' = nothing to check)."""
+    spec_pb = specs.get(m.message.region_spec_id)
+    if spec_pb is None:
         return ""
-    spec = specs.get(m.message.region_spec_id)
-    if not spec:
-        return ""
-    rs = routing.RegionSpec.from_lance(spec)
+    rs = routing.RegionSpec.from_proto(spec_pb)
     if any(f.transform == routing.UNSHARDED for f in rs.fields):
         return ""
-    return json.dumps({"spec": spec, "source_columns": {str(k): v for k, v in
-                                                         routing.source_columns_for(rs, lance_schema).items()}})
+    return json.dumps({"spec": rs.to_lance(), "source_columns": {
+        str(k): v for k, v in routing.source_columns_for(rs, lance_schema).items()}})
 
 
-def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, lance_schema, specs, manifests, tasks: int,
-                 result: MergeResult, max_attempts: int, expected: dict[str, dict]) -> None:
+def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[str, region.RegionManifest],
+                  pk: list[str], expected: dict[str, dict]) -> dict[str, dict]:
+    """Region id -> {field id: value}: what each region's rows must route to.
+
+    Authoritative first: `expected`, then the value recorded in the MemWAL snapshot (reused by
+    every later snapshot, so it never changes), then the region's oldest listed generation
+    whose live rows all agree (its first generation, for a region not yet snapshotted). Never a
+    vote over the generations being checked: a region whose value cannot be established this
+    way is checked by its first routed generation being unanimous (`spark.first_refused`).
+    """
+    from . import snapshot
+
+    out = {rid: expected[rid] for rid in manifests if rid in expected}
+    missing = [rid for rid in manifests if rid not in out]
+    if missing:
+        try:
+            known = snapshot.snapshot_field_values(snapshot.read_snapshot(loc, state))
+            out.update({rid: known[rid] for rid in missing if rid in known})
+        except snapshot.SnapshotError:
+            pass  # no snapshot yet
+    specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
+    todo = [rid for rid in manifests if rid not in out and manifests[rid].message.region_spec_id in specs]
+
+    def derive(rid: str):
+        m = manifests[rid]
+        try:
+            return snapshot.derive_region_fields(loc, specs[m.message.region_spec_id], ds.lance_schema, pk, m)
+        except Exception as e:  # noqa: BLE001 - no value: the task's unanimity rule applies
+            log.info("region %s: no region value derived (%s)", rid, e)
+            return None
+
+    if todo:
+        with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+            for rid, fv in zip(todo, pool.map(derive, todo)):
+                if fv is not None and fv.values and fv.source.startswith(("derived", "manifest")):
+                    out[rid] = fv.values
+    return out
+
+
+@dataclass
+class _Run:
+    """What the batches of one `execute_merge` share, the walls above all."""
+
+    loc: TableLocation
+    spark: Any
+    pk: tuple[str, ...]
+    columns: tuple[str, ...]
+    tasks: int
+    result: MergeResult
+    max_attempts: int
+    routes: dict[str, str] = field(default_factory=dict)   # region -> routing JSON ('' = none)
+    own: dict[str, str] = field(default_factory=dict)      # region -> its value (`value_key`)
+    walls: dict[str, Wall] = field(default_factory=dict)
+
+    def stop(self, rid: str, wall: Wall) -> None:
+        if rid not in self.walls or wall.generation < self.walls[rid].generation:
+            self.walls[rid] = wall
+            log.error("%s; %s", wall.reason, "the region is stuck until it is repaired" if wall.permanent
+                      else f"merging stops before generation {wall.generation} in this run")
+        self.result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
+
+    def open(self, g: PlannedGeneration) -> bool:
+        """False for a generation at or past its region's wall."""
+        w = self.walls.get(g.region_id)
+        return w is None or g.generation < w.generation
+
+
+def _merge_batch(run: _Run, batch: MergeBatch) -> None:
     """Read, check, deduplicate and commit one batch; re-run the Spark job when what it read
     cannot be committed as it is (a generation merged meanwhile, keys shared by regions, a
     lost commit race). Each re-run has fewer generations or counts a conflict, so it ends."""
-    region_ids = sorted({g.region_id for g in batch.generations})
+    loc, result = run.loc, run.result
+    region_ids = sorted({g.region_id for g in batch.generations if run.open(g)})
     index = {rid: i for i, rid in enumerate(region_ids)}
     region_index = {i: rid for rid, i in index.items()}
     for rid in region_ids:
         result.regions.setdefault(rid, RegionMergeResult(rid))
-    routes = {rid: _routing_config(rid, manifests, specs, lance_schema) for rid in region_ids}
-    own: dict[int, str] = {}
-    for rid, conf in routes.items():
-        if conf and rid in expected:
-            fields = [f["field_id"] for f in json.loads(conf)["spec"]["fields"]]
-            own[index[rid]] = sparkpath.value_key([expected[rid].get(f) for f in fields])
     cfg = sparkpath.ReadConfig(
-        pk=tuple(pk), columns=tuple(columns), storage_options=tuple(sorted(loc.storage_options.items())),
-        routing=tuple((index[rid], conf) for rid, conf in routes.items()), own_values=tuple(own.items()))
-    refused: dict[str, int] = {}  # region -> its first generation that must not be merged in this batch
+        pk=run.pk, columns=run.columns, storage_options=tuple(sorted(loc.storage_options.items())),
+        routing=tuple((index[rid], run.routes.get(rid, "")) for rid in region_ids),
+        own_values=tuple((index[rid], run.own[rid]) for rid in region_ids if rid in run.own))
     conflicts = 0
     while True:
         merged = read_memwal_state(loc).merged
@@ -322,14 +473,14 @@ def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, lance_schema, specs
                 r = result.regions[g.region_id]
                 if g.generation not in r.skipped_generations:
                     r.skipped_generations.append(g.generation)
-            elif g.generation < refused.get(g.region_id, g.generation + 1):
+            elif run.open(g):
                 gens.append(g)
         if not gens:
             return
         deduped = sparkpath.read_and_dedup(
-            spark, [(index[g.region_id], g.generation,
-                     loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)), g.bytes)
-                    for g in gens], cfg, tasks)
+            run.spark, [(index[g.region_id], g.generation,
+                         loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)), g.bytes)
+                        for g in gens], cfg, run.tasks)
         # Progress is read again after the read: a generation another merger merged meanwhile
         # may be gone already (GC collects merged generations) and fail to read. It is skipped
         # as merged on the next round, not reported as broken.
@@ -342,53 +493,97 @@ def _merge_batch(loc, spark, batch: MergeBatch, pk, columns, lance_schema, specs
             by_region.setdefault(s["region"], []).append(s)
         for ridx, rows in by_region.items():
             rid = region_index[ridx]
-            refusal = sparkpath.first_refused(rows, own.get(ridx))  # what the task decided too
-            if refusal is None or rid in refused:
+            refusal = sparkpath.first_refused(rows, run.own.get(rid))  # what the task decided too
+            if refusal is None:
                 continue
-            refused[rid] = refusal.generation
-            r = result.regions[rid]
-            r.error = f"region {rid}: {refusal.message}"
-            r.offending_keys += refusal.offending_rows
-            log.error("%s; merging its generations before %d only", r.error, refusal.generation)
+            result.regions[rid].offending_keys += refusal.offending_rows
+            run.stop(rid, Wall(refusal.generation, f"region {rid}: {refusal.message}", refusal.permanent))
         if deduped.shared:
-            _refuse_shared(deduped, gens, region_index, refused, result)
+            _refuse_shared(deduped, gens, region_index, run)
             continue
-        gens = [g for g in gens if g.generation < refused.get(g.region_id, g.generation + 1)]
+        gens = _in_order([g for g in gens if run.open(g)], merged_now, run)
         if not gens:
             return
-        if _commit(loc, deduped, gens, index, pk, columns, result) == "committed":
+        if _commit_isolating(run, deduped, gens, index):
             return
         conflicts += 1
         result.conflicts += 1
-        if conflicts >= max_attempts:
-            raise MergeError(f"gave up merging a batch after {max_attempts} conflicting attempts")
+        if conflicts >= run.max_attempts:
+            raise MergeError(f"gave up merging a batch after {run.max_attempts} conflicting attempts")
         log.info("merge commit lost to another merger (attempt %d); re-reading progress", conflicts)
 
 
+def _in_order(gens: list[PlannedGeneration], merged: dict[str, int], run: _Run) -> list[PlannedGeneration]:
+    """Each region's generations that continue its progress without a hole (the wall's last
+    line of defence: progress is set to the highest generation committed, so a hole would be
+    recorded as merged)."""
+    out = []
+    for rid in sorted({g.region_id for g in gens}):
+        want = merged.get(rid, 0) + 1
+        for g in sorted((g for g in gens if g.region_id == rid), key=lambda g: g.generation):
+            if g.generation != want:
+                run.stop(rid, Wall(want, f"region {rid}: generation {want} was not merged before generation "
+                                         f"{g.generation} in this run", permanent=False))
+                break
+            out.append(g)
+            want += 1
+    return out
+
+
 def _refuse_shared(deduped: sparkpath.Deduped, gens: list[PlannedGeneration], region_index: dict[int, str],
-                   refused: dict[str, int], result: MergeResult) -> None:
+                   run: _Run) -> None:
     """Keys in several regions break the spec's exclusivity: none of those regions is merged in
-    this batch (which of their rows is newest is unknowable), the others are."""
+    this run (which of their rows is newest is unknowable), the others are."""
     for ridx, rows in deduped.shared.items():
         rid = region_index[ridx]
         others = ", ".join(region_index[i] for i in sorted(deduped.shared) if i != ridx)
-        r = result.regions[rid]
-        r.error = (f"region {rid}: {deduped.shared_keys} primary keys also appear in another region ({others}); "
-                   "the spec requires mutually exclusive regions, so none of these regions is merged in this batch")
+        r = run.result.regions[rid]
         r.offending_keys = max(r.offending_keys, rows)
-        refused[rid] = min(g.generation for g in gens if g.region_id == rid)
-        log.error(r.error)
+        first = min(g.generation for g in gens if g.region_id == rid)
+        run.stop(rid, Wall(first, f"region {rid}: {deduped.shared_keys} primary keys also appear in another "
+                                  f"region ({others}); the spec requires mutually exclusive regions, so none "
+                                  "of these regions is merged", permanent=True))
 
 
-def _commit(loc, deduped: sparkpath.Deduped, gens: list[PlannedGeneration], index, pk, columns,
-            result: MergeResult) -> str:
-    """Commit exactly `gens` from their deduplicated rows: "committed" or "conflict"."""
+def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration],
+                      index: dict[str, int]) -> bool:
+    """Commit `gens` in one commit; if that fails for a reason other than a lost race, commit
+    region by region so the failure stops only the region it belongs to. False: a commit lost
+    a race (the caller re-reads progress and retries what is left)."""
+    try:
+        return _commit(run, deduped, gens, index)
+    except Exception as e:  # noqa: BLE001 - isolated below
+        rids = sorted({g.region_id for g in gens})
+        if len(rids) == 1:
+            _commit_failed(run, rids[0], gens, e)
+            return True
+        log.warning("a commit of %d regions failed (%s: %s); committing them one by one",
+                    len(rids), type(e).__name__, e)
+    for rid in rids:
+        mine = [g for g in gens if g.region_id == rid]
+        try:
+            if not _commit(run, deduped.only({index[rid]}), mine, index):
+                return False
+        except Exception as e:  # noqa: BLE001 - this region only
+            _commit_failed(run, rid, mine, e)
+    return True
+
+
+def _commit_failed(run: _Run, rid: str, gens: list[PlannedGeneration], e: Exception) -> None:
+    first = str(e).splitlines()[0] if str(e) else ""
+    run.stop(rid, Wall(min(g.generation for g in gens), f"region {rid}: commit failed: {type(e).__name__}: {first}",
+                       permanent=False))
+
+
+def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration], index: dict[str, int]) -> bool:
+    """Commit exactly `gens` from their deduplicated rows: True, or False on a lost race."""
+    loc, pk, result = run.loc, list(run.pk), run.result
     deleted = pa.concat_tables(deduped.deleted) if deduped.deleted else None
     progress: dict[str, int] = {}
     for g in gens:
         progress[g.region_id] = max(progress.get(g.region_id, 0), g.generation)
     ds = open_dataset(loc, commit_lock=faults.commit_lock("merge.during_commit"))
-    schema = pa.schema([ds.schema.field(c) for c in columns])
+    schema = pa.schema([ds.schema.field(c) for c in run.columns])
     builder = ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()
     if deleted is not None and deleted.num_rows:
         builder = builder.when_not_matched_by_source_delete(delete_predicate(deleted, pk))
@@ -399,7 +594,7 @@ def _commit(loc, deduped: sparkpath.Deduped, gens: list[PlannedGeneration], inde
         stats = builder.execute(source)
     except OSError as e:
         if is_stale_merge(e) or "conflict" in str(e).lower():
-            return "conflict"
+            return False
         raise
     faults.point("merge.after_commit")
     new = open_dataset(loc)
@@ -419,7 +614,7 @@ def _commit(loc, deduped: sparkpath.Deduped, gens: list[PlannedGeneration], inde
     log.info("merged %d generations of %d regions: +%d upserted, -%d deleted, progress %s",
              len(gens), len(progress), stats["num_inserted_rows"] + stats["num_updated_rows"],
              stats["num_deleted_rows"], progress)
-    return "committed"
+    return True
 
 
 def _cast_stream(tables: Iterator[pa.Table], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

@@ -89,7 +89,7 @@ class SnapshotResult:
     num_regions: int
     storage: str  # 'inline' | 'external' | 'none' (dry run)
     hints_updated: dict[str, tuple[int, int]]  # region -> (old hint, new hint)
-    regions_failed: dict[str, str]  # region -> error; left out of the snapshot
+    regions_failed: dict[str, str]  # region -> error (its previous row is kept when there is one)
     table_version: int  # the version committed (dry run: the version read)
     duration_s: float
     index_uuid: str | None = None
@@ -101,6 +101,7 @@ class SnapshotResult:
     attempts: int = 1  # commit attempts (1 = no lost race)
     snapshot_ts_millis: int = 0
     dry_run: bool = False
+    regions_kept: dict[str, int] = field(default_factory=dict)  # failed region -> manifest version of its kept row
 
     @property
     def inline(self) -> bool:
@@ -386,13 +387,17 @@ def snapshot_field_values(tbl: pa.Table) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _previous_field_values(loc: TableLocation, state: table.MemWalState) -> dict[str, tuple[int, FieldValues]]:
-    """Derived values of the previous snapshot: region -> (spec id, values)."""
+def _previous_snapshot(loc: TableLocation, state: table.MemWalState) -> pa.Table | None:
     try:
         prev = read_snapshot(loc, state)
     except SnapshotError:
-        return {}
-    if SOURCE_COLUMN not in prev.column_names or "region_id" not in prev.column_names:
+        return None
+    return prev if "region_id" in prev.column_names else None
+
+
+def _previous_field_values(prev: pa.Table | None) -> dict[str, tuple[int, FieldValues]]:
+    """Derived values of the previous snapshot: region -> (spec id, values)."""
+    if prev is None or SOURCE_COLUMN not in prev.column_names:
         return {}
     out: dict[str, tuple[int, FieldValues]] = {}
     field_cols = [c for c in prev.column_names if c.startswith(REGION_FIELD_PREFIX)]
@@ -402,6 +407,34 @@ def _previous_field_values(loc: TableLocation, state: table.MemWalState) -> dict
             continue
         vals = {c[len(REGION_FIELD_PREFIX):]: r[c] for c in field_cols if r[c] is not None}
         out[str(uuid.UUID(bytes=r["region_id"]))] = (r["region_spec_id"], FieldValues(vals, src))
+    return out
+
+
+def _previous_rows(prev: pa.Table | None) -> dict[str, RegionRow]:
+    """The previous snapshot's rows as `RegionRow`s, to keep a region this build cannot load.
+
+    A reader of the index builds its view from these rows; dropping a region because its
+    manifest failed to load once would hide its unmerged generations from every such reader.
+    """
+    if prev is None:
+        return {}
+    field_cols = [c for c in prev.column_names if c.startswith(REGION_FIELD_PREFIX)]
+    out: dict[str, RegionRow] = {}
+    for r in prev.to_pylist():
+        if r.get("region_id") is None:
+            continue
+        rid = str(uuid.UUID(bytes=r["region_id"]))
+        msg = pb.RegionManifest(
+            version=r["version"], writer_epoch=r["writer_epoch"],
+            replay_after_wal_entry_position=r["replay_after_wal_entry_position"],
+            wal_entry_position_last_seen=r["wal_entry_position_last_seen"],
+            current_generation=r["current_generation"], region_spec_id=r["region_spec_id"])
+        msg.region_id.uuid = r["region_id"]
+        for g in r["flushed_generations"] or []:
+            msg.flushed_generations.add(generation=g["generation"], path=g["path"])
+        values = {c[len(REGION_FIELD_PREFIX):]: r[c] for c in field_cols if r[c] is not None}
+        out[rid] = RegionRow(region.RegionManifest(rid, r["version"], msg),
+                             FieldValues(values, r.get(SOURCE_COLUMN) or "unknown"))
     return out
 
 
@@ -519,12 +552,15 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
     t0 = time.monotonic()
     ds = table.open_dataset(loc)
     state = table.read_memwal_state(loc, ds.version)
-    reuse = _previous_field_values(loc, state) if derive_fields else {}
+    prev = _previous_snapshot(loc, state)
+    reuse = _previous_field_values(prev) if derive_fields else {}
     ts_millis = int(time.time() * 1000)
     listing, outcomes = _region_pass(loc, state, ds, max_workers=max_workers,
                                      update_hints=update_hints and not dry_run,
                                      derive_fields=derive_fields, reuse=reuse)
     rows = [o.row for o in outcomes.values() if o.row is not None]
+    kept = {rid: row for rid, row in _previous_rows(prev).items() if outcomes.get(rid) and outcomes[rid].error}
+    rows += kept.values()
     result = SnapshotResult(
         num_regions=len(rows), storage="none", table_version=state.table_version, duration_s=0.0,
         hints_updated={r: o.hint for r, o in outcomes.items() if o.hint},
@@ -534,9 +570,14 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
         region_field_problems={o.row.manifest.region_id: o.row.fields.problem
                                for o in outcomes.values() if o.row and o.row.fields.problem},
         skipped_dirs=list(listing.skipped), snapshot_ts_millis=ts_millis, dry_run=dry_run,
+        regions_kept={rid: row.manifest.version for rid, row in kept.items()},
     )
     for rid, err in result.regions_failed.items():
-        log.warning("region %s left out of the snapshot: %s", rid, err)
+        if rid in kept:
+            log.warning("region %s: %s; keeping its previous snapshot row (manifest version %d)",
+                        rid, err, kept[rid].manifest.version)
+        else:
+            log.warning("region %s left out of the snapshot (no previous row to keep): %s", rid, err)
     if dry_run:
         result.duration_s = time.monotonic() - t0
         return result

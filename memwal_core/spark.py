@@ -170,18 +170,29 @@ class ReadConfig:
     routing: tuple[tuple[int, str], ...]  # region index -> JSON {spec, source_columns} ('' = none)
     own_values: tuple[tuple[int, str], ...] = ()  # region index -> its region value (`value_key`), if known
     read_threads: int = 4                # generations a task reads at once
+    read_attempts: int = 3               # tries per generation before a read failure stops its region
+    retry_backoff_s: float = 0.2         # first back-off between tries (doubles)
 
     def __repr__(self) -> str:  # the storage options hold credentials: never in a repr
         return (f"ReadConfig(pk={self.pk}, columns={self.columns}, "
                 f"storage_options={sorted(k for k, _ in self.storage_options)}, routing=...)")
 
 
-def _route_counts(table: pa.Table, routing_json: str) -> list:
+def _route_counts(table: pa.Table, routing_json: str, pk: tuple[str, ...]) -> list:
+    """[[region value, rows]] over the rows that can be routed.
+
+    Live rows always; tombstones only when every routing column is a key column. A delete's
+    tombstone carries only the key (NULL elsewhere), so a spec on a non-key column would send
+    every tombstone to the NULL value's region (bucket 0): tombstones are checked by their
+    key instead (no key may sit in two regions; `shared_keys` on the driver).
+    """
     from . import routing
 
     cfg = json.loads(routing_json)
     spec = routing.RegionSpec.from_lance(cfg["spec"])
     sources = {int(k): v for k, v in cfg["source_columns"].items()}
+    if TOMBSTONE in table.column_names and not set(sources.values()) <= set(pk):
+        table = table.filter(pc.invert(table.column(TOMBSTONE).fill_null(False)))
     values = routing.region_values(spec, table, sources)
     if values.num_rows == 0:
         return []
@@ -197,21 +208,34 @@ def value_key(values: list) -> str:
     return json.dumps(values, sort_keys=True, default=str)
 
 
+class Refused(ValueError):
+    """A generation that can never be merged as it is (schema, NULL keys): permanent."""
+
+
 @dataclass
 class Refusal:
-    """Why a region's generations from `generation` on must not be merged in this batch."""
+    """Why a region's generations from `generation` on must not be merged in this run.
+
+    `permanent`: the generation itself is wrong (columns, routing, NULL keys); the region is
+    stuck until it is repaired. Otherwise the read failed (I/O, a directory briefly missing)
+    after `ReadConfig.read_attempts` tries: the region stops for this run and is retried by
+    the next one.
+    """
 
     generation: int
     message: str
     offending_rows: int = 0
+    permanent: bool = True
 
 
 def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
     """The first generation of one region (stats rows, any order) that must not be merged.
 
-    A generation is refused when its read failed (wrong columns, unreadable) or when any of its
-    rows routes to a region value other than the region's own: `own` if known (from the MemWAL
-    snapshot), else the most common value of the region's oldest routed generation. Stray rows
+    A generation is refused when its read failed (wrong columns, NULL keys, unreadable) or when
+    any of its routable rows routes to a region value other than the region's own. `own` comes
+    from authoritative state (the MemWAL snapshot, or the region's first generation, decided by
+    the driver); when it is not known, the region's first routed generation here must route
+    all its rows to one value, which becomes the region's (never a majority vote). Stray rows
     are counted over all the region's generations, so the report says how big the damage is.
     """
     first: Refusal | None = None
@@ -219,11 +243,20 @@ def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
     for s in sorted(stats, key=lambda s: s["generation"]):
         info = json.loads(s["info"])
         if info["error"]:
-            first = first or Refusal(s["generation"], f"generation {s['generation']}: {info['error']}")
+            first = first or Refusal(s["generation"], f"generation {s['generation']}: {info['error']}",
+                                     permanent=bool(info.get("permanent", True)))
             continue
         counts = Counter({value_key(v): c for v, c in info["routes"]})
         if counts and own is None:
-            own = counts.most_common(1)[0][0]
+            if len(counts) > 1:
+                first = first or Refusal(
+                    s["generation"], f"generation {s['generation']}: its rows route to {len(counts)} "
+                    "different region values and the region's own value is not established yet "
+                    "(no MemWAL snapshot value, no earlier generation); the spec requires mutually "
+                    "exclusive regions")
+                offending += sum(counts.values()) - max(counts.values())
+                continue
+            own = next(iter(counts))
         stray = sum(c for v, c in counts.items() if v != own)
         if stray:
             first = first or Refusal(s["generation"], "")
@@ -238,7 +271,8 @@ def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
 
 def _read_generation(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -> tuple[pa.Table, dict]:
     """One generation's rows in row order (columns in base-table order + _tombstone), and its
-    stats info. Raises when it cannot be merged as it is (wrong columns, unreadable)."""
+    stats info. Raises `Refused` when it can never be merged as it is (wrong columns, NULL
+    keys) and anything else when it could not be read."""
     import lance
 
     ds = lance.dataset(ds_uri, storage_options=options)
@@ -247,13 +281,38 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -
     if sorted(names) != sorted(want):
         extra = sorted(set(names) - set(want))
         missing = sorted(set(want) - set(names))
-        raise ValueError(f"columns differ from the base table: extra {extra}, missing {missing}")
+        raise Refused(f"columns differ from the base table: extra {extra}, missing {missing}")
     table = ds.to_table(columns=want, with_row_address=True)
     addr = table.column(table.num_columns - 1)
     if table.num_rows > 1 and not pc.all(pc.greater_equal(addr.slice(1), addr.slice(0, table.num_rows - 1))).as_py():
         table = table.sort_by(table.column_names[-1])  # later position wins: rows must be in write order
     table = table.drop_columns([table.column_names[-1]])
-    return table, {"routes": _route_counts(table, routing_json) if routing_json else [], "error": None}
+    nulls = {c: table.column(c).null_count for c in cfg.pk if table.column(c).null_count}
+    if nulls:
+        raise Refused(f"NULL primary key values ({', '.join(f'{c}: {n} rows' for c, n in nulls.items())}); "
+                      "a row without a key cannot be upserted or deleted")
+    return table, {"routes": _route_counts(table, routing_json, cfg.pk) if routing_json else [], "error": None}
+
+
+def _read_with_retries(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -> tuple[pa.Table | None, dict]:
+    """`_read_generation`, retried with back-off on failures that may pass (I/O, object-store
+    5xx, a directory briefly missing); a `Refused` generation is not retried."""
+    import time
+
+    delay = cfg.retry_backoff_s
+    for attempt in range(1, max(1, cfg.read_attempts) + 1):
+        try:
+            return _read_generation(ds_uri, cfg, routing_json, options)
+        except Refused as e:
+            return None, {"routes": [], "error": str(e), "permanent": True}
+        except Exception as e:  # noqa: BLE001 - reported per generation; the region stops for this run
+            if attempt >= max(1, cfg.read_attempts):
+                first = str(e).splitlines()[0] if str(e) else ""
+                return None, {"routes": [], "permanent": False,
+                              "error": f"unreadable after {attempt} tries: {type(e).__name__}: {first}"}
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
 
 
 def newest_rows(tables: list[pa.Table], pk: list[str]) -> pa.Table:
@@ -277,12 +336,8 @@ def merge_regions(cfg: ReadConfig, groups: tuple, batches: Iterator[pa.RecordBat
     own = dict(cfg.own_values)
 
     def read(ridx: int, generation: int, uri: str) -> tuple[pa.Table | None, dict]:
-        try:
-            table, info = _read_generation(uri, cfg, routes.get(ridx, ""), options)
-            nrows, nbytes = table.num_rows, table.nbytes
-        except Exception as e:  # noqa: BLE001 - reported per generation, refused by the driver
-            table, nrows, nbytes = None, 0, 0
-            info = {"routes": [], "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        table, info = _read_with_retries(uri, cfg, routes.get(ridx, ""), options)
+        nrows, nbytes = (table.num_rows, table.nbytes) if table is not None else (0, 0)
         return table, {"region": ridx, "generation": generation, "rows": nrows, "bytes": nbytes,
                        "info": json.dumps(info)}
 
@@ -353,8 +408,18 @@ class Deduped:
     stats: list[dict]                   # one per generation read: region, generation, rows, bytes, info
     live: list[pa.Table] = field(default_factory=list)
     deleted: list[pa.Table] = field(default_factory=list)
+    live_region: list[int] = field(default_factory=list)      # region index of each `live` table
+    deleted_region: list[int] = field(default_factory=list)   # region index of each `deleted` table
     shared: dict[int, int] = field(default_factory=dict)  # region index -> its keys also in another region
     shared_keys: int = 0
+
+    def only(self, regions: set[int]) -> "Deduped":
+        """The part of this batch that belongs to `regions` (to commit them on their own)."""
+        return Deduped([s for s in self.stats if s["region"] in regions],
+                       [t for t, r in zip(self.live, self.live_region) if r in regions],
+                       [t for t, r in zip(self.deleted, self.deleted_region) if r in regions],
+                       [r for r in self.live_region if r in regions],
+                       [r for r in self.deleted_region if r in regions])
 
 
 def read_and_dedup(spark, generations: list[tuple[int, int, str, int]], cfg: ReadConfig, tasks: int) -> Deduped:
@@ -374,6 +439,7 @@ def read_and_dedup(spark, generations: list[tuple[int, int, str, int]], cfg: Rea
             continue
         table = from_blob(out.column("blob")[i].as_buffer())
         (result.live if kind == "live" else result.deleted).append(table)
+        (result.live_region if kind == "live" else result.deleted_region).append(regions[i])
         keys.append((regions[i], table.select(list(cfg.pk))))
     result.shared, result.shared_keys = shared_keys(keys, list(cfg.pk))
     return result

@@ -40,24 +40,38 @@ def test_newest_rows_later_generation_then_later_position_wins():
     assert got == {1: ("g2-b", False), 2: ("g4", False), 3: ("g2", True)}
 
 
-def _stats(gen: int, routes=(), error=None) -> dict:
+def _stats(gen: int, routes=(), error=None, permanent=True) -> dict:
     return {"region": 0, "generation": gen, "rows": 1, "bytes": 1,
-            "info": json.dumps({"routes": [list(r) for r in routes], "error": error})}
+            "info": json.dumps({"routes": [list(r) for r in routes], "error": error, "permanent": permanent})}
 
 
 def test_first_refused_reports_the_first_bad_generation_and_all_stray_rows():
     ok = [_stats(1, [([5], 10)]), _stats(2, [([5], 4)])]
     assert sp.first_refused(ok, None) is None
-    # Stray rows in generations 3 and 4: refused from 3, both counted; own value by majority.
+    # Stray rows in generations 3 and 4: refused from 3, both counted; the own value is the
+    # first (unanimous) generation's, 5.
     rows = ok + [_stats(4, [([5], 1), ([6], 2)]), _stats(3, [([5], 9), ([7], 3)])]
     r = sp.first_refused(rows, None)
     assert (r.generation, r.offending_rows) == (3, 5) and "5 rows route to another region" in r.message
-    # A known own value wins over the majority: everything in value 5 is then stray.
+    assert r.permanent
+    # A known own value wins: a generation whose rows all route elsewhere is refused.
     r = sp.first_refused(ok, sp.value_key([6]))
     assert (r.generation, r.offending_rows) == (1, 14)
     # An unreadable generation is refused with its error, stray rows after it still counted.
     r = sp.first_refused(ok + [_stats(3, error="ValueError: columns differ"), _stats(4, [([6], 2)])], None)
     assert r.generation == 3 and "columns differ" in r.message and r.offending_rows == 2
+
+
+def test_first_refused_never_takes_a_majority_vote_for_an_unknown_region_value():
+    # No known value and the first routed generation is split 9:3: no majority is trusted.
+    r = sp.first_refused([_stats(1, [([5], 9), ([7], 3)]), _stats(2, [([5], 4)])], None)
+    assert r.generation == 1 and r.offending_rows == 3 and "not established" in r.message
+
+
+def test_first_refused_keeps_transient_read_failures_apart():
+    r = sp.first_refused([_stats(1, [([5], 2)]), _stats(2, error="unreadable after 3 tries", permanent=False)],
+                         None)
+    assert r.generation == 2 and not r.permanent
 
 
 def test_shared_keys_names_the_regions_and_counts():
@@ -83,12 +97,12 @@ def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
     (batch,) = plan.batches
     ds = table.open_dataset(table_loc)
     state = table.read_memwal_state(table_loc, ds.version)
-    specs = {s.spec_id: routing.RegionSpec.from_proto(s).to_lance() for s in state.details.region_specs}
+    specs = {s.spec_id: s for s in state.details.region_specs}
     rids = sorted({g.region_id for g in batch.generations})
     index = {r: i for i, r in enumerate(rids)}
     manifests = region.load_many(table_loc.store, rids)
     cfg = sp.ReadConfig(pk=("id",), columns=tuple(f.name for f in ds.schema), storage_options=(),
-                        routing=tuple((index[r], merge._routing_config(r, manifests, specs, ds.lance_schema))
+                        routing=tuple((index[r], merge._routing_config(manifests[r], specs, ds.lance_schema))
                                       for r in rids))
     gens = [(index[g.region_id], g.generation,
              table_loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)), g.bytes)

@@ -1,0 +1,267 @@
+"""Issue #13 regressions: a refused or unreadable generation is a wall its region never merges
+past, on every path (batches, retries, routing, snapshot, bad keys, malformed manifests).
+
+Each test is a case that lost or resurrected writes before the fix, on a real pylance table
+written by `ShardWriter`s and merged by the real Spark path.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+
+from memwal_core import checks, gc, layout, merge, reader, region, snapshot, table
+from memwal_core.proto import memwal_pb2 as pb
+
+from helpers import plant_generation
+
+PK = {b"lance-schema:unenforced-primary-key": b"true"}
+
+
+class GroupWorkload:
+    """A table bucketed on `grp`, a column that is NOT the primary key (pylance allows it).
+
+    A key's `grp` never changes (id % 7), so each key lives in one region; a delete's tombstone
+    carries only the key, so its `grp` is NULL.
+    """
+
+    def __init__(self, loc, *, key: str = "id", num_buckets: int = 3, max_memtable_rows: int = 8):
+        self.loc, self.key, self.max_rows = loc, key, max_memtable_rows
+        self.schema = pa.schema([pa.field(key, pa.int64(), nullable=False, metadata=PK),
+                                 pa.field("grp", pa.int64()), pa.field("s", pa.string())])
+        ds = lance.write_dataset(pa.Table.from_pylist([], schema=self.schema), loc.lance_uri, schema=self.schema)
+        ds.initialize_mem_wal(bucket_column="grp", num_buckets=num_buckets)
+        self.spec = lance.dataset(loc.lance_uri).mem_wal_index_details()["sharding_specs"][0]
+        self.model: dict[int, dict] = {}
+        self.regions: dict[int, str] = {}
+        self.version = 0
+
+    def bucket(self, grp: int) -> int:
+        from lance.mem_wal import evaluate_sharding_spec
+
+        ds = lance.dataset(self.loc.lance_uri)
+        batch = pa.record_batch([pa.array([0], pa.int64()), pa.array([grp], pa.int64()), pa.array(["x"])],
+                                schema=self.schema)
+        return evaluate_sharding_spec(batch, self.spec, ds.lance_schema).column(0)[0].as_py()
+
+    def region(self, bucket: int) -> str:
+        return self.regions.setdefault(bucket, str(uuid.uuid4()))
+
+    def write(self, puts: list[int], deletes: list[int] = ()) -> None:
+        """Puts and deletes, one `put`/`delete` call each (so small MemTables flush often)."""
+        self.version += 1
+        by_region: dict[str, list[tuple[str, int]]] = {}
+        for k in puts:
+            by_region.setdefault(self.region(self.bucket(k % 7)), []).append(("put", k))
+        for k in deletes:
+            by_region.setdefault(self.region(self.bucket(k % 7)), []).append(("del", k))
+        ds = lance.dataset(self.loc.lance_uri)
+        for rid, ops in by_region.items():
+            with ds.mem_wal_writer(rid, max_memtable_rows=self.max_rows) as w:
+                for op, k in ops:
+                    if op == "put":
+                        r = {self.key: k, "grp": k % 7, "s": f"k{k}v{self.version}"}
+                        w.put(pa.Table.from_pylist([r], schema=self.schema))
+                        self.model[k] = r
+                    else:
+                        w.delete(pa.table({self.key: pa.array([k], pa.int64())}))
+                        self.model.pop(k, None)
+
+
+AGGRESSIVE_GC = gc.GcConfig(manifest_keep_versions=1, manifest_min_age_s=0, orphan_grace_s=0,
+                            base_cleanup_older_than=timedelta(0), base_cleanup_retain_versions=1)
+
+
+def rows(t: pa.Table, key: str = "id") -> dict:
+    return {r[key]: r for r in t.to_pylist()}
+
+
+def merged(loc) -> dict[str, int]:
+    return table.read_memwal_state(loc).merged
+
+
+def gen_dir(loc, rid: str, g: region.Generation) -> str:
+    return os.path.join(loc.lance_uri, layout.generation_dir(rid, g.path, g.generation))
+
+
+def test_non_key_bucket_column_with_deletes_merges_over_many_batches(table_loc, spark):
+    """#13.2 (+1): tombstones have NULL in the bucket column; they must not be routed by it."""
+    w = GroupWorkload(table_loc)
+    w.write(list(range(60)))
+    w.write(list(range(0, 60, 3)), deletes=list(range(1, 60, 5)) + [1000])
+    res = merge.merge(table_loc, spark, max_generations=2)  # the backlog spans many batches
+    assert not res.failed_regions, res.failed_regions
+    assert rows(table.open_dataset(table_loc).to_table()) == w.model
+    assert merge.plan_merge(table_loc).batches == []
+    assert checks.check_exclusivity(table_loc).ok  # the check routes live rows only, too
+
+
+def test_an_unreadable_generation_is_a_wall_for_the_whole_run(table_loc, spark):
+    """#13.1: a generation unreadable during one pass; later batches must not merge past it,
+    and GC must not collect anything at or above it."""
+    w = GroupWorkload(table_loc, num_buckets=1)
+    w.write(list(range(40)))
+    w.write(list(range(0, 40, 2)), deletes=[3, 5])
+    (rid,) = w.regions.values()
+    gens = region.load_latest(table_loc.store, rid).generations
+    assert len(gens) >= 6
+    victim = gens[2]
+    hidden = gen_dir(table_loc, rid, victim) + ".away"
+    os.rename(gen_dir(table_loc, rid, victim), hidden)
+    res = merge.merge(table_loc, spark, max_generations=1)
+    r = res.regions[rid]
+    assert r.wall == victim.generation and not r.permanent and "unreadable" in r.error
+    assert merged(table_loc)[rid] == victim.generation - 1
+    assert not res.stuck_regions
+    swept = gc.run_gc(table_loc, AGGRESSIVE_GC)
+    gone = {i.number for i in swept.deleted if i.kind == gc.GENERATION and i.region_id == rid}
+    assert gone and max(gone) < victim.generation  # GC ran, and only below the wall
+    os.rename(hidden, gen_dir(table_loc, rid, victim))
+    assert rows(reader.lsm_table(table_loc)) == w.model  # nothing at or above the wall was collected
+    again = merge.merge(table_loc, spark, max_generations=1)
+    assert not again.failed_regions
+    assert merged(table_loc)[rid] == gens[-1].generation
+    assert rows(table.open_dataset(table_loc).to_table()) == w.model
+
+
+def test_a_refused_generation_stops_its_region_in_every_later_batch(table_loc, spark):
+    """#13.1 with a permanent refusal (wrong columns) in the middle of a multi-batch backlog."""
+    w = GroupWorkload(table_loc, num_buckets=1)
+    w.write(list(range(10)))
+    (rid,) = w.regions.values()
+    bad = plant_generation(table_loc, rid, pa.table({"id": pa.array([500], pa.int64()), "other": [1]}))
+    w.write(list(range(10, 30)))
+    res = merge.merge(table_loc, spark, max_generations=1)
+    r = res.regions[rid]
+    assert (r.wall, r.permanent) == (bad, True) and "columns differ" in r.error
+    assert res.stuck_regions == {rid: r.error}
+    assert merged(table_loc)[rid] == bad - 1
+    # Nothing after the wall reached the base table.
+    assert set(rows(table.open_dataset(table_loc).to_table())) == set(range(10))
+
+
+def test_a_generation_routed_wholly_to_another_region_is_refused(table_loc, spark):
+    """#13.3: the region's own value comes from authoritative state, not the batch's majority."""
+    w = GroupWorkload(table_loc, num_buckets=4)
+    keys = list(range(28))
+    w.write(keys)
+    merge.merge(table_loc, spark)
+    snapshot.build_snapshot(table_loc)
+    b0 = w.bucket(0)
+    other = next(k for k in range(1, 7) if w.bucket(k) != b0)
+    rid = w.regions[b0]
+    stray = pa.table({"id": pa.array([900, 901], pa.int64()), "grp": pa.array([other, other], pa.int64()),
+                      "s": ["x", "y"], "_tombstone": [False, False]})
+    bad = plant_generation(table_loc, rid, stray)
+    res = merge.merge(table_loc, spark)
+    r = res.regions[rid]
+    assert r.wall == bad and r.permanent and "route to another region" in r.error
+    assert 900 not in rows(table.open_dataset(table_loc).to_table())
+    # Without a snapshot the region's first generation is its value: same refusal.
+    assert merge.region_values(table_loc, table.read_memwal_state(table_loc), table.open_dataset(table_loc),
+                               {rid: region.load_latest(table_loc.store, rid)}, ["id"], {})[rid]
+
+
+def test_snapshot_keeps_a_region_it_cannot_load(table_loc, spark):
+    """#13.4: a region whose manifest fails to load keeps its previous snapshot row."""
+    w = GroupWorkload(table_loc, num_buckets=2)
+    w.write(list(range(20)))
+    first = snapshot.build_snapshot(table_loc)
+    assert first.num_regions == 2
+    rid = sorted(w.regions.values())[0]
+    latest = region.load_latest(table_loc.store, rid)
+    key = os.path.join(table_loc.lance_uri, layout.manifest_key(rid, latest.version))
+    saved = open(key, "rb").read()
+    open(key, "wb").write(b"garbage")
+    try:
+        res = snapshot.build_snapshot(table_loc)
+        assert rid in res.regions_failed and res.num_regions == 2
+        snap = snapshot.read_snapshot(table_loc)
+        ids = {str(uuid.UUID(bytes=b)) for b in snap.column("region_id").to_pylist()}
+        assert ids == set(w.regions.values())
+        row = [r for r in snap.to_pylist() if str(uuid.UUID(bytes=r["region_id"])) == rid][0]
+        assert row["version"] == latest.version
+        assert [g["generation"] for g in row["flushed_generations"]] == [g.generation for g in latest.generations]
+        assert rid in snapshot.snapshot_field_values(snap)
+    finally:
+        open(key, "wb").write(saved)
+
+
+def test_a_null_key_fails_only_its_region(table_loc, spark):
+    """#13.5: a NULL key in one region's generation must not stop the other regions."""
+    w = GroupWorkload(table_loc, num_buckets=3)
+    w.write(list(range(21)))
+    rids = sorted(w.regions.values())
+    bad_rid = rids[0]
+    value = next(k % 7 for k in range(21) if w.regions[w.bucket(k % 7)] == bad_rid)
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("grp", pa.int64()), pa.field("s", pa.string()),
+                        pa.field("_tombstone", pa.bool_())])
+    bad = plant_generation(table_loc, bad_rid, pa.table({"id": [None, 300], "grp": [value, value], "s": ["a", "b"],
+                                                         "_tombstone": [False, False]}, schema=schema))
+    res = merge.merge(table_loc, spark)
+    assert set(res.failed_regions) == {bad_rid}
+    assert res.regions[bad_rid].wall == bad and "NULL primary key" in res.regions[bad_rid].error
+    for rid in rids[1:]:
+        assert merged(table_loc)[rid] == res.regions[rid].merged_generation > 0
+    expected = {k: v for k, v in w.model.items()}
+    assert rows(table.open_dataset(table_loc).to_table()) == expected
+
+
+def test_a_key_column_name_that_is_not_an_identifier_is_quoted(table_loc, spark):
+    """#13.5: deletes on a key column named `my key` used to fail the whole commit."""
+    w = GroupWorkload(table_loc, key="my key", num_buckets=2)
+    w.write(list(range(20)))
+    w.write([], deletes=[2, 4, 6])
+    res = merge.merge(table_loc, spark)
+    assert not res.failed_regions, res.failed_regions
+    assert rows(table.open_dataset(table_loc).to_table(), "my key") == w.model
+
+
+def _relist(loc, rid: str, change) -> None:
+    latest = region.load_latest(loc.store, rid)
+
+    def mutate(m: pb.RegionManifest) -> bool:
+        change(m)
+        return True
+
+    region.commit_next(loc.store, latest, mutate)
+
+
+@pytest.mark.parametrize("damage", ["gap", "duplicate", "progress_ahead"])
+def test_malformed_generation_lists_are_refused_per_region(table_loc, spark, damage):
+    """#13.6: generations not contiguous above progress, or listed twice, are refused for that
+    region only (and progress past the region's current generation, #18.18)."""
+    w = GroupWorkload(table_loc, num_buckets=2, max_memtable_rows=4)
+    w.write(list(range(28)))
+    bad_rid, good_rid = sorted(w.regions.values())
+    if damage == "progress_ahead":
+        merge.merge(table_loc, spark)
+
+        def reset(m: pb.RegionManifest) -> None:  # a directory reset: numbering starts over
+            del m.flushed_generations[:]
+            m.current_generation = 1
+        _relist(table_loc, bad_rid, reset)
+        # One new generation: numbered 1 again, below the recorded progress.
+        w.write([k for k in range(28, 56) if w.regions[w.bucket(k % 7)] == bad_rid][:3])
+        assert merged(table_loc)[bad_rid] >= region.load_latest(table_loc.store, bad_rid).current_generation
+    elif damage == "gap":
+        _relist(table_loc, bad_rid, lambda m: m.flushed_generations.pop(1))
+    else:
+        def dup(m: pb.RegionManifest) -> None:
+            g = m.flushed_generations[1]
+            m.flushed_generations.add(generation=g.generation, path=m.flushed_generations[2].path)
+        _relist(table_loc, bad_rid, dup)
+    before = merged(table_loc).get(bad_rid, 0)
+    plan = merge.plan_merge(table_loc)
+    assert set(plan.walls) == {bad_rid} and plan.walls[bad_rid].permanent
+    assert {"gap": "not listed", "duplicate": "more than once", "progress_ahead": "current_generation"}[damage] \
+        in plan.walls[bad_rid].reason
+    res = merge.execute_merge(table_loc, plan, spark)
+    assert set(res.stuck_regions) == {bad_rid}
+    assert merged(table_loc).get(bad_rid, 0) == before
+    assert merged(table_loc)[good_rid] == region.load_latest(table_loc.store, good_rid).generations[-1].generation
