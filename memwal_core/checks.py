@@ -68,11 +68,13 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
         fields = [f["field_id"] for f in json.loads(conf)["spec"]["fields"]]
         own = spark.value_key([values[rid].get(f) for f in fields]) if rid in values else None
         pending = [g for g in m.generations if g.generation > merged.get(rid, 0)][:max_generations_per_region]
+        wanted = set(json.loads(conf)["source_columns"].values()) | set(pk) | {spark.TOMBSTONE}
         stats = []
         try:
             for g in pending:
                 uri = loc.child_uri(layout.generation_dir(rid, g.path, g.generation))
-                rows = lance.dataset(uri, storage_options=loc.storage_options or None).to_table()
+                gen_ds = lance.dataset(uri, storage_options=loc.storage_options or None)
+                rows = gen_ds.to_table(columns=[c for c in gen_ds.schema.names if c in wanted])
                 report.rows_checked += rows.num_rows
                 stats.append({"generation": g.generation,
                               "info": json.dumps({"routes": spark._route_counts(rows, conf, tuple(pk)),

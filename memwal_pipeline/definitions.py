@@ -15,6 +15,7 @@ from dagster import (
     DynamicPartitionsDefinition,
     ScheduleDefinition,
     define_asset_job,
+    definitions,
 )
 
 from .assets import TableKeys, build_assets
@@ -76,4 +77,9 @@ def build_definitions(tables: list[TableConfig]) -> Definitions:
     )
 
 
-defs = build_definitions(load_config())
+@definitions
+def defs() -> Definitions:
+    """The code location's definitions, built when Dagster loads them, never at import: the CLI
+    and any other importer of this module work without a config file (`memwal maintain URI`
+    from any directory after a plain `pip install`)."""
+    return build_definitions(load_config())

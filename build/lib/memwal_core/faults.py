@@ -1,0 +1,108 @@
+"""Crash points for the reliability suites: a process exits hard where a test says.
+
+`MEMWAL_CRASH_AT=<name>` makes `point(name)` call `os._exit(137)`, like a kill -9 at that
+line (no cleanup, no flush). `MEMWAL_CRASH_AFTER_OPS=<k>` makes the process exit right
+before its k-th *write*: `open_store` then wraps the store in a `CrashingStore`, which counts
+`put`, `put_if_absent` and `delete_many`, and the Lance commit points (`commit_lock`,
+`op`) count too. `MEMWAL_CRASH_TORN=1` makes a `delete_many` of two keys or more that is the
+k-th write delete its first half before exiting (a batch cut short, as a killed S3
+`delete_objects` or a local loop leaves it). `MEMWAL_COUNT_OPS=1` counts without crashing,
+so a test can learn how many writes a job does (`ops()`). All of this is inert unless those
+variables are set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Callable, Iterable
+
+EXIT_CODE = 137
+
+_lock = threading.Lock()
+_ops: list[str] = []
+
+
+def point(name: str) -> None:
+    if os.environ.get("MEMWAL_CRASH_AT") == name:
+        os._exit(EXIT_CODE)
+
+
+def _crash_after() -> int | None:
+    raw = os.environ.get("MEMWAL_CRASH_AFTER_OPS", "").strip()
+    return int(raw) if raw else None
+
+
+def counting() -> bool:
+    """True when writes are counted (a crash after k writes is armed, or counting was asked for)."""
+    return bool(os.environ.get("MEMWAL_COUNT_OPS")) or _crash_after() is not None
+
+
+def ops() -> list[str]:
+    """The writes counted so far in this process, in order (kind and key)."""
+    with _lock:
+        return list(_ops)
+
+
+def op(kind: str, torn: Callable[[], None] | None = None) -> None:
+    """Count one write; exit before it when it is the k-th (after `torn()` if torn mode is on)."""
+    if not counting():
+        return
+    with _lock:
+        _ops.append(kind)
+        n = len(_ops)
+        crash = n == _crash_after()
+    if crash:
+        if torn is not None and os.environ.get("MEMWAL_CRASH_TORN"):
+            torn()
+            kind += " (torn: first half deleted)"
+        os.write(2, f"memwal crash before write {n}: {kind}\n".encode())
+        os._exit(EXIT_CODE)
+
+
+def commit_lock(name: str):
+    """A Lance commit lock whose body is a crash point: data files written, manifest not yet.
+
+    Also a counted write when writes are counted. None (no lock) when nothing is armed.
+    """
+    crash_here = os.environ.get("MEMWAL_CRASH_AT") == name
+    if not (crash_here or counting()):
+        return None
+
+    @contextlib.contextmanager
+    def lock(version: int):
+        point(name)
+        op(f"lance_commit {name} v{version}")
+        yield
+
+    return lock
+
+
+class CrashingStore:
+    """An object store that counts its writes and exits before the k-th (see module docstring).
+
+    Reads pass straight through; any other attribute (`root`, `stats`, ...) is the inner store's.
+    """
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def put(self, key: str, data: bytes) -> None:
+        op(f"put {key}")
+        return self._inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        op(f"put_if_absent {key}")
+        return self._inner.put_if_absent(key, data)
+
+    def delete_many(self, keys: Iterable[str]) -> int:
+        keys = list(keys)
+        first = keys[0] if keys else ""
+        half = keys[: len(keys) // 2]
+        op(f"delete_many {len(keys)} keys from {first}",
+           torn=(lambda: self._inner.delete_many(half)) if len(keys) >= 2 else None)
+        return self._inner.delete_many(keys)

@@ -1,0 +1,692 @@
+"""The garbage collector (spec "Garbage Collector"): reclaim what no reader or writer needs.
+
+A pure planner (`plan_gc`) reads committed state only and returns a `GcPlan` listing every
+object it would delete, with its kind, key, bytes and the reason it is eligible, plus counts
+of what it keeps and why; the executor (`execute_gc`) deletes exactly that, after committing a
+region manifest version that no longer lists the deleted generations. `run_gc` does both, after
+the optional base-table version cleanup. Per region:
+
+1. **Generations** `g <= limit[region]`, where `limit` is the minimum of
+   - `merged[region]` of the latest table version,
+   - `index_catchup[I][region]` for every index I whose catch-up gates GC
+     (`MemWalState.gating_indexes`; an index or region absent from `index_catchup` counts as 0),
+   - `merged[region]` of **every retained base-table version** (`ds.versions()`): a reader
+     time-travelling to version v reads the generations newer than v's merged, so they stay.
+     A version whose table has no MemWAL index yet needs none.
+2. **WAL entries** at positions `p <= replay_after_wal_entry_position` and below the WAL tail,
+   whose entry generation is one of the deleted (or earlier deleted) generations. Kept always:
+   - every **fence sentinel**: pylance detects fencing when a stale writer's put-if-absent of
+     its next WAL position collides, and that position is always a later writer's sentinel
+     (each claim writes one at the tip). Delete it and the stale writer's put succeeds into a
+     covered position that no replay reads: an acknowledged, lost write (seen on 14.0.2);
+   - the entry at the **highest position**: a writer that cannot find the hinted position
+     derives its next position from the highest existing file; with the tail gone it would
+     reuse covered positions, and its entries there would never be replayed;
+   - by default every entry of the region's current `writer_epoch` (`keep_current_epoch_wal`).
+   The scan walks down from the cut to the first missing position (earlier runs left only
+   sentinels below it), skipping the current epoch's contiguous run by bisection.
+3. **Region manifest versions** below the newest `manifest_keep_versions` and older than
+   `manifest_min_age_s`, a prefix only (the versions left stay contiguous up to the latest),
+   never the latest. `version_hint.json` is rewritten to the latest version first when it is
+   missing or points outside the versions that stay.
+4. **Orphan directories** `*_gen_*` in the region directory that the latest manifest does not
+   list, whose generation is below its `current_generation` (a flush in progress writes its
+   directory before the manifest), and whose newest object is older than `orphan_grace_s`.
+   The latest manifest is read again right before they are deleted.
+
+Execution, per region: commit the trimmed manifest (`region.commit_next`: a lost race reloads
+and re-applies the trim to the fresh manifest; `writer_epoch` never changes), then delete
+generation directories and WAL entries (lowest position first), fix the version hint, delete
+old manifest versions (oldest first), re-read the latest manifest and delete the orphans still
+unlisted. A crash after the commit leaves unlisted directories: the next run's orphan sweep
+takes them once they are older than the grace period.
+
+Safety: every key comes from `layout` (generation paths are validated) and must lie inside
+its region directory; a region whose manifest lists an unsafe path is reported corrupt and
+nothing in it is touched; a region whose manifest cannot be read is skipped with an error.
+Planning uses gets and existence probes; the only listings are the region directories (one
+per region, for orphans), the directories about to be deleted (their keys) and the base
+table's `_versions` (`ds.versions()`, through Lance).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Iterable
+
+from . import faults, layout, region, table, wal
+from .proto import memwal_pb2 as pb
+from .store import ObjectInfo, TableLocation
+
+log = logging.getLogger("memwal.gc")
+
+GENERATION = "generation"
+WAL = "wal"
+MANIFEST = "manifest"
+ORPHAN = "orphan"
+KINDS = (GENERATION, WAL, MANIFEST, ORPHAN)
+
+CRASH_AFTER_MANIFEST_COMMIT = "gc.after_manifest_commit"
+
+
+class GcError(Exception):
+    """GC cannot establish what is safe to delete for the whole table (nothing is deleted)."""
+
+
+@dataclass(frozen=True)
+class GcConfig:
+    manifest_keep_versions: int = 10
+    manifest_min_age_s: float = 3600.0
+    orphan_grace_s: float = 3600.0
+    keep_current_epoch_wal: bool = True
+    # Option 5: the base table's own old versions, cleaned by `run_gc` before planning.
+    base_cleanup_older_than: timedelta | None = None
+    base_cleanup_retain_versions: int | None = None
+    max_workers: int = 16
+
+    def __post_init__(self) -> None:
+        if self.manifest_keep_versions < 1:
+            raise ValueError("manifest_keep_versions must be >= 1 (the latest is always kept)")
+        if self.manifest_min_age_s < 0 or self.orphan_grace_s < 0:
+            raise ValueError("ages must be >= 0")
+        if self.max_workers < 1:
+            raise ValueError("max_workers must be >= 1")
+
+    @property
+    def base_cleanup(self) -> bool:
+        return self.base_cleanup_older_than is not None or self.base_cleanup_retain_versions is not None
+
+
+@dataclass(frozen=True)
+class GcItem:
+    """One thing to delete: a directory (generation, orphan) or one object (WAL, manifest)."""
+
+    kind: str
+    region_id: str
+    path: str  # directory prefix or object key, relative to the table root
+    bytes: int
+    reason: str
+    keys: tuple[str, ...]  # the objects deleted for this item
+    number: int | None = None  # generation, WAL position or manifest version
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["objects"] = len(self.keys)
+        del d["keys"]
+        return d
+
+
+@dataclass
+class RegionGcPlan:
+    region_id: str
+    manifest_version: int = 0
+    writer_epoch: int = 0
+    current_generation: int = 0
+    replay_after: int = 0
+    wal_tail: int = 0
+    limit: int = 0  # generations <= limit are collectable
+    items: list[GcItem] = field(default_factory=list)
+    kept: collections.Counter = field(default_factory=collections.Counter)  # "kind:reason" -> n
+    trim: list[tuple[int, str]] = field(default_factory=list)  # (generation, path) to unlist
+    hint: int | None = None  # version_hint.json as read
+    lowest_kept_version: int = 0
+    error: str | None = None
+
+    def by_kind(self, kind: str) -> list[GcItem]:
+        return [i for i in self.items if i.kind == kind]
+
+
+@dataclass
+class GcPlan:
+    table_uri: str
+    table_version: int
+    config: GcConfig
+    planned_at: float
+    retained_versions: list[int]
+    gating_indexes: list[str]
+    regions: dict[str, RegionGcPlan]
+    errors: dict[str, str] = field(default_factory=dict)  # region id -> error
+
+    @property
+    def items(self) -> list[GcItem]:
+        return [i for r in self.regions.values() for i in r.items]
+
+    @property
+    def bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def objects(self) -> int:
+        return sum(len(i.keys) for i in self.items)
+
+    @property
+    def kept(self) -> dict[str, int]:
+        total: collections.Counter = collections.Counter()
+        for r in self.regions.values():
+            total.update(r.kept)
+        return dict(sorted(total.items()))
+
+    def counts(self) -> dict[str, int]:
+        c = collections.Counter(i.kind for i in self.items)
+        return {k: c.get(k, 0) for k in KINDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        cfg = asdict(self.config)
+        for k in ("base_cleanup_older_than",):
+            if cfg[k] is not None:
+                cfg[k] = cfg[k].total_seconds()
+        return {
+            "table": self.table_uri, "table_version": self.table_version, "config": cfg,
+            "retained_versions": self.retained_versions, "gating_indexes": self.gating_indexes,
+            "items": [i.to_dict() for i in self.items], "counts": self.counts(),
+            "objects": self.objects, "bytes": self.bytes, "kept": self.kept,
+            "limits": {rid: r.limit for rid, r in sorted(self.regions.items()) if not r.error},
+            "errors": dict(self.errors),
+        }
+
+
+@dataclass
+class GcResult:
+    table_uri: str
+    deleted: list[GcItem] = field(default_factory=list)
+    deleted_objects: int = 0
+    bytes_reclaimed: int = 0
+    kept: dict[str, int] = field(default_factory=dict)
+    manifest_commits: int = 0
+    skipped: list[GcItem] = field(default_factory=list)  # planned, not deleted on re-check
+    region_errors: dict[str, str] = field(default_factory=dict)
+    base_cleanup: dict[str, Any] | None = None
+    plan_seconds: float = 0.0
+    execute_seconds: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        c = collections.Counter(i.kind for i in self.deleted)
+        return {k: c.get(k, 0) for k in KINDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table_uri, "deleted": self.counts(), "deleted_objects": self.deleted_objects,
+            "bytes_reclaimed": self.bytes_reclaimed, "kept": dict(self.kept),
+            "manifest_commits": self.manifest_commits, "region_errors": dict(self.region_errors),
+            "skipped": [i.to_dict() for i in self.skipped], "base_cleanup": self.base_cleanup,
+            "plan_seconds": round(self.plan_seconds, 3), "execute_seconds": round(self.execute_seconds, 3),
+            "items": [i.to_dict() for i in self.deleted],
+        }
+
+
+# ------------------------------------------------------------------------------------------
+# Retention: what the base table's versions still need
+# ------------------------------------------------------------------------------------------
+
+# (lance uri, version, version timestamp) -> merged by region, or None (no MemWAL index).
+# Table versions are immutable; the timestamp tells a re-created table's version N apart.
+_MERGED_CACHE: dict[tuple[str, int, str], dict[str, int] | None] = {}
+_MERGED_CACHE_LOCK = threading.Lock()
+_MERGED_CACHE_MAX = 100_000
+
+
+def _merged_at(loc: TableLocation, version: int, stamp: str) -> dict[str, int] | None:
+    key = (loc.lance_uri, version, stamp)
+    with _MERGED_CACHE_LOCK:
+        if key in _MERGED_CACHE:
+            return _MERGED_CACHE[key]
+    try:
+        merged: dict[str, int] | None = table.read_memwal_state(loc, version).merged
+    except table.MemWalNotInitialized:
+        merged = None  # a reader of this version does no MemWAL read: needs no generation
+    with _MERGED_CACHE_LOCK:
+        if len(_MERGED_CACHE) >= _MERGED_CACHE_MAX:
+            _MERGED_CACHE.clear()
+        _MERGED_CACHE[key] = merged
+    return merged
+
+
+@dataclass
+class _Retention:
+    """Per region: the lowest merged generation over retained versions, and which version."""
+
+    versions: list[int]
+    states: dict[int, dict[str, int]]  # retained versions with a MemWAL index
+
+    def bound(self, region_id: str) -> tuple[int, int | None]:
+        best, which = None, None
+        for v in sorted(self.states):
+            m = self.states[v].get(region_id, 0)
+            if best is None or m < best:
+                best, which = m, v
+        return (best, which) if best is not None else (2**63, None)
+
+
+def _retention(loc: TableLocation, ds) -> _Retention:
+    versions, states = [], {}
+    for info in ds.versions():
+        v = int(info["version"])
+        try:
+            merged = _merged_at(loc, v, str(info.get("timestamp")))
+        except table.TableError as e:
+            if "not found" in str(e):  # cleaned up since the listing: no longer retained
+                log.info("table version %d vanished while planning GC (cleaned up): %s", v, e)
+                continue
+            raise GcError(f"cannot read the MemWAL state of retained table version {v}: {e}") from None
+        versions.append(v)
+        if merged is not None:
+            states[v] = merged
+    return _Retention(sorted(versions), states)
+
+
+# ------------------------------------------------------------------------------------------
+# Planning
+# ------------------------------------------------------------------------------------------
+
+def _safe_keys(infos: Iterable[ObjectInfo], directory: str, region_dir: str) -> list[ObjectInfo]:
+    out = []
+    for o in infos:
+        if not (layout.is_inside(o.key, directory) and layout.is_inside(o.key, region_dir)):
+            raise layout.UnsafePath(f"listed key {o.key!r} is not inside {directory}/")
+        out.append(o)
+    return out
+
+
+def _list_dir(loc: TableLocation, directory: str, region_dir: str) -> list[ObjectInfo]:
+    return _safe_keys(loc.store.list(directory), directory, region_dir)
+
+
+@dataclass
+class _Context:
+    loc: TableLocation
+    config: GcConfig
+    now: float
+    merged: dict[str, int]
+    catchup: dict[str, dict[str, int]]
+    gating: list[str]
+    retention: _Retention
+
+
+def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
+    """The highest collectable generation and the bounds it is the minimum of (named)."""
+    bounds = [("not_merged", ctx.merged.get(rid, 0))]
+    for name in ctx.gating:
+        bounds.append((f"index_behind:{name}", ctx.catchup.get(name, {}).get(rid, 0)))
+    low, which = ctx.retention.bound(rid)
+    if which is not None:
+        bounds.append((f"retained_version:{which}", low))
+    return min(b for _, b in bounds), bounds
+
+
+def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcPlan:
+    store, cfg = ctx.loc.store, ctx.config
+    rdir = layout.region_dir(rid)
+    rp = RegionGcPlan(rid, m.version, m.writer_epoch, m.current_generation,
+                      m.message.replay_after_wal_entry_position)
+    # Validate every listed path before anything else: a corrupt manifest deletes nothing.
+    try:
+        listed = [(g, layout.generation_dir(rid, g.path, g.generation)) for g in m.generations]
+    except layout.UnsafePath as e:
+        why = str(e).removeprefix(f"region {rid}: ")  # layout names the region already
+        rp.error = f"region {rid}: corrupt manifest version {m.version}: {why}; nothing collected here"
+        return rp
+    limit, bounds = _limit(ctx, rid)
+    rp.limit = limit
+
+    # 1. generations
+    for g, gdir in listed:
+        if g.generation <= limit and g.generation < m.current_generation:
+            objs = _list_dir(ctx.loc, gdir, rdir)
+            rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs),
+                                   f"generation {g.generation} <= merged and caught-up limit {limit}",
+                                   tuple(o.key for o in objs), g.generation))
+            rp.trim.append((g.generation, g.path))
+        else:
+            why = next((name for name, b in bounds if g.generation > b), "not_flushed")
+            rp.kept[f"generation:{why}"] += 1
+    kept_listed = {g.generation for g, _ in listed} - {g for g, _ in rp.trim}
+
+    # 2. WAL entries
+    _plan_wal(ctx, rp, m, limit, kept_listed)
+
+    # 3. old manifest versions
+    _plan_manifests(ctx, rp, m)
+
+    # 4. orphan directories
+    listed_names = {g.path for g, _ in listed}
+    for name in store.list_dirs(rdir):
+        gen = layout.generation_of_dir(name)
+        if gen is None or name in listed_names:
+            continue
+        if "/" in name or name in (".", ".."):
+            continue
+        odir = f"{rdir}/{name}"
+        if not layout.is_inside(odir + "/x", rdir):
+            continue
+        if gen >= m.current_generation:
+            rp.kept["orphan:flush_in_progress"] += 1
+            continue
+        objs = _list_dir(ctx.loc, odir, rdir)
+        if not objs:
+            rp.kept["orphan:empty"] += 1
+            continue
+        age = ctx.now - max(o.mtime for o in objs)
+        if age < cfg.orphan_grace_s:
+            rp.kept["orphan:young"] += 1
+            continue
+        rp.items.append(GcItem(ORPHAN, rid, odir, sum(o.size for o in objs),
+                               f"unlisted generation {gen} directory, newest object {age:.0f}s old",
+                               tuple(o.key for o in objs), gen))
+    return rp
+
+
+def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: int,
+              kept_listed: set[int]) -> None:
+    store, rid = ctx.loc.store, rp.region_id
+    replay_after = m.message.replay_after_wal_entry_position
+    hint = max(replay_after, m.message.wal_entry_position_last_seen)
+
+    def exists(p: int) -> bool:
+        return p >= 1 and store.exists(layout.wal_key(rid, p))
+
+    # The tail: probe forward from the hint (or the one after it, which GC may have left as
+    # the first survivor when the hinted entry itself was covered and deleted).
+    if exists(hint):
+        tail = wal.probe_tail(store, rid, hint)
+    elif exists(hint + 1):
+        tail = wal.probe_tail(store, rid, hint + 1)
+    else:
+        tail = 0  # empty WAL, or no entry where the manifest says: delete nothing
+    rp.wal_tail = tail
+    if tail < 1:
+        return
+    rp.kept["wal:tail"] += 1
+    if tail - replay_after - 1 > 0:
+        rp.kept["wal:uncovered"] += tail - replay_after - 1  # positions strictly between
+    cut = min(replay_after, tail - 1)
+    if cut < 1:
+        return
+
+    metas: dict[int, wal.WalEntryMeta | None] = {}
+
+    def meta(p: int) -> wal.WalEntryMeta | None:
+        """Entry metadata; None when the position does not exist."""
+        if p not in metas:
+            try:
+                metas[p] = wal.read_entry_meta(store, rid, p)
+            except wal.WalEntryError as e:
+                if "does not exist" in str(e):
+                    metas[p] = None
+                else:
+                    metas[p] = wal.WalEntryMeta(p, -1, None, False, 0)  # unreadable: keep
+                    log.warning("%s", e)
+        return metas[p]
+
+    p = cut
+    if ctx.config.keep_current_epoch_wal:
+        top = meta(cut)
+        if top is not None and top.writer_epoch == m.writer_epoch:
+            # Positions from the current epoch's sentinel up to the cut are all this epoch's
+            # (epochs do not decrease along the WAL): find the first by bisection.
+            lo, hi = 1, cut
+            while lo < hi:
+                mid = (lo + hi) // 2
+                e = meta(mid)
+                if e is not None and e.writer_epoch == m.writer_epoch:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            rp.kept["wal:current_epoch"] += cut - lo + 1
+            p = lo - 1
+    while p >= 1:
+        e = meta(p)
+        if e is None:
+            break  # earlier runs deleted everything below here but sentinels
+        if e.writer_epoch < 0:
+            rp.kept["wal:unreadable"] += 1
+        elif e.fence_sentinel or e.generation is None:
+            rp.kept["wal:fence_sentinel" if e.fence_sentinel else "wal:no_generation"] += 1
+        elif ctx.config.keep_current_epoch_wal and e.writer_epoch == m.writer_epoch:
+            rp.kept["wal:current_epoch"] += 1
+        elif e.generation > limit or e.generation >= m.current_generation or e.generation in kept_listed:
+            rp.kept["wal:generation_kept"] += 1
+        else:
+            key = layout.wal_key(rid, p)
+            rp.items.append(GcItem(WAL, rid, key, e.size,
+                                   f"covered (<= {replay_after}) entry of deleted generation {e.generation}",
+                                   (key,), p))
+        p -= 1
+
+
+def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -> None:
+    store, rid, cfg = ctx.loc.store, rp.region_id, ctx.config
+    latest = m.version
+    rp.hint = region.read_version_hint(store, rid)
+    first_candidate = latest - cfg.manifest_keep_versions
+    rp.kept["manifest:latest"] += 1
+    rp.kept["manifest:retention_count"] += min(cfg.manifest_keep_versions, latest) - 1
+    existing: list[tuple[int, ObjectInfo]] = []
+    v = first_candidate
+    while v >= 1:
+        info = store.head(layout.manifest_key(rid, v))
+        if info is None:
+            break  # earlier runs deleted a prefix: nothing older is left
+        existing.append((v, info))
+        v -= 1
+    existing.reverse()  # oldest first: delete a prefix only, so the rest stays contiguous
+    lowest_kept = latest
+    for i, (v, info) in enumerate(existing):
+        age = ctx.now - info.mtime
+        if age < cfg.manifest_min_age_s:
+            rp.kept["manifest:young"] += len(existing) - i
+            lowest_kept = v
+            break
+        rp.items.append(GcItem(MANIFEST, rid, info.key, info.size,
+                               f"version {v} < latest {latest} - {cfg.manifest_keep_versions}, {age:.0f}s old",
+                               (info.key,), v))
+    else:
+        lowest_kept = max(1, first_candidate + 1)
+    rp.lowest_kept_version = min(lowest_kept, latest)
+
+
+def plan_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[str] | None = None,
+            now: float | None = None) -> GcPlan:
+    """What GC would delete, and why; reads only (a dry run)."""
+    config = config or GcConfig()
+    now = time.time() if now is None else now
+    ds = table.open_dataset(loc)
+    state = table.read_memwal_state(loc, ds.version)
+    from .catchup import base_indexes  # local import: catchup imports lance at module level too
+
+    gating = state.gating_indexes(list(base_indexes(ds)))
+    retention = _retention(loc, ds)
+    # Manifests are read after the table state: merge progress only grows, so a merge landing
+    # in between can only make the limits computed above conservative.
+    ids = regions if regions is not None else region.list_regions(loc.store).region_ids
+    loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
+    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention)
+    plans: dict[str, RegionGcPlan] = {}
+    errors: dict[str, str] = {}
+
+    def one(rid: str) -> RegionGcPlan:
+        m = loaded[rid]
+        if isinstance(m, Exception):
+            return RegionGcPlan(rid, error=f"{m}; region skipped")
+        try:
+            return _plan_region(ctx, rid, m)
+        except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
+            return RegionGcPlan(rid, m.version, error=f"region {rid}: {type(e).__name__}: {e}; region skipped")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(config.max_workers, len(loaded) or 1))) as pool:
+        for rp in pool.map(one, sorted(loaded)):
+            plans[rp.region_id] = rp
+            if rp.error:
+                errors[rp.region_id] = rp.error
+                rp.items.clear()
+                rp.trim.clear()
+                log.error("%s", rp.error)
+    return GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors)
+
+
+# ------------------------------------------------------------------------------------------
+# Execution
+# ------------------------------------------------------------------------------------------
+
+def _check_item(item: GcItem) -> None:
+    """Every key must be where its kind says, inside its region directory."""
+    rdir = layout.region_dir(item.region_id)
+    if item.kind == WAL:
+        ok = item.keys == (layout.wal_key(item.region_id, item.number),)
+    elif item.kind == MANIFEST:
+        ok = item.keys == (layout.manifest_key(item.region_id, item.number),)
+    else:
+        ok = layout.is_inside(item.path + "/x", rdir) and "/" not in item.path[len(rdir) + 1:]
+        ok = ok and all(layout.is_inside(k, item.path) for k in item.keys)
+    if not ok or not all(layout.is_inside(k, rdir) for k in item.keys):
+        raise layout.UnsafePath(f"region {item.region_id}: refusing to delete {item.path!r} "
+                                "(a key lies outside its directory)")
+
+
+def _trim_mutation(trim: list[tuple[int, str]]) -> region.Mutation:
+    drop = set(trim)
+
+    def mutate(msg: pb.RegionManifest) -> bool:
+        changed = False
+        for i in reversed(range(len(msg.flushed_generations))):
+            g = msg.flushed_generations[i]
+            if (g.generation, g.path) in drop:
+                del msg.flushed_generations[i]
+                changed = True
+        return changed
+
+    return mutate
+
+
+@dataclass
+class _RegionOutcome:
+    deleted: list[GcItem] = field(default_factory=list)
+    skipped: list[GcItem] = field(default_factory=list)
+    objects: int = 0
+    commits: int = 0
+    error: str | None = None
+
+
+def _delete(loc: TableLocation, items: list[GcItem], out: _RegionOutcome) -> None:
+    keys = [k for i in items for k in i.keys]
+    for i in items:
+        _check_item(i)
+    for start in range(0, len(keys), 1000):
+        out.objects += loc.store.delete_many(keys[start:start + 1000])
+    out.deleted.extend(items)
+
+
+def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
+    out = _RegionOutcome()
+    store, rid = loc.store, rp.region_id
+    try:
+        for i in rp.items:
+            _check_item(i)
+        if rp.trim:
+            current = region.load_latest(store, rid)
+            committed = region.commit_next(store, current, _trim_mutation(rp.trim))
+            if committed is not None:
+                out.commits += 1
+                log.info("region %s: manifest version %d drops generations %s", rid, committed.version,
+                         [g for g, _ in rp.trim])
+            faults.point(CRASH_AFTER_MANIFEST_COMMIT)
+        # WAL entries lowest first: if a batch fails, what is left is contiguous below the cut,
+        # so the next run's downward scan reaches it before any hole.
+        wal_items = sorted(rp.by_kind(WAL), key=lambda i: i.number)
+        _delete(loc, rp.by_kind(GENERATION) + wal_items, out)
+
+        manifests = rp.by_kind(MANIFEST)
+        if manifests:
+            latest = region.probe_latest_version(store, rid, rp.manifest_version)
+            hint = region.read_version_hint(store, rid)
+            if hint is None or hint < rp.lowest_kept_version or hint > latest:
+                region.write_version_hint(store, rid, latest)
+            _delete(loc, manifests, out)
+
+        orphans = rp.by_kind(ORPHAN)
+        if orphans:
+            # Re-read the latest manifest after the listing: a directory listed (or being
+            # flushed) since the plan is not an orphan any more.
+            fresh = region.load_latest(store, rid)
+            listed = {g.path for g in fresh.generations}
+            ok, late = [], []
+            for i in orphans:
+                name = i.path.rsplit("/", 1)[-1]
+                (late if name in listed or i.number >= fresh.current_generation else ok).append(i)
+            out.skipped.extend(late)
+            _delete(loc, ok, out)
+    except Exception as e:  # noqa: BLE001 - reported per region; the others proceed
+        out.error = str(e) if isinstance(e, region.RegionError) else f"region {rid}: {type(e).__name__}: {e}"
+        log.error("GC of %s", out.error)
+    return out
+
+
+def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
+    """Delete exactly what `plan` lists (orphans re-checked against the latest manifest)."""
+    t0 = time.monotonic()
+    result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.errors))
+    todo = [rp for rp in plan.regions.values() if not rp.error and (rp.items or rp.trim)]
+    workers = max(1, min(plan.config.max_workers, len(todo) or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for rp, out in zip(todo, pool.map(lambda r: _execute_region(loc, r), todo)):
+            result.deleted.extend(out.deleted)
+            result.skipped.extend(out.skipped)
+            result.deleted_objects += out.objects
+            result.manifest_commits += out.commits
+            if out.error:
+                result.region_errors[rp.region_id] = out.error
+    result.bytes_reclaimed = sum(i.bytes for i in result.deleted)
+    result.execute_seconds = time.monotonic() - t0
+    return result
+
+
+def cleanup_base_versions(loc: TableLocation, config: GcConfig) -> dict[str, int]:
+    """Option 5: Lance's own `cleanup_old_versions` (tagged versions are left alone)."""
+    ds = table.open_dataset(loc)
+    kw: dict[str, Any] = {"error_if_tagged_old_versions": False}
+    if config.base_cleanup_older_than is not None:
+        kw["older_than"] = config.base_cleanup_older_than
+    if config.base_cleanup_retain_versions is not None:
+        kw["retain_versions"] = config.base_cleanup_retain_versions
+    before = len(ds.versions())
+    faults.op("lance_cleanup_old_versions")  # reliability tests: a crash point
+    stats = ds.cleanup_old_versions(**kw)
+    return {"old_versions": int(getattr(stats, "old_versions", 0)),
+            "bytes_removed": int(getattr(stats, "bytes_removed", 0)),
+            "versions_before": before, "versions_after": len(table.open_dataset(loc).versions())}
+
+
+def run_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[str] | None = None,
+           dry_run: bool = False, progress: Callable[[str], None] | None = None) -> GcResult:
+    """Base-version cleanup (when configured and not a dry run), plan, execute."""
+    config = config or GcConfig()
+    base: dict[str, Any] | None = None
+    if config.base_cleanup and not dry_run:
+        try:
+            base = cleanup_base_versions(loc, config)
+            if progress:
+                progress(f"base table: {base['old_versions']} old versions cleaned up")
+        except Exception as e:  # noqa: BLE001 - planning below stays safe: it reads what is retained
+            base = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            log.warning("base table version cleanup failed, collecting without it: %s", base["error"])
+    t0 = time.monotonic()
+    plan = plan_gc(loc, config, regions=regions)
+    plan_s = time.monotonic() - t0
+    if progress:
+        progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.errors)} region errors")
+    if dry_run:
+        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.errors))
+    else:
+        result = execute_gc(loc, plan)
+    result.base_cleanup = base
+    result.plan_seconds = plan_s
+    return result
+
+
+__all__ = ["GcConfig", "GcItem", "GcPlan", "GcResult", "RegionGcPlan", "GcError", "plan_gc", "execute_gc",
+           "run_gc", "cleanup_base_versions", "CRASH_AFTER_MANIFEST_COMMIT"]

@@ -1,0 +1,111 @@
+"""Every path and name memwal reads or writes under a table root.
+
+One module builds all keys so that what GC compares and deletes is spelled exactly like what
+the planner read (peer systems deleted live data when two spellings of a path disagreed).
+Anything taken from a manifest is validated here before it is opened or deleted.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+MEM_WAL_DIR = "_mem_wal"
+MANIFEST_SUFFIX = ".binpb"
+WAL_SUFFIX = ".arrow"
+VERSION_HINT = "version_hint.json"
+
+_GEN_DIR = re.compile(r"^[0-9a-f]{8}_gen_([1-9][0-9]*)$")
+_ORPHAN_CANDIDATE = re.compile(r"^.+_gen_([0-9]+)$")
+_BITREV = re.compile(r"^[01]{64}$")
+
+
+class UnsafePath(ValueError):
+    """A manifest-supplied path that could escape its region directory or is not a generation."""
+
+
+def bitrev(n: int) -> str:
+    """Lance's bit-reversed 64-bit name: spreads sequential ids over the S3 key space."""
+    if not 0 <= n < 2**64:
+        raise ValueError(f"{n} does not fit in 64 bits")
+    return format(n, "064b")[::-1]
+
+
+def parse_bitrev(name: str) -> int | None:
+    """Inverse of `bitrev` for a file name (suffix allowed); None if it is not one."""
+    stem = name.split(".", 1)[0]
+    return int(stem[::-1], 2) if _BITREV.fullmatch(stem) else None
+
+
+def is_region_id(name: str) -> bool:
+    try:
+        return str(uuid.UUID(name)) == name.lower() and len(name) == 36
+    except ValueError:
+        return False
+
+
+def region_dir(region_id: str) -> str:
+    if not is_region_id(region_id):
+        raise UnsafePath(f"not a region id (UUID): {region_id!r}")
+    return f"{MEM_WAL_DIR}/{region_id}"
+
+
+def manifest_dir(region_id: str) -> str:
+    return f"{region_dir(region_id)}/manifest"
+
+
+def manifest_key(region_id: str, version: int) -> str:
+    return f"{manifest_dir(region_id)}/{bitrev(version)}{MANIFEST_SUFFIX}"
+
+
+def version_hint_key(region_id: str) -> str:
+    return f"{manifest_dir(region_id)}/{VERSION_HINT}"
+
+
+def wal_dir(region_id: str) -> str:
+    return f"{region_dir(region_id)}/wal"
+
+
+def wal_key(region_id: str, position: int) -> str:
+    return f"{wal_dir(region_id)}/{bitrev(position)}{WAL_SUFFIX}"
+
+
+def validate_generation_path(path: str, generation: int | None = None) -> str:
+    """Reject a manifest-supplied generation directory unless it is exactly `{8 hex}_gen_{N}`.
+
+    That pattern has no `/`, no `..` and cannot be absolute, so the directory can only be a
+    direct child of its region directory. When `generation` is given, N must equal it.
+    """
+    if not isinstance(path, str) or not path:
+        raise UnsafePath(f"empty generation path {path!r}")
+    if path.startswith("/") or "\\" in path or "/" in path or ".." in path or ":" in path:
+        raise UnsafePath(f"unsafe generation path {path!r}: must be a plain directory name")
+    m = _GEN_DIR.fullmatch(path)  # not .match: '$' would also accept a trailing newline
+    if not m:
+        raise UnsafePath(f"generation path {path!r} does not match '{{8 hex}}_gen_{{N}}'")
+    if generation is not None and int(m.group(1)) != generation:
+        raise UnsafePath(f"generation path {path!r} does not belong to generation {generation}")
+    return path
+
+
+def generation_dir(region_id: str, path: str, generation: int | None = None) -> str:
+    """Key prefix of a flushed generation, after validating the manifest-supplied `path`."""
+    rdir = region_dir(region_id)
+    try:
+        return f"{rdir}/{validate_generation_path(path, generation)}"
+    except UnsafePath as e:
+        raise UnsafePath(f"region {region_id}: {e}") from None
+
+
+def generation_of_dir(name: str) -> int | None:
+    """The N of a `*_gen_N` directory name (orphan sweep); None if it does not look like one."""
+    m = _ORPHAN_CANDIDATE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def is_inside(key: str, directory: str) -> bool:
+    """True when `key` lies strictly inside `directory` (both normalized store keys)."""
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return False
+    return key.startswith(directory.rstrip("/") + "/")

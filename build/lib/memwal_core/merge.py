@@ -1,0 +1,637 @@
+"""The MemTable merger: flushed generations -> base table, in order, with atomic progress.
+
+Plan: per region, the generations newer than `merged_generations[region]` (read fresh from
+the MemWAL index), ascending, grouped into batches bounded by bytes and generation count.
+Execute, per batch: Spark reads the generations and keeps the newest row per primary key
+(`spark.py`); the result streams into **one** `merge_insert` that upserts the live rows,
+deletes the tombstoned keys and records each region's highest merged generation with
+`mark_sstables_as_compacted`, all in one commit.
+
+Why one pass for deletes rather than a delete pass followed by the marked upsert: a delete
+pass commits without progress, so if another merger merged a *newer* generation of the same
+key in between (re-inserting it), our delete would remove that newer row and nothing would
+bring it back: a lost write. In one pass the stale-marker check refuses the whole commit
+instead. (It is also one commit instead of two; see docs/benchmarks.md.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import lance
+import pyarrow as pa
+
+from . import faults, layout, region, routing
+from . import spark as sparkpath
+from .lance_mem_wal import is_stale_merge, merged_markers
+from .store import TableLocation
+from .table import MemWalState, open_dataset, primary_key, read_memwal_state
+
+log = logging.getLogger("memwal.merge")
+
+DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_GENERATIONS = 256
+
+
+class MergeError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class PlannedGeneration:
+    region_id: str
+    generation: int
+    path: str
+    bytes: int
+    rows: int
+
+
+@dataclass
+class MergeBatch:
+    generations: list[PlannedGeneration]
+
+    @property
+    def bytes(self) -> int:
+        return sum(g.bytes for g in self.generations)
+
+    @property
+    def progress(self) -> dict[str, int]:
+        """The merged generation each region reaches when this batch commits."""
+        out: dict[str, int] = {}
+        for g in self.generations:
+            out[g.region_id] = max(out.get(g.region_id, 0), g.generation)
+        return out
+
+
+@dataclass(frozen=True)
+class Wall:
+    """A region's first generation that is not merged in this run, and why.
+
+    Merge progress never passes it: every later generation of the region waits too, across
+    all batches and retries of the run. `permanent`: the region itself is wrong (a refused
+    generation, a malformed or corrupt manifest) and stays stuck until repaired; otherwise
+    (a read or load that failed after retries) the next run tries again.
+    """
+
+    generation: int
+    reason: str
+    permanent: bool
+
+
+@dataclass
+class MergePlan:
+    table_uri: str
+    table_version: int
+    merged: dict[str, int]
+    batches: list[MergeBatch]
+    walls: dict[str, Wall] = field(default_factory=dict)  # regions refused while planning
+    budget_bytes: int = DEFAULT_BUDGET_BYTES
+    max_generations: int = DEFAULT_MAX_GENERATIONS
+
+    @property
+    def region_errors(self) -> dict[str, str]:
+        return {rid: w.reason for rid, w in self.walls.items()}
+
+    @property
+    def pending(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for b in self.batches:
+            for g in b.generations:
+                out.setdefault(g.region_id, []).append(g.generation)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table_uri, "table_version": self.table_version, "merged": self.merged,
+                "budget_bytes": self.budget_bytes, "max_generations": self.max_generations,
+                "batches": [{"bytes": b.bytes, "progress": b.progress,
+                             "generations": [asdict(g) for g in b.generations]} for b in self.batches],
+                "region_errors": self.region_errors,
+                "walls": {rid: asdict(w) for rid, w in self.walls.items()}}
+
+
+def _generation_bytes(loc: TableLocation, region_id: str, g: region.Generation) -> int:
+    if g.in_memory_bytes:
+        return g.in_memory_bytes
+    prefix = layout.generation_dir(region_id, g.path, g.generation)
+    return sum(o.size for o in loc.store.list(prefix))
+
+
+def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+               max_generations: int = DEFAULT_MAX_GENERATIONS, regions: list[str] | None = None,
+               state: MemWalState | None = None) -> MergePlan:
+    """Which generations to merge, in which batches. Reads only committed state.
+
+    A region whose manifest cannot be loaded, or whose generation list is malformed, gets a
+    wall at its first unmerged generation and nothing planned; the other regions are planned.
+    """
+    if budget_bytes <= 0 or max_generations <= 0:
+        raise ValueError("budget_bytes and max_generations must be positive")
+    state = state or read_memwal_state(loc)
+    merged = state.merged
+    ids = regions if regions is not None else region.list_regions(loc.store).region_ids
+    loaded = region.load_many(loc.store, ids)
+    walls: dict[str, Wall] = {}
+    queues: dict[str, list[PlannedGeneration]] = {}
+    for rid, m in sorted(loaded.items()):
+        done = merged.get(rid, 0)
+        if isinstance(m, Exception):
+            walls[rid] = Wall(done + 1, str(m), permanent=isinstance(m, region.CorruptManifest))
+            log.error("%s", m)
+            continue
+        try:
+            pending = [PlannedGeneration(rid, g.generation, layout.validate_generation_path(g.path, g.generation),
+                                         _generation_bytes(loc, rid, g), g.physical_rows)
+                       for g in pending_generations(m, done)]
+        except (layout.UnsafePath, MalformedRegion) as e:
+            walls[rid] = Wall(done + 1, f"region {rid}: manifest version {m.version}: {e}", permanent=True)
+            log.error("%s", walls[rid].reason)
+            continue
+        except Exception as e:  # noqa: BLE001 - sizing a generation failed (I/O): this region only
+            walls[rid] = Wall(done + 1, f"region {rid}: {type(e).__name__}: {e}", permanent=False)
+            log.error("%s", walls[rid].reason)
+            continue
+        if pending:
+            queues[rid] = pending
+    return MergePlan(loc.lance_uri, state.table_version, merged,
+                     _batches(queues, budget_bytes, max_generations), walls, budget_bytes, max_generations)
+
+
+class MalformedRegion(MergeError):
+    """A region manifest whose generations cannot be merged in order as listed."""
+
+
+def pending_generations(m: region.RegionManifest, merged: int) -> list[region.Generation]:
+    """The generations of `m` above merged progress, checked to be mergeable in order.
+
+    The spec's writers flush generations 1, 2, 3, ... and list each one; progress `merged`
+    claims every generation up to it. So what is listed above progress must be exactly
+    merged+1, merged+2, ... below `current_generation`. Anything else (a gap, a number listed
+    twice, progress ahead of what the region ever flushed: a reset directory or a reused
+    UUID) means merging as listed could skip or shadow a write: refused.
+    """
+    numbers = [g.generation for g in m.generations]
+    twice = sorted(n for n, c in Counter(numbers).items() if c > 1)
+    if twice:
+        raise MalformedRegion(f"generation(s) {twice} are listed more than once")
+    if merged and merged >= m.current_generation:
+        raise MalformedRegion(f"recorded merge progress {merged} is at or past the region's "
+                              f"current_generation {m.current_generation}: the region was reset or its "
+                              "UUID reused; merging (and GC) would treat new generations as merged")
+    pending = [g for g in m.generations if g.generation > merged]
+    for want, g in zip(range(merged + 1, merged + 1 + len(pending)), pending):
+        if g.generation != want:
+            raise MalformedRegion(f"generation {want} is not listed but {g.generation} is (merged progress "
+                                  f"{merged}): generations above progress must be contiguous")
+    if pending and pending[-1].generation >= m.current_generation:
+        raise MalformedRegion(f"generation {pending[-1].generation} is listed but current_generation is "
+                              f"{m.current_generation}")
+    return pending
+
+
+def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: int) -> list[MergeBatch]:
+    """Round-robin over regions so one region's backlog cannot starve the others.
+
+    Each region's generations stay in ascending order across batches; a single generation
+    larger than the budget gets a batch of its own.
+    """
+    queues = {k: list(v) for k, v in queues.items()}
+    batches = []
+    while any(queues.values()):
+        batch: list[PlannedGeneration] = []
+        size = 0
+        progressed = True
+        while progressed and len(batch) < max_gens:
+            progressed = False
+            for rid in sorted(queues):
+                q = queues[rid]
+                if not q or len(batch) >= max_gens:
+                    continue
+                if batch and size + q[0].bytes > budget:
+                    continue
+                g = q.pop(0)
+                batch.append(g)
+                size += g.bytes
+                progressed = True
+        batches.append(MergeBatch(batch))
+        queues = {k: v for k, v in queues.items() if v}
+    return batches
+
+
+@dataclass
+class RegionMergeResult:
+    region_id: str
+    generations_merged: list[int] = field(default_factory=list)
+    merged_generation: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
+    skipped_generations: list[int] = field(default_factory=list)  # already merged by another merger
+    error: str | None = None
+    offending_keys: int = 0
+    wall: int | None = None      # first generation not merged in this run (see `Wall`)
+    permanent: bool = False      # the wall stays until the region is repaired (stuck)
+
+    def stop(self, wall: Wall) -> None:
+        """Record a wall; the lowest one wins (progress can never pass it)."""
+        if self.wall is None or wall.generation < self.wall:
+            self.wall, self.error, self.permanent = wall.generation, wall.reason, wall.permanent
+
+
+@dataclass
+class MergeResult:
+    table_uri: str
+    regions: dict[str, RegionMergeResult] = field(default_factory=dict)
+    commits: int = 0
+    conflicts: int = 0
+    rows_upserted: int = 0
+    rows_deleted: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    duration_s: float = 0.0
+    table_version: int = 0
+
+    @property
+    def failed_regions(self) -> dict[str, str]:
+        return {rid: r.error for rid, r in self.regions.items() if r.error}
+
+    @property
+    def stuck_regions(self) -> dict[str, str]:
+        """Regions behind a permanent wall: nothing merges there until they are repaired."""
+        return {rid: r.error for rid, r in self.regions.items() if r.error and r.permanent}
+
+    @property
+    def generations_merged(self) -> int:
+        return sum(len(r.generations_merged) for r in self.regions.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["generations_merged"] = self.generations_merged
+        d["failed_regions"] = self.failed_regions
+        d["stuck_regions"] = self.stuck_regions
+        return d
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def quote_column(name: str) -> str:
+    """A column name as Lance's SQL filter reads it: plain, or in backquotes (a backquote inside
+    is doubled), so any key column name can be used in a delete predicate."""
+    return name if _IDENT.match(name) else "`" + name.replace("`", "``") + "`"
+
+
+def _literal(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    if isinstance(v, bytes):
+        return "X'" + v.hex() + "'"
+    raise MergeError(f"cannot express a primary key value of type {type(v).__name__} in a delete predicate")
+
+
+def delete_predicate(keys: pa.Table, pk: list[str]) -> str:
+    """SQL predicate matching exactly the tombstoned keys (for `when_not_matched_by_source_delete`)."""
+    cols = {c: quote_column(c) for c in pk}
+    if len(pk) == 1:
+        return f"{cols[pk[0]]} IN ({', '.join(_literal(v) for v in keys.column(pk[0]).to_pylist())})"
+    rows = keys.to_pylist()
+    return " OR ".join("(" + " AND ".join(f"{cols[c]} = {_literal(r[c])}" for c in pk) + ")" for r in rows)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+ProgressFn = Callable[[str], None]
+
+
+def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: int = 5,
+                  progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
+    """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
+
+    Each region's value (what its rows must route to) comes from authoritative state:
+    `expected_values` (region id -> {field id: value}) if given, else the MemWAL snapshot, else
+    the region's first generation (`region_values`). A region's first generation that cannot be
+    merged is a `Wall` for the rest of the run: no later batch or retry merges past it.
+    """
+    clock = _Clock()
+    ds = open_dataset(loc)
+    pk = primary_key(ds)  # a table without a primary key cannot be merged: say so first
+    result = MergeResult(plan.table_uri)
+    for rid, wall in plan.walls.items():
+        result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
+    if not plan.batches:
+        result.duration_s = clock.elapsed()
+        result.table_version = plan.table_version
+        return result
+    state = read_memwal_state(loc, ds.version)
+    specs = {s.spec_id: s for s in state.details.region_specs}
+    manifests = region.load_many(loc.store, sorted(plan.pending))
+    run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), merge_tasks(spark), result, max_attempts)
+    for rid, m in manifests.items():
+        if isinstance(m, Exception):  # loaded when planned, not now: no routing to check it by
+            run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, str(m), permanent=isinstance(m, region.CorruptManifest)))
+        else:
+            run.routes[rid] = _routing_config(m, specs, ds.lance_schema)
+    values = region_values(loc, state, ds, {r: m for r, m in manifests.items() if run.routes.get(r)}, pk,
+                           expected_values or {})
+    for rid, conf in run.routes.items():
+        if conf and rid in values:
+            fields = [f["field_id"] for f in json.loads(conf)["spec"]["fields"]]
+            run.own[rid] = sparkpath.value_key([values[rid].get(f) for f in fields])
+    for n, batch in enumerate(plan.batches, 1):
+        if progress:
+            progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
+                     f"{batch.bytes / 1e6:.1f} MB")
+        _merge_batch(run, batch)
+    result.duration_s = clock.elapsed()
+    result.table_version = open_dataset(loc).version
+    return result
+
+
+def merge_tasks(spark) -> int:
+    """Spark tasks per merge batch (each takes whole regions): `memwal.merge.partitions` if
+    set, else the session's shuffle partitions (`local[*]`: the core count) capped at 64."""
+    explicit = spark.conf.get("memwal.merge.partitions", None)
+    if explicit:
+        return max(1, int(explicit))
+    return max(1, min(64, int(spark.conf.get("spark.sql.shuffle.partitions", "8"))))
+
+
+def _routing_config(m: region.RegionManifest, specs: dict, lance_schema) -> str:
+    """The routing the tasks check a region's rows by, as JSON ('' = nothing to check)."""
+    spec_pb = specs.get(m.message.region_spec_id)
+    if spec_pb is None:
+        return ""
+    rs = routing.RegionSpec.from_proto(spec_pb)
+    if any(f.transform == routing.UNSHARDED for f in rs.fields):
+        return ""
+    return json.dumps({"spec": rs.to_lance(), "source_columns": {
+        str(k): v for k, v in routing.source_columns_for(rs, lance_schema).items()}})
+
+
+def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[str, region.RegionManifest],
+                  pk: list[str], expected: dict[str, dict]) -> dict[str, dict]:
+    """Region id -> {field id: value}: what each region's rows must route to.
+
+    Authoritative first: `expected`, then the value recorded in the MemWAL snapshot (reused by
+    every later snapshot, so it never changes), then the region's oldest listed generation
+    whose live rows all agree (its first generation, for a region not yet snapshotted). Never a
+    vote over the generations being checked: a region whose value cannot be established this
+    way is checked by its first routed generation being unanimous (`spark.first_refused`).
+    """
+    from . import snapshot
+
+    out = {rid: expected[rid] for rid in manifests if rid in expected}
+    missing = [rid for rid in manifests if rid not in out]
+    if missing:
+        try:
+            known = snapshot.snapshot_field_values(snapshot.read_snapshot(loc, state))
+            out.update({rid: known[rid] for rid in missing if rid in known})
+        except snapshot.SnapshotError:
+            pass  # no snapshot yet
+    specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
+    todo = [rid for rid in manifests if rid not in out and manifests[rid].message.region_spec_id in specs]
+
+    def derive(rid: str):
+        m = manifests[rid]
+        try:
+            return snapshot.derive_region_fields(loc, specs[m.message.region_spec_id], ds.lance_schema, pk, m)
+        except Exception as e:  # noqa: BLE001 - no value: the task's unanimity rule applies
+            log.info("region %s: no region value derived (%s)", rid, e)
+            return None
+
+    if todo:
+        with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+            for rid, fv in zip(todo, pool.map(derive, todo)):
+                if fv is not None and fv.values and fv.source.startswith(("derived", "manifest")):
+                    out[rid] = fv.values
+    return out
+
+
+@dataclass
+class _Run:
+    """What the batches of one `execute_merge` share, the walls above all."""
+
+    loc: TableLocation
+    spark: Any
+    pk: tuple[str, ...]
+    columns: tuple[str, ...]
+    tasks: int
+    result: MergeResult
+    max_attempts: int
+    routes: dict[str, str] = field(default_factory=dict)   # region -> routing JSON ('' = none)
+    own: dict[str, str] = field(default_factory=dict)      # region -> its value (`value_key`)
+    walls: dict[str, Wall] = field(default_factory=dict)
+
+    def stop(self, rid: str, wall: Wall) -> None:
+        if rid not in self.walls or wall.generation < self.walls[rid].generation:
+            self.walls[rid] = wall
+            log.error("%s; %s", wall.reason, "the region is stuck until it is repaired" if wall.permanent
+                      else f"merging stops before generation {wall.generation} in this run")
+        self.result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
+
+    def open(self, g: PlannedGeneration) -> bool:
+        """False for a generation at or past its region's wall."""
+        w = self.walls.get(g.region_id)
+        return w is None or g.generation < w.generation
+
+
+def _merge_batch(run: _Run, batch: MergeBatch) -> None:
+    """Read, check, deduplicate and commit one batch; re-run the Spark job when what it read
+    cannot be committed as it is (a generation merged meanwhile, keys shared by regions, a
+    lost commit race). Each re-run has fewer generations or counts a conflict, so it ends."""
+    loc, result = run.loc, run.result
+    region_ids = sorted({g.region_id for g in batch.generations if run.open(g)})
+    index = {rid: i for i, rid in enumerate(region_ids)}
+    region_index = {i: rid for rid, i in index.items()}
+    for rid in region_ids:
+        result.regions.setdefault(rid, RegionMergeResult(rid))
+    cfg = sparkpath.ReadConfig(
+        pk=run.pk, columns=run.columns, storage_options=tuple(sorted(loc.storage_options.items())),
+        routing=tuple((index[rid], run.routes.get(rid, "")) for rid in region_ids),
+        own_values=tuple((index[rid], run.own[rid]) for rid in region_ids if rid in run.own))
+    conflicts = 0
+    while True:
+        merged = read_memwal_state(loc).merged
+        gens = []
+        for g in batch.generations:
+            if g.generation <= merged.get(g.region_id, 0):
+                r = result.regions[g.region_id]
+                if g.generation not in r.skipped_generations:
+                    r.skipped_generations.append(g.generation)
+            elif run.open(g):
+                gens.append(g)
+        if not gens:
+            return
+        deduped = sparkpath.read_and_dedup(
+            run.spark, [(index[g.region_id], g.generation,
+                         loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)), g.bytes)
+                        for g in gens], cfg, run.tasks)
+        # Progress is read again after the read: a generation another merger merged meanwhile
+        # may be gone already (GC collects merged generations) and fail to read. It is skipped
+        # as merged on the next round, not reported as broken.
+        merged_now = read_memwal_state(loc).merged
+        if any(g.generation <= merged_now.get(g.region_id, 0) for g in gens):
+            log.info("generations of this batch were merged by another merger meanwhile; re-reading the rest")
+            continue
+        by_region: dict[int, list[dict]] = {}
+        for s in deduped.stats:
+            by_region.setdefault(s["region"], []).append(s)
+        for ridx, rows in by_region.items():
+            rid = region_index[ridx]
+            refusal = sparkpath.first_refused(rows, run.own.get(rid))  # what the task decided too
+            if refusal is None:
+                continue
+            result.regions[rid].offending_keys += refusal.offending_rows
+            run.stop(rid, Wall(refusal.generation, f"region {rid}: {refusal.message}", refusal.permanent))
+        if deduped.shared:
+            _refuse_shared(deduped, gens, region_index, run)
+            continue
+        gens = _in_order([g for g in gens if run.open(g)], merged_now, run)
+        if not gens:
+            return
+        if _commit_isolating(run, deduped, gens, index):
+            return
+        conflicts += 1
+        result.conflicts += 1
+        if conflicts >= run.max_attempts:
+            raise MergeError(f"gave up merging a batch after {run.max_attempts} conflicting attempts")
+        log.info("merge commit lost to another merger (attempt %d); re-reading progress", conflicts)
+
+
+def _in_order(gens: list[PlannedGeneration], merged: dict[str, int], run: _Run) -> list[PlannedGeneration]:
+    """Each region's generations that continue its progress without a hole (the wall's last
+    line of defence: progress is set to the highest generation committed, so a hole would be
+    recorded as merged)."""
+    out = []
+    for rid in sorted({g.region_id for g in gens}):
+        want = merged.get(rid, 0) + 1
+        for g in sorted((g for g in gens if g.region_id == rid), key=lambda g: g.generation):
+            if g.generation != want:
+                run.stop(rid, Wall(want, f"region {rid}: generation {want} was not merged before generation "
+                                         f"{g.generation} in this run", permanent=False))
+                break
+            out.append(g)
+            want += 1
+    return out
+
+
+def _refuse_shared(deduped: sparkpath.Deduped, gens: list[PlannedGeneration], region_index: dict[int, str],
+                   run: _Run) -> None:
+    """Keys in several regions break the spec's exclusivity: none of those regions is merged in
+    this run (which of their rows is newest is unknowable), the others are."""
+    for ridx, rows in deduped.shared.items():
+        rid = region_index[ridx]
+        others = ", ".join(region_index[i] for i in sorted(deduped.shared) if i != ridx)
+        r = run.result.regions[rid]
+        r.offending_keys = max(r.offending_keys, rows)
+        first = min(g.generation for g in gens if g.region_id == rid)
+        run.stop(rid, Wall(first, f"region {rid}: {deduped.shared_keys} primary keys also appear in another "
+                                  f"region ({others}); the spec requires mutually exclusive regions, so none "
+                                  "of these regions is merged", permanent=True))
+
+
+def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration],
+                      index: dict[str, int]) -> bool:
+    """Commit `gens` in one commit; if that fails for a reason other than a lost race, commit
+    region by region so the failure stops only the region it belongs to. False: a commit lost
+    a race (the caller re-reads progress and retries what is left)."""
+    try:
+        return _commit(run, deduped, gens, index)
+    except Exception as e:  # noqa: BLE001 - isolated below
+        rids = sorted({g.region_id for g in gens})
+        if len(rids) == 1:
+            _commit_failed(run, rids[0], gens, e)
+            return True
+        log.warning("a commit of %d regions failed (%s: %s); committing them one by one",
+                    len(rids), type(e).__name__, e)
+    for rid in rids:
+        mine = [g for g in gens if g.region_id == rid]
+        try:
+            if not _commit(run, deduped.only({index[rid]}), mine, index):
+                return False
+        except Exception as e:  # noqa: BLE001 - this region only
+            _commit_failed(run, rid, mine, e)
+    return True
+
+
+def _commit_failed(run: _Run, rid: str, gens: list[PlannedGeneration], e: Exception) -> None:
+    first = str(e).splitlines()[0] if str(e) else ""
+    run.stop(rid, Wall(min(g.generation for g in gens), f"region {rid}: commit failed: {type(e).__name__}: {first}",
+                       permanent=False))
+
+
+def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration], index: dict[str, int]) -> bool:
+    """Commit exactly `gens` from their deduplicated rows: True, or False on a lost race."""
+    loc, pk, result = run.loc, list(run.pk), run.result
+    deleted = pa.concat_tables(deduped.deleted) if deduped.deleted else None
+    progress: dict[str, int] = {}
+    for g in gens:
+        progress[g.region_id] = max(progress.get(g.region_id, 0), g.generation)
+    ds = open_dataset(loc, commit_lock=faults.commit_lock("merge.during_commit"))
+    schema = pa.schema([ds.schema.field(c) for c in run.columns])
+    builder = ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()
+    if deleted is not None and deleted.num_rows:
+        builder = builder.when_not_matched_by_source_delete(delete_predicate(deleted, pk))
+    builder = builder.mark_sstables_as_compacted(merged_markers(progress))
+    source = pa.RecordBatchReader.from_batches(schema, _cast_stream(deduped.live, schema))
+    faults.point("merge.before_commit")
+    try:
+        stats = builder.execute(source)
+    except OSError as e:
+        if is_stale_merge(e) or "conflict" in str(e).lower():
+            return False
+        raise
+    faults.point("merge.after_commit")
+    new = open_dataset(loc)
+    result.commits += 1
+    result.rows_upserted += stats["num_inserted_rows"] + stats["num_updated_rows"]
+    result.rows_deleted += stats["num_deleted_rows"]
+    result.bytes_written += _bytes_written(new, new.version)
+    by_gen = {(s["region"], s["generation"]): s for s in deduped.stats}
+    for g in gens:
+        r = result.regions[g.region_id]
+        r.generations_merged.append(g.generation)
+        r.merged_generation = max(r.merged_generation, g.generation)
+        s = by_gen.get((index[g.region_id], g.generation), {})
+        r.rows_read += s.get("rows", 0)
+        r.bytes_read += s.get("bytes", 0)
+        result.bytes_read += s.get("bytes", 0)
+    log.info("merged %d generations of %d regions: +%d upserted, -%d deleted, progress %s",
+             len(gens), len(progress), stats["num_inserted_rows"] + stats["num_updated_rows"],
+             stats["num_deleted_rows"], progress)
+    return True
+
+
+def _cast_stream(tables: Iterator[pa.Table], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    for t in tables:
+        yield from t.select(schema.names).cast(schema).to_batches()
+
+
+def _bytes_written(ds: lance.LanceDataset, version: int) -> int:
+    txn = ds.read_transaction(version)
+    op = getattr(txn, "operation", None)
+    frags = list(getattr(op, "new_fragments", []) or [])
+    return sum((f.file_size_bytes or 0) for frag in frags for f in frag.files)
+
+
+def merge(loc: TableLocation, spark, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+          max_generations: int = DEFAULT_MAX_GENERATIONS, regions: list[str] | None = None,
+          progress: ProgressFn | None = None) -> MergeResult:
+    """Plan and execute in one call (what the CLI and the Dagster asset run)."""
+    plan = plan_merge(loc, budget_bytes=budget_bytes, max_generations=max_generations, regions=regions)
+    return execute_merge(loc, plan, spark, progress=progress)

@@ -1,0 +1,274 @@
+"""Region manifests: list regions, load the latest version, commit the next one.
+
+Loading follows the spec: read `version_hint.json`, then HEAD-probe the following versions
+until one is missing (no listing of the manifest directory on the normal path). Committing is
+put-if-absent of version N+1; a lost race reloads, re-applies the change to the fresh manifest
+and tries again, so a writer's concurrent flush is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from google.protobuf.message import DecodeError
+
+from . import layout
+from .proto import memwal_pb2 as pb
+from .store import NotFound, ObjectStore
+
+log = logging.getLogger("memwal.region")
+
+
+class RegionError(Exception):
+    """Something is wrong with one region; other regions are unaffected."""
+
+    def __init__(self, region_id: str, message: str):
+        super().__init__(f"region {region_id}: {message}")
+        self.region_id = region_id
+
+
+class CorruptManifest(RegionError):
+    pass
+
+
+class MissingManifest(RegionError):
+    pass
+
+
+class CommitRaceLost(RegionError):
+    pass
+
+
+class ManifestGap(CorruptManifest):
+    """A later manifest version exists past a missing one: the loaded "latest" is stale."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    generation: int
+    path: str
+    in_memory_bytes: int
+    physical_rows: int
+
+
+@dataclass
+class RegionManifest:
+    """One decoded version of a region manifest, with the exact bytes it was read from."""
+
+    region_id: str
+    version: int
+    message: pb.RegionManifest
+    raw: bytes = b""
+
+    @property
+    def writer_epoch(self) -> int:
+        return self.message.writer_epoch
+
+    @property
+    def current_generation(self) -> int:
+        return self.message.current_generation
+
+    @property
+    def generations(self) -> list[Generation]:
+        """Flushed generations in ascending order (paths not yet validated)."""
+        gens = [Generation(g.generation, g.path, g.in_memory_bytes, g.physical_rows)
+                for g in self.message.flushed_generations]
+        return sorted(gens, key=lambda g: g.generation)
+
+
+@dataclass
+class RegionListing:
+    region_ids: list[str]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (name, reason)
+
+
+def list_regions(store: ObjectStore) -> RegionListing:
+    """Region directories under `_mem_wal/`; a name that is not a UUID is skipped with a warning."""
+    ids, skipped = [], []
+    for name in store.list_dirs(layout.MEM_WAL_DIR):
+        if layout.is_region_id(name):
+            ids.append(name)
+        else:
+            reason = "directory name is not a region UUID"
+            log.warning("skipping %s/%s: %s", layout.MEM_WAL_DIR, name, reason)
+            skipped.append((name, reason))
+    return RegionListing(ids, skipped)
+
+
+def read_version_hint(store: ObjectStore, region_id: str) -> int | None:
+    """The hinted latest version, or None when it is missing or garbage (with a warning)."""
+    key = layout.version_hint_key(region_id)
+    try:
+        raw = store.get(key)
+    except NotFound:
+        return None
+    try:
+        v = json.loads(raw)["version"]
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+        raise ValueError(f"bad version {v!r}")
+    except Exception as e:  # noqa: BLE001 - any garbage means "no hint"
+        log.warning("region %s: ignoring unreadable %s (%s)", region_id, key, e)
+        return None
+
+
+def write_version_hint(store: ObjectStore, region_id: str, version: int) -> None:
+    """Best effort, as the spec allows: a failed hint only costs readers extra probes."""
+    try:
+        store.put(layout.version_hint_key(region_id),
+                  json.dumps({"version": version}, separators=(",", ":")).encode())
+    except Exception as e:  # noqa: BLE001
+        log.info("region %s: version hint not updated (%s)", region_id, e)
+
+
+def decode_manifest(region_id: str, version: int, raw: bytes) -> RegionManifest:
+    key = layout.manifest_key(region_id, version)
+    if not raw:
+        raise CorruptManifest(region_id, f"manifest {key} (version {version}) is empty")
+    try:
+        msg = pb.RegionManifest.FromString(raw)
+    except DecodeError as e:
+        raise CorruptManifest(region_id, f"manifest {key} (version {version}) cannot be decoded: {e}") from None
+    if msg.version != version:
+        raise CorruptManifest(region_id, f"manifest {key} says version {msg.version}, expected "
+                                         f"version {version} (truncated or misplaced file)")
+    if not msg.HasField("region_id"):
+        # pylance writes region_id (field 11) last but for defaults, so a file cut short at a
+        # field boundary still decodes: without this check it would silently lose generations.
+        raise CorruptManifest(region_id, f"manifest {key} (version {version}) has no region_id "
+                                         "(truncated, or not a region manifest)")
+    if msg.region_id.uuid != uuid.UUID(region_id).bytes:
+        raise CorruptManifest(region_id, f"manifest {key} (version {version}) belongs to region "
+                                         f"{_uuid_str(msg.region_id.uuid)}")
+    return RegionManifest(region_id, version, msg, raw)
+
+
+def _uuid_str(b: bytes) -> str:
+    try:
+        return str(uuid.UUID(bytes=b))
+    except ValueError:
+        return b.hex()
+
+
+def load_version(store: ObjectStore, region_id: str, version: int) -> RegionManifest:
+    try:
+        raw = store.get(layout.manifest_key(region_id, version))
+    except NotFound:
+        raise MissingManifest(region_id, f"manifest version {version} does not exist") from None
+    return decode_manifest(region_id, version, raw)
+
+
+def probe_latest_version(store: ObjectStore, region_id: str, start: int | None = None, *,
+                         start_exists: bool = False) -> int:
+    """Latest existing manifest version by existence probes from `start` (or the hint, or 1).
+
+    `start_exists=True` (a version seen before, e.g. a sensor cursor) skips re-probing `start`
+    itself, so an unchanged region costs exactly one request. Only when the start version is missing (a garbage or stale hint after old versions
+    were garbage-collected, or a hand-damaged region) does it fall back to listing the
+    manifest directory, with a warning.
+    """
+    if start is None:
+        start, start_exists = read_version_hint(store, region_id) or 1, False
+    if not start_exists and not store.exists(layout.manifest_key(region_id, start)):
+        return _latest_by_listing(store, region_id, start)
+    v = start
+    while store.exists(layout.manifest_key(region_id, v + 1)):
+        v += 1
+    return v
+
+
+def _latest_by_listing(store: ObjectStore, region_id: str, start: int) -> int:
+    versions = [v for v in (layout.parse_bitrev(o.key.rsplit("/", 1)[-1])
+                            for o in store.list(layout.manifest_dir(region_id))
+                            if o.key.endswith(layout.MANIFEST_SUFFIX)) if v]
+    if not versions:
+        raise MissingManifest(region_id, f"no manifest under {layout.manifest_dir(region_id)}/")
+    latest = max(versions)
+    log.warning("region %s: manifest version %d not found; found latest version %d by listing",
+                region_id, start, latest)
+    return latest
+
+
+def load_latest(store: ObjectStore, region_id: str, start: int | None = None) -> RegionManifest:
+    return load_version(store, region_id, probe_latest_version(store, region_id, start))
+
+
+def load_many(store: ObjectStore, region_ids: Iterable[str], *, max_workers: int = 16,
+              starts: dict[str, int] | None = None) -> dict[str, RegionManifest | Exception]:
+    """Latest manifests of many regions, probed in parallel; a failure is returned, not raised."""
+    starts = starts or {}
+
+    def one(rid: str) -> RegionManifest | Exception:
+        try:
+            return load_latest(store, rid, starts.get(rid))
+        except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
+            return e if isinstance(e, RegionError) else RegionError(rid, f"{type(e).__name__}: {e}")
+
+    ids = list(region_ids)
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(ids) or 1))) as pool:
+        return dict(zip(ids, pool.map(one, ids)))
+
+
+# A change applied to a fresh copy of the latest manifest; returns False when, on that fresh
+# manifest, there is nothing left to change (the commit is then skipped).
+Mutation = Callable[[pb.RegionManifest], bool]
+
+
+def commit_next(store: ObjectStore, current: RegionManifest, mutate: Mutation, *,
+                max_attempts: int = 10) -> RegionManifest | None:
+    """Commit `mutate(latest)` as the next version with put-if-absent.
+
+    On a lost race the latest manifest is reloaded and `mutate` re-applied, so fields written
+    by the winner (a writer's flush, its epoch) are kept. Returns the committed manifest, or
+    None when `mutate` found nothing to change. Never touches `writer_epoch`.
+    """
+    for _ in range(max_attempts):
+        msg = pb.RegionManifest()
+        msg.CopyFrom(current.message)
+        if not mutate(msg):
+            return None
+        if msg.writer_epoch != current.message.writer_epoch:
+            raise ValueError("memwal never changes a region's writer_epoch")
+        version = current.version + 1
+        msg.version = version
+        raw = msg.SerializeToString()
+        _refuse_gap(store, current.region_id, version)
+        if store.put_if_absent(layout.manifest_key(current.region_id, version), raw):
+            write_version_hint(store, current.region_id, version)
+            return RegionManifest(current.region_id, version, msg, raw)
+        log.info("region %s: manifest version %d taken by another committer; reloading",
+                 current.region_id, version)
+        current = load_latest(store, current.region_id, start=version)
+    raise CommitRaceLost(current.region_id, f"gave up committing after {max_attempts} lost races")
+
+
+def _refuse_gap(store: ObjectStore, region_id: str, version: int) -> None:
+    """Refuse to commit `version` when `version + 1` already exists but `version` does not.
+
+    Existence probes stop at the first missing version, so with versions 1, 2, 4 on disk (3
+    deleted by hand, or lost) and no usable hint, "latest" is 2. Committing 3 there would put
+    memwal's change *under* version 4, where every reader and writer ignores it (a GC trim
+    would then delete generations that version 4 still lists). Committers never leave gaps, so
+    N+2 without N+1 is damage, not a race: a racing committer cannot write N+2 before N+1
+    exists, hence N+1 is probed after N+2. Costs one HEAD per commit attempt (gaps wider than
+    one version are found by listing only; see docs/reliability.md).
+    """
+    if store.exists(layout.manifest_key(region_id, version + 1)) and \
+            not store.exists(layout.manifest_key(region_id, version)):
+        raise ManifestGap(region_id, f"manifest version {version} is missing but version {version + 1} "
+                                     f"exists (a gap in {layout.manifest_dir(region_id)}/): the latest "
+                                     f"version found by probing, {version - 1}, is stale; not committing "
+                                     "on it (restore the missing version or repair the region)")
+
+
+def region_uuid_bytes(region_id: str) -> bytes:
+    return uuid.UUID(region_id).bytes
+
+
+def region_id_str(raw: bytes) -> str:
+    return _uuid_str(raw)

@@ -1,0 +1,463 @@
+"""Spark data path of the merger: one Spark task per group of regions, no shuffle.
+
+Regions own disjoint primary keys (the spec requires it; the driver verifies it on every
+batch), so the newest row of a key is decided inside its region. Each Spark task therefore
+takes whole regions: it reads each region's generations in ascending order through Lance (so
+in-generation deletion files apply), checks them (columns, routing), keeps the newest row per
+key over the generations it may merge, and returns live rows and tombstoned keys as **Arrow
+IPC blobs**. One stage, nothing shuffled: rows cross the JVM once, on their way to the driver.
+(A first design hash-partitioned keys across a shuffle; it moved every row through the JVM
+four times and was ~2x slower at 200 generations, see docs/benchmarks.md.) Blobs rather than
+Spark rows keep every Arrow type (unsigned ints, nanosecond timestamps, fixed-size-list
+vectors, ...) exactly as written. Only DataFrame APIs are used, so a Spark Connect session or
+a cluster master works the same as `local[*]`.
+
+The price: one region's share of a batch is one task, so parallelism comes from regions (a
+single-region table merges on one core; the batch budget bounds that task's work).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import io
+import json
+import logging
+import os
+import sys
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import warnings
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import jvm_archive
+
+# pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
+# that import lance afresh, so the warning is noise here.
+warnings.filterwarnings("ignore", message="lance is not fork-safe")
+
+log = logging.getLogger(__name__)
+
+REGION_COL = "_memwal_region"
+TOMBSTONE = "_tombstone"
+ROWS_PER_BLOB = 65536
+
+# Task output: per generation one 'stats' row; per region the 'live' rows and 'del' keys as blobs.
+OUTPUT_SCHEMA = pa.schema([
+    ("kind", pa.string()),          # 'stats' | 'live' | 'del'
+    ("region", pa.int32()),
+    ("generation", pa.int64()),
+    ("blob", pa.binary()),
+    ("rows", pa.int64()),
+    ("bytes", pa.int64()),
+    ("info", pa.string()),          # stats: JSON {routes: [[values, count]], error: str|None}
+])
+OUTPUT_DDL = "kind string, region int, generation long, blob binary, rows long, bytes long, info string"
+
+
+_prestart_lock = threading.Lock()
+_prestarting: threading.Thread | None = None
+
+
+def prestart(master: str = "local[*]", conf: dict[str, str] | None = None) -> None:
+    """Start the session and its Python workers in the background (a no-op for `sc://`).
+
+    A short-lived process (the CLI) otherwise pays the JVM start (~7 s here) and then the first
+    job's worker start-up (fork, import lance) one after the other, after its own imports and
+    planning; started early they overlap. `get_spark` waits for a prestart in flight.
+    """
+    global _prestarting
+    if master.startswith("sc://"):
+        return
+    with _prestart_lock:
+        if _prestarting is not None:
+            return
+
+        def run() -> None:
+            try:
+                warm_workers(_build_session(master, conf))
+            except Exception:  # noqa: BLE001 - get_spark will raise the real error in the caller
+                log.debug("Spark prestart failed", exc_info=True)
+
+        _prestarting = threading.Thread(target=run, name="memwal-spark-prestart", daemon=True)
+        _prestarting.start()
+
+
+def _import_worker_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import lance  # noqa: F401  (the import is the point: it takes a fresh worker ~1 s)
+
+    from . import routing  # noqa: F401
+
+    yield from batches
+
+
+def warm_workers(session) -> None:
+    """One trivial task per core, so Python workers exist and have imported lance."""
+    n = max(1, int(session.sparkContext.defaultParallelism))
+    session.range(0, n, 1, n).mapInArrow(_import_worker_modules, "id long").collect()
+
+
+def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, app_name: str = "memwal"):
+    """A SparkSession for the merger (`getOrCreate`: an existing session in the process wins).
+
+    A `sc://host:port` master builds a Spark Connect session instead of a local JVM.
+    """
+    thread = _prestarting
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+    return _build_session(master, conf, app_name)
+
+
+def _build_session(master: str, conf: dict[str, str] | None = None, app_name: str = "memwal"):
+    from pyspark.sql import SparkSession
+
+    conf = dict(conf or {})
+    if master.startswith("sc://"):
+        return SparkSession.builder.remote(master).appName(app_name).getOrCreate()
+    defaults = {
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(max(2, (os.cpu_count() or 2))),
+        "spark.driver.memory": "2g",
+        "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+    }
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local session binds to loopback
+        log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+        # Ours first, the caller's after them (a later JVM option wins).
+        archive = "" if conf.pop("memwal.jvm_archive", "on") == "off" else jvm_archive.java_options()
+        conf["spark.driver.extraJavaOptions"] = " ".join(
+            o for o in (f"-Dlog4j2.configurationFile=file:{log4j}", archive,
+                        conf.get("spark.driver.extraJavaOptions", "")) if o)
+        # Python workers must run this interpreter (it has lance and memwal_core); Spark reads
+        # PYSPARK_PYTHON when it forks them. On a cluster, the executors' Python is the cluster's.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for k, v in {**defaults, **conf}.items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(conf.get("memwal.log_level", "ERROR"))
+    return session
+
+
+def to_blob(table: pa.Table | pa.RecordBatch) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write(table)
+    return sink.getvalue()
+
+
+def from_blob(blob: bytes | pa.Buffer) -> pa.Table:
+    return pa.ipc.open_stream(blob if isinstance(blob, pa.Buffer) else pa.py_buffer(blob)).read_all()
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """What the merge tasks need; pickled into them (storage options are never logged)."""
+
+    pk: tuple[str, ...]
+    columns: tuple[str, ...]            # base-table columns, in order (without _tombstone)
+    storage_options: tuple[tuple[str, str], ...]
+    routing: tuple[tuple[int, str], ...]  # region index -> JSON {spec, source_columns} ('' = none)
+    own_values: tuple[tuple[int, str], ...] = ()  # region index -> its region value (`value_key`), if known
+    read_threads: int = 4                # generations a task reads at once
+    read_attempts: int = 3               # tries per generation before a read failure stops its region
+    retry_backoff_s: float = 0.2         # first back-off between tries (doubles)
+
+    def __repr__(self) -> str:  # the storage options hold credentials: never in a repr
+        return (f"ReadConfig(pk={self.pk}, columns={self.columns}, "
+                f"storage_options={sorted(k for k, _ in self.storage_options)}, routing=...)")
+
+
+def _route_counts(table: pa.Table, routing_json: str, pk: tuple[str, ...]) -> list:
+    """[[region value, rows]] over the rows that can be routed.
+
+    Live rows always; tombstones only when every routing column is a key column. A delete's
+    tombstone carries only the key (NULL elsewhere), so a spec on a non-key column would send
+    every tombstone to the NULL value's region (bucket 0): tombstones are checked by their
+    key instead (no key may sit in two regions; `shared_keys` on the driver).
+    """
+    from . import routing
+
+    cfg = json.loads(routing_json)
+    spec = routing.RegionSpec.from_lance(cfg["spec"])
+    sources = {int(k): v for k, v in cfg["source_columns"].items()}
+    if TOMBSTONE in table.column_names and not set(sources.values()) <= set(pk):
+        table = table.filter(pc.invert(table.column(TOMBSTONE).fill_null(False)))
+    values = routing.region_values(spec, table, sources)
+    if values.num_rows == 0:
+        return []
+    if values.num_columns == 1:  # one field: value_counts is far cheaper than a group_by
+        counts = pc.value_counts(values.column(0))
+        return [[[v], c] for v, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())]
+    counts = values.group_by(values.column_names).aggregate([([], "count_all")])
+    return [[[r[c] for c in values.column_names], r["count_all"]] for r in counts.to_pylist()]
+
+
+def value_key(values: list) -> str:
+    """A region value (one value per spec field) as a comparable string."""
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+class Refused(ValueError):
+    """A generation that can never be merged as it is (schema, NULL keys): permanent."""
+
+
+@dataclass
+class Refusal:
+    """Why a region's generations from `generation` on must not be merged in this run.
+
+    `permanent`: the generation itself is wrong (columns, routing, NULL keys); the region is
+    stuck until it is repaired. Otherwise the read failed (I/O, a directory briefly missing)
+    after `ReadConfig.read_attempts` tries: the region stops for this run and is retried by
+    the next one.
+    """
+
+    generation: int
+    message: str
+    offending_rows: int = 0
+    permanent: bool = True
+
+
+def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
+    """The first generation of one region (stats rows, any order) that must not be merged.
+
+    A generation is refused when its read failed (wrong columns, NULL keys, unreadable) or when
+    any of its routable rows routes to a region value other than the region's own. `own` comes
+    from authoritative state (the MemWAL snapshot, or the region's first generation, decided by
+    the driver); when it is not known, the region's first routed generation here must route
+    all its rows to one value, which becomes the region's (never a majority vote). Stray rows
+    are counted over all the region's generations, so the report says how big the damage is.
+    """
+    first: Refusal | None = None
+    offending = 0
+    for s in sorted(stats, key=lambda s: s["generation"]):
+        info = json.loads(s["info"])
+        if info["error"]:
+            first = first or Refusal(s["generation"], f"generation {s['generation']}: {info['error']}",
+                                     permanent=bool(info.get("permanent", True)))
+            continue
+        counts = Counter({value_key(v): c for v, c in info["routes"]})
+        if counts and own is None:
+            if len(counts) > 1:
+                first = first or Refusal(
+                    s["generation"], f"generation {s['generation']}: its rows route to {len(counts)} "
+                    "different region values and the region's own value is not established yet "
+                    "(no MemWAL snapshot value, no earlier generation); the spec requires mutually "
+                    "exclusive regions")
+                offending += sum(counts.values()) - max(counts.values())
+                continue
+            own = next(iter(counts))
+        stray = sum(c for v, c in counts.items() if v != own)
+        if stray:
+            first = first or Refusal(s["generation"], "")
+            offending += stray
+    if first is not None and offending:
+        first.offending_rows = offending
+        first.message = first.message or (
+            f"generation {first.generation}: {offending} rows route to another region (region value "
+            f"{own}); the spec requires mutually exclusive regions")
+    return first
+
+
+def _read_generation(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -> tuple[pa.Table, dict]:
+    """One generation's rows in row order (columns in base-table order + _tombstone), and its
+    stats info. Raises `Refused` when it can never be merged as it is (wrong columns, NULL
+    keys) and anything else when it could not be read."""
+    import lance
+
+    ds = lance.dataset(ds_uri, storage_options=options)
+    want = list(cfg.columns) + [TOMBSTONE]
+    names = [f.name for f in ds.schema]
+    if sorted(names) != sorted(want):
+        extra = sorted(set(names) - set(want))
+        missing = sorted(set(want) - set(names))
+        raise Refused(f"columns differ from the base table: extra {extra}, missing {missing}")
+    table = ds.to_table(columns=want, with_row_address=True)
+    addr = table.column(table.num_columns - 1)
+    if table.num_rows > 1 and not pc.all(pc.greater_equal(addr.slice(1), addr.slice(0, table.num_rows - 1))).as_py():
+        table = table.sort_by(table.column_names[-1])  # later position wins: rows must be in write order
+    table = table.drop_columns([table.column_names[-1]])
+    nulls = {c: table.column(c).null_count for c in cfg.pk if table.column(c).null_count}
+    if nulls:
+        raise Refused(f"NULL primary key values ({', '.join(f'{c}: {n} rows' for c, n in nulls.items())}); "
+                      "a row without a key cannot be upserted or deleted")
+    return table, {"routes": _route_counts(table, routing_json, cfg.pk) if routing_json else [], "error": None}
+
+
+def _read_with_retries(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -> tuple[pa.Table | None, dict]:
+    """`_read_generation`, retried with back-off on failures that may pass (I/O, object-store
+    5xx, a directory briefly missing); a `Refused` generation is not retried."""
+    import time
+
+    delay = cfg.retry_backoff_s
+    for attempt in range(1, max(1, cfg.read_attempts) + 1):
+        try:
+            return _read_generation(ds_uri, cfg, routing_json, options)
+        except Refused as e:
+            return None, {"routes": [], "error": str(e), "permanent": True}
+        except Exception as e:  # noqa: BLE001 - reported per generation; the region stops for this run
+            if attempt >= max(1, cfg.read_attempts):
+                first = str(e).splitlines()[0] if str(e) else ""
+                return None, {"routes": [], "permanent": False,
+                              "error": f"unreadable after {attempt} tries: {type(e).__name__}: {first}"}
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+def newest_rows(tables: list[pa.Table], pk: list[str]) -> pa.Table:
+    """The newest row of each key among `tables` (one region's generations, oldest first, each
+    in write order): the key's last row in their concatenation."""
+    table = pa.concat_tables(tables, promote_options="permissive")
+    table = table.append_column("_memwal_i", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    last = table.group_by(pk, use_threads=False).aggregate([("_memwal_i", "max")])
+    return table.take(last["_memwal_i_max"]).drop_columns(["_memwal_i"])
+
+
+def merge_regions(cfg: ReadConfig, groups: tuple, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The Spark task: for each region of its group, read, check and deduplicate its generations.
+
+    Only the generations before the region's first refused one (`first_refused`) are
+    deduplicated; every generation read gets a stats row, so the driver can report and decide.
+    A refused generation's later generations are still read, to count their stray rows.
+    """
+    options = dict(cfg.storage_options) or None
+    routes = dict(cfg.routing)
+    own = dict(cfg.own_values)
+
+    def read(ridx: int, generation: int, uri: str) -> tuple[pa.Table | None, dict]:
+        table, info = _read_with_retries(uri, cfg, routes.get(ridx, ""), options)
+        nrows, nbytes = (table.num_rows, table.nbytes) if table is not None else (0, 0)
+        return table, {"region": ridx, "generation": generation, "rows": nrows, "bytes": nbytes,
+                       "info": json.dumps(info)}
+
+    # Generations are read `read_threads` at a time: opening and scanning a small Lance dataset
+    # is mostly waiting (file I/O, object-store round trips) with the GIL released.
+    with ThreadPoolExecutor(max(1, cfg.read_threads)) as pool:
+        for batch in batches:
+            for group in batch.column("id").to_pylist():
+                for ridx, generations in groups[group]:
+                    # No name keeps the tables alive here: _merge_region drops them as it goes.
+                    yield _merge_region(cfg, ridx, list(pool.map(lambda gu: read(ridx, *gu), generations)),
+                                        own.get(ridx) or None)
+
+
+def _merge_region(cfg: ReadConfig, ridx: int, read: list[tuple[pa.Table | None, dict]],
+                  own: str | None) -> pa.RecordBatch:
+    """One region's output from its generations' (table, stats) in ascending order: a stats row
+    per generation, then its newest live rows and tombstoned keys over the generations before
+    its first refused one."""
+    stats = [s for _, s in read]
+    refused = first_refused(stats, own)
+    keep = [t for t, s in read if refused is None or s["generation"] < refused.generation]
+    rows = [("stats", s["generation"], b"", s["rows"], s["bytes"], s["info"]) for s in stats]
+    del read
+    if keep:
+        newest = newest_rows(keep, list(cfg.pk))
+        del keep
+        dead = newest.column(TOMBSTONE).fill_null(False)
+        live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE])
+        gone = newest.filter(dead).select(list(cfg.pk))
+        for kind, t in (("live", live), ("del", gone)):
+            for off in range(0, t.num_rows, ROWS_PER_BLOB):
+                chunk = t.slice(off, ROWS_PER_BLOB)
+                rows.append((kind, -1, to_blob(chunk), chunk.num_rows, chunk.nbytes, ""))
+    return _output_batch(ridx, rows)
+
+
+def _output_batch(ridx: int, rows: list[tuple]) -> pa.RecordBatch:
+    kind, generation, blob, nrows, nbytes, info = zip(*rows)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(kind, pa.string()), pa.array([ridx] * len(rows), pa.int32()), pa.array(generation, pa.int64()),
+         pa.array(blob, pa.binary()), pa.array(nrows, pa.int64()), pa.array(nbytes, pa.int64()),
+         pa.array(info, pa.string())], schema=OUTPUT_SCHEMA)
+
+
+def pack_regions(generations: list[tuple[int, int, str, int]], tasks: int) -> tuple:
+    """Regions -> at most `tasks` groups of about equal bytes (largest region first onto the
+    lightest group). `generations` are (region index, generation, uri, bytes); each group is a
+    tuple of (region index, ((generation, uri), ...) ascending)."""
+    by_region: dict[int, list[tuple[int, str, int]]] = {}
+    for ridx, generation, uri, nbytes in generations:
+        by_region.setdefault(ridx, []).append((generation, uri, nbytes))
+    weight = {r: sum(max(1, b) for _, _, b in gs) for r, gs in by_region.items()}
+    n = max(1, min(tasks, len(by_region)))
+    heap = [(0, i) for i in range(n)]
+    groups: list[list] = [[] for _ in range(n)]
+    for r in sorted(by_region, key=lambda r: (-weight[r], r)):
+        load, i = heapq.heappop(heap)
+        groups[i].append((r, tuple((g, u) for g, u, _ in sorted(by_region[r]))))
+        heapq.heappush(heap, (load + weight[r], i))
+    return tuple(tuple(g) for g in groups if g)
+
+
+@dataclass
+class Deduped:
+    """One batch's newest rows, on the driver: bounded by the batch budget."""
+
+    stats: list[dict]                   # one per generation read: region, generation, rows, bytes, info
+    live: list[pa.Table] = field(default_factory=list)
+    deleted: list[pa.Table] = field(default_factory=list)
+    live_region: list[int] = field(default_factory=list)      # region index of each `live` table
+    deleted_region: list[int] = field(default_factory=list)   # region index of each `deleted` table
+    shared: dict[int, int] = field(default_factory=dict)  # region index -> its keys also in another region
+    shared_keys: int = 0
+
+    def only(self, regions: set[int]) -> "Deduped":
+        """The part of this batch that belongs to `regions` (to commit them on their own)."""
+        return Deduped([s for s in self.stats if s["region"] in regions],
+                       [t for t, r in zip(self.live, self.live_region) if r in regions],
+                       [t for t, r in zip(self.deleted, self.deleted_region) if r in regions],
+                       [r for r in self.live_region if r in regions],
+                       [r for r in self.deleted_region if r in regions])
+
+
+def read_and_dedup(spark, generations: list[tuple[int, int, str, int]], cfg: ReadConfig, tasks: int) -> Deduped:
+    """Run one Spark job over `generations` (region index, generation, uri, bytes) and collect
+    the newest rows per region; then check on the driver that no key sits in two regions."""
+    groups = pack_regions(generations, tasks)
+    df = spark.range(0, len(groups), 1, numPartitions=len(groups))
+    out = df.mapInArrow(functools.partial(merge_regions, cfg, groups), OUTPUT_DDL).toArrow()
+    result = Deduped(stats=[])
+    keys: list[tuple[int, pa.Table]] = []
+    regions = out.column("region").to_pylist()
+    for i, kind in enumerate(out.column("kind").to_pylist()):
+        if kind == "stats":
+            result.stats.append({"region": regions[i], "generation": out.column("generation")[i].as_py(),
+                                 "rows": out.column("rows")[i].as_py(), "bytes": out.column("bytes")[i].as_py(),
+                                 "info": out.column("info")[i].as_py()})
+            continue
+        table = from_blob(out.column("blob")[i].as_buffer())
+        (result.live if kind == "live" else result.deleted).append(table)
+        (result.live_region if kind == "live" else result.deleted_region).append(regions[i])
+        keys.append((regions[i], table.select(list(cfg.pk))))
+    result.shared, result.shared_keys = shared_keys(keys, list(cfg.pk))
+    return result
+
+
+def shared_keys(keys_by_region: list[tuple[int, pa.Table]], pk: list[str]) -> tuple[dict[int, int], int]:
+    """Keys present in more than one region (which the spec forbids): per region index how many
+    of its rows have such a key, and how many such keys. Cheap when there are none (one
+    distinct count for a single-column key)."""
+    if not keys_by_region:
+        return {}, 0
+    keys = pa.concat_tables([t.append_column(REGION_COL, pa.array(np.full(t.num_rows, r, np.int32)))
+                             for r, t in keys_by_region], promote_options="permissive")
+    if len(pk) == 1 and pc.count_distinct(keys.column(pk[0]), mode="all").as_py() == keys.num_rows:
+        return {}, 0
+    spans = keys.group_by(pk, use_threads=False).aggregate([(REGION_COL, "min"), (REGION_COL, "max")])
+    shared = spans.filter(pc.not_equal(spans[f"{REGION_COL}_min"], spans[f"{REGION_COL}_max"])).select(pk)
+    if not shared.num_rows:
+        return {}, 0
+    per = keys.join(shared, pk, join_type="inner").group_by([REGION_COL]).aggregate([([], "count_all")])
+    return dict(zip(per[REGION_COL].to_pylist(), per["count_all"].to_pylist())), shared.num_rows

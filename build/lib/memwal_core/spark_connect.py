@@ -1,0 +1,85 @@
+"""A long-lived local Spark Connect server, so sensor-triggered runs skip the JVM start.
+
+Every Dagster run is a new process; with `spark.master = local[*]` each would start its own
+JVM (~10 s here), which dominates a small merge. Pointing the table at `sc://127.0.0.1:PORT`
+instead makes each run a thin client of one warm server: `ensure_server` starts it once
+(pyspark ships `sbin/start-connect-server.sh`) and later runs find it listening.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from . import jvm_archive
+
+
+def listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def spark_home() -> str:
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
+
+
+def ensure_server(remote: str, *, master: str = "local[*]", conf: dict[str, str] | None = None,
+                  state_dir: str | os.PathLike | None = None, timeout_s: float = 90.0) -> bool:
+    """Start a local Connect server for `remote` (sc://127.0.0.1:PORT) unless one is listening.
+
+    Returns True when this call started it. Only loopback addresses are started locally; a
+    remote host must already run its own server.
+    """
+    url = urlparse(remote)
+    host, port = url.hostname or "127.0.0.1", url.port or 15002
+    if listening(host, port):
+        return False
+    if host not in ("127.0.0.1", "localhost"):
+        raise ConnectionError(f"no Spark Connect server at {remote}, and it is not local to start one")
+    state = Path(state_dir or os.environ.get("MEMWAL_STATE_DIR", Path.home() / ".memwal"))
+    state.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "SPARK_HOME": spark_home(), "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOG_DIR": str(state / "spark-logs"), "SPARK_PID_DIR": str(state / "spark-pids"),
+           "SPARK_IDENT_STRING": f"memwal-{port}"}
+    args = ["bash", os.path.join(spark_home(), "sbin", "start-connect-server.sh"), "--master", master,
+            "--conf", f"spark.connect.grpc.binding.port={port}",
+            "--conf", "spark.sql.execution.arrow.pyspark.enabled=true",
+            "--conf", f"spark.sql.shuffle.partitions={max(2, os.cpu_count() or 2)}",
+            "--conf", "spark.ui.enabled=false"]
+    conf = dict(conf or {})
+    archive = jvm_archive.java_options()  # the server's driver JVM starts sooner too
+    if archive:
+        conf["spark.driver.extraJavaOptions"] = f"{archive} {conf.get('spark.driver.extraJavaOptions', '')}".strip()
+    for k, v in conf.items():
+        args += ["--conf", f"{k}={v}"]
+    # Two runs may race to start it: the loser's script exits non-zero ("running as process
+    # N"), and it then simply waits for the winner's server like everyone else.
+    started = subprocess.run(args, env=env, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if listening(host, port):
+            return started.returncode == 0
+        time.sleep(0.25)
+    said = started.stdout.strip().splitlines()[-1:] if started.stdout else []
+    raise TimeoutError(f"Spark Connect server on port {port} did not start within {timeout_s:.0f} s"
+                       f"{': ' + said[0] if said else ''}; see {state / 'spark-logs'}")
+
+
+def stop_server(remote: str, state_dir: str | os.PathLike | None = None) -> None:
+    port = urlparse(remote).port or 15002
+    state = Path(state_dir or os.environ.get("MEMWAL_STATE_DIR", Path.home() / ".memwal"))
+    env = {**os.environ, "SPARK_HOME": spark_home(), "SPARK_PID_DIR": str(state / "spark-pids"),
+           "SPARK_IDENT_STRING": f"memwal-{port}"}
+    subprocess.run(["bash", os.path.join(spark_home(), "sbin", "stop-connect-server.sh")], env=env,
+                   check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

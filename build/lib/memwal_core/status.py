@@ -1,0 +1,118 @@
+"""Per-region lag: what is flushed, what is merged, what is pending and how old it is.
+
+This is what users watch (`memwal status`, Dagster metadata and checks): merge lag as the age
+of the oldest pending generation (its flush time is the mtime of the generation's own Lance
+manifest: one HEAD per region), pending rows and bytes, and each index's catch-up gap.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import layout, region
+from .store import TableLocation
+from .table import MemWalState, open_dataset, read_memwal_state
+
+# A generation directory is a Lance dataset; its first (and, for pylance, only) version.
+_GEN_MANIFEST = "_versions/18446744073709551614.manifest"
+
+
+@dataclass
+class RegionStatus:
+    region_id: str
+    manifest_version: int = 0
+    writer_epoch: int = 0
+    current_generation: int = 0
+    flushed_generations: list[int] = field(default_factory=list)
+    merged_generation: int = 0
+    pending_generations: list[int] = field(default_factory=list)
+    pending_rows: int = 0
+    pending_bytes: int = 0
+    oldest_pending_age_s: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class IndexStatus:
+    name: str
+    caught_up: dict[str, int]
+    gating: bool
+    max_gap: int  # largest (merged - caught up) over regions
+
+
+@dataclass
+class TableStatus:
+    table: str
+    table_version: int
+    regions: list[RegionStatus]
+    indexes: list[IndexStatus]
+    skipped_dirs: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def pending_generations(self) -> int:
+        return sum(len(r.pending_generations) for r in self.regions)
+
+    @property
+    def oldest_pending_age_s(self) -> float | None:
+        ages = [r.oldest_pending_age_s for r in self.regions if r.oldest_pending_age_s is not None]
+        return max(ages) if ages else None
+
+    @property
+    def failed_regions(self) -> dict[str, str]:
+        return {r.region_id: r.error for r in self.regions if r.error}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["pending_generations"] = self.pending_generations
+        d["oldest_pending_age_s"] = self.oldest_pending_age_s
+        return d
+
+
+def generation_flush_time(loc: TableLocation, region_id: str, gen: region.Generation) -> float | None:
+    info = loc.store.head(f"{layout.generation_dir(region_id, gen.path, gen.generation)}/{_GEN_MANIFEST}")
+    return info.mtime if info else None
+
+
+def region_status(loc: TableLocation, m: region.RegionManifest, merged: int, now: float | None = None,
+                  with_age: bool = True) -> RegionStatus:
+    pending = [g for g in m.generations if g.generation > merged]
+    st = RegionStatus(m.region_id, m.version, m.writer_epoch, m.current_generation,
+                      [g.generation for g in m.generations], merged, [g.generation for g in pending],
+                      sum(g.physical_rows for g in pending), sum(g.in_memory_bytes for g in pending))
+    if pending and with_age:
+        try:
+            t = generation_flush_time(loc, m.region_id, pending[0])
+        except layout.UnsafePath as e:
+            st.error = f"region {m.region_id}: {e}"
+            return st
+        st.oldest_pending_age_s = max(0.0, (now or time.time()) - t) if t else None
+    return st
+
+
+def table_status(loc: TableLocation, state: MemWalState | None = None, *, with_age: bool = True) -> TableStatus:
+    ds = open_dataset(loc)
+    state = state or read_memwal_state(loc, ds.version)
+    listing = region.list_regions(loc.store)
+    loaded = region.load_many(loc.store, listing.region_ids)
+    merged = state.merged
+    now = time.time()
+    regions = []
+    for rid in sorted(loaded):
+        m = loaded[rid]
+        if isinstance(m, Exception):
+            regions.append(RegionStatus(rid, merged_generation=merged.get(rid, 0), error=str(m)))
+        else:
+            regions.append(region_status(loc, m, merged.get(rid, 0), now, with_age))
+    existing = [i["name"] for i in ds.list_indices()]
+    gating = set(state.gating_indexes(existing))
+    catchup = state.catchup
+    indexes = []
+    for name in sorted(set(existing) | gating):
+        if name == "__lance_mem_wal":
+            continue
+        caught = catchup.get(name, {})
+        gap = max([merged.get(rid, 0) - caught.get(rid, 0) for rid in merged] or [0])
+        indexes.append(IndexStatus(name, dict(caught), name in gating, max(0, gap)))
+    return TableStatus(loc.lance_uri, state.table_version, regions, indexes, listing.skipped)

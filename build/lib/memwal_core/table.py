@@ -1,0 +1,197 @@
+"""The base table: open it, its primary key, and the full MemWAL index details.
+
+pylance only shows a summary of the `__lance_mem_wal` index, so the complete
+`MemWalIndexDetails` bytes are read from the table manifest itself (footer -> Manifest ->
+IndexSection -> IndexMetadata.index_details). Replacing those details is **guarded**: a commit
+built from a stale read would silently erase merge progress recorded in between, so the commit
+lock aborts unless the version being committed is exactly `read_version + 1`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import struct
+import uuid
+from dataclasses import dataclass
+
+import lance
+from google.protobuf.message import DecodeError
+
+from . import faults
+from .proto import memwal_pb2 as pb
+from .store import NotFound, TableLocation
+
+log = logging.getLogger("memwal.table")
+
+MEMWAL_INDEX_NAME = "__lance_mem_wal"
+MEMWAL_TYPE_URL = "/lance.table.MemWalIndexDetails"
+PK_METADATA_KEY = b"lance-schema:unenforced-primary-key"
+_U64_MAX = 2**64 - 1
+
+
+class TableError(Exception):
+    """The base table cannot be maintained as it is (clear, user-facing message)."""
+
+
+class NoPrimaryKey(TableError):
+    pass
+
+
+class MemWalNotInitialized(TableError):
+    pass
+
+
+class LostRace(TableError):
+    """Another commit landed between our read and our guarded commit: re-read and rebuild."""
+
+
+def open_dataset(loc: TableLocation, version: int | None = None, commit_lock=None) -> lance.LanceDataset:
+    try:
+        return lance.dataset(loc.lance_uri, version=version, storage_options=loc.storage_options or None,
+                             commit_lock=commit_lock)
+    except (ValueError, OSError) as e:
+        # One line: Lance's S3 errors embed the server's multi-line XML body (with the S3 code).
+        one_line = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())
+        raise TableError(f"cannot open Lance table {loc.lance_uri}: {one_line}") from None
+
+
+def primary_key(ds: lance.LanceDataset) -> list[str]:
+    """Primary key columns, from Lance's unenforced-primary-key field metadata."""
+    cols = [f.name for f in ds.schema if (f.metadata or {}).get(PK_METADATA_KEY, b"").lower() == b"true"]
+    if not cols:
+        raise NoPrimaryKey(
+            f"table {ds.uri} has no primary key: MemWAL merges upsert by primary key, so mark the key "
+            "column with field metadata {'lance-schema:unenforced-primary-key': 'true'}")
+    return cols
+
+
+def manifest_keys(version: int) -> list[str]:
+    """Candidate manifest keys of a table version: V2 naming first, then V1."""
+    return [f"_versions/{_U64_MAX - version:020d}.manifest", f"_versions/{version}.manifest"]
+
+
+@dataclass
+class MemWalState:
+    """The MemWAL index as of one table version."""
+
+    table_version: int
+    index: pb.IndexMetadata
+    details: pb.MemWalIndexDetails
+    raw_details: bytes
+
+    @property
+    def merged(self) -> dict[str, int]:
+        """merged_generations by region id (spec word; pylance: compacted_sstables)."""
+        return {str(uuid.UUID(bytes=m.region_id.uuid)): m.generation for m in self.details.merged_generations}
+
+    @property
+    def catchup(self) -> dict[str, dict[str, int]]:
+        """index_catchup: index name -> region id -> caught-up generation."""
+        return {c.index_name: {str(uuid.UUID(bytes=g.region_id.uuid)): g.generation
+                               for g in c.caught_up_generations}
+                for c in self.details.index_catchup}
+
+    def gating_indexes(self, existing: list[str]) -> list[str]:
+        """Indexes whose catch-up gates GC: `maintained_indexes`, or all when maintain_all."""
+        if self.details.HasField("maintain_all_indexes") and self.details.maintain_all_indexes:
+            return sorted(n for n in existing if n != MEMWAL_INDEX_NAME)
+        return sorted(self.details.maintained_indexes)
+
+
+def read_manifest_bytes(loc: TableLocation, version: int) -> bytes:
+    for key in manifest_keys(version):
+        try:
+            return loc.store.get(key)
+        except NotFound:
+            continue
+    raise TableError(f"table {loc.lance_uri}: manifest of version {version} not found")
+
+
+def parse_index_section(raw: bytes, where: str) -> tuple[int, list[pb.IndexMetadata]]:
+    """(table version, indices) from a Lance manifest file's bytes."""
+    try:
+        if len(raw) < 16 or raw[-4:] != b"LANC":
+            raise ValueError("no LANC footer")
+        (offset,) = struct.unpack_from("<Q", raw, len(raw) - 16)
+        (length,) = struct.unpack_from("<I", raw, offset)
+        head = pb.TableManifestHead.FromString(raw[offset + 4: offset + 4 + length])
+        if not head.HasField("index_section"):
+            return head.version, []
+        (ilen,) = struct.unpack_from("<I", raw, head.index_section)
+        section = pb.IndexSection.FromString(raw[head.index_section + 4: head.index_section + 4 + ilen])
+        return head.version, list(section.indices)
+    except (struct.error, DecodeError, ValueError) as e:
+        raise TableError(f"{where}: cannot read the table manifest: {e}") from None
+
+
+def read_memwal_state(loc: TableLocation, version: int | None = None) -> MemWalState:
+    """Full MemWAL index details of `version` (default: latest)."""
+    if version is None:
+        version = open_dataset(loc).version
+    where = f"table {loc.lance_uri} version {version}"
+    table_version, indices = parse_index_section(read_manifest_bytes(loc, version), where)
+    for idx in indices:
+        if idx.name == MEMWAL_INDEX_NAME:
+            if idx.index_details.type_url != MEMWAL_TYPE_URL:
+                raise TableError(f"{where}: {MEMWAL_INDEX_NAME} has details of type "
+                                 f"{idx.index_details.type_url!r}, expected {MEMWAL_TYPE_URL}")
+            raw = idx.index_details.value
+            try:
+                details = pb.MemWalIndexDetails.FromString(raw)
+            except DecodeError as e:
+                raise TableError(f"{where}: MemWAL index details cannot be decoded: {e}") from None
+            return MemWalState(table_version, idx, details, raw)
+    raise MemWalNotInitialized(
+        f"{where} has no MemWAL index ({MEMWAL_INDEX_NAME}): MemWAL is not initialized on this "
+        "table (call LanceDataset.initialize_mem_wal first)")
+
+
+def _guard(read_version: int):
+    """Commit lock that aborts unless nothing was committed since `read_version`."""
+
+    @contextlib.contextmanager
+    def lock(version: int):
+        if version != read_version + 1:
+            raise LostRace(f"lost race: version {read_version + 1} was committed by someone else "
+                           f"(now committing {version}); re-read and rebuild")
+        faults.op(f"lance_commit memwal_index v{version}")  # reliability tests: a crash point
+        yield
+
+    return lock
+
+
+def guarded_replace_details(loc: TableLocation, read: MemWalState,
+                            details: pb.MemWalIndexDetails, *, index_uuid: str | None = None,
+                            files: list[tuple[str, int]] | None = None) -> int:
+    """Replace the `__lance_mem_wal` details, or raise LostRace if any commit landed since `read`.
+
+    Returns the new table version. Never retried inside: the caller must rebuild from a fresh
+    read, because the details it built may carry stale merge progress.
+
+    `index_uuid` names the new index (default: a fresh UUID); a caller that stores data under
+    `_indices/{uuid}/` (the external region snapshot) writes it there first and passes the same
+    UUID. `files` lists those files as (path relative to that directory, size in bytes).
+    """
+    from lance.dataset import Index, IndexFile, LanceOperation
+
+    old = Index(uuid=str(uuid.UUID(bytes=read.index.uuid.uuid)), name=MEMWAL_INDEX_NAME, fields=[],
+                dataset_version=read.index.dataset_version, fragment_ids=set(),
+                index_version=read.index.index_version)
+    new = Index(uuid=str(uuid.UUID(index_uuid)) if index_uuid else str(uuid.uuid4()),
+                name=MEMWAL_INDEX_NAME, fields=[],
+                dataset_version=read.table_version, fragment_ids=set(),
+                index_version=read.index.index_version,
+                files=[IndexFile(path=p, size_bytes=n) for p, n in files] if files else None,
+                index_details=(MEMWAL_TYPE_URL, details.SerializeToString()))
+    op = LanceOperation.CreateIndex(new_indices=[new], removed_indices=[old])
+    try:
+        ds = lance.LanceDataset.commit(loc.lance_uri, op, read_version=read.table_version,
+                                       commit_lock=_guard(read.table_version),
+                                       storage_options=loc.storage_options or None, max_retries=0)
+    except OSError as e:
+        if "lost race" in str(e) or "conflict" in str(e).lower():
+            raise LostRace(f"table {loc.lance_uri}: a commit landed after version "
+                           f"{read.table_version}; MemWAL index not replaced") from None
+        raise
+    return ds.version

@@ -1,0 +1,226 @@
+"""One asset graph per table: region_generations -> base_table -> memwal_index -> index_catchup -> garbage.
+
+Each asset is a thin call into memwal_core (plan + execute) that turns the result into
+numeric metadata the UI plots. Every asset that commits to the table runs in the table's
+pool (limit 1 in dagster_home/dagster.yaml), so commits to one table are serialized.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from dagster import (
+    AssetKey,
+    BackfillPolicy,
+    DynamicPartitionsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+
+from memwal_core import catchup, gc, merge, region, snapshot, status
+from memwal_core.table import open_dataset, primary_key, read_memwal_state
+
+from .config import TableConfig
+
+# BackfillPolicy.single_run is what the Spark merge wants; Dagster flags the parameter as beta.
+warnings.filterwarnings("ignore", message=".*backfill_policy.*", category=Warning)
+
+
+@dataclass(frozen=True)
+class TableKeys:
+    """Names of one table's Dagster objects (asset keys prefixed with the table name)."""
+
+    name: str
+
+    @property
+    def table_resource(self) -> str:
+        return f"{self.name}_table"
+
+    @property
+    def spark_resource(self) -> str:
+        return f"{self.name}_spark"
+
+    @property
+    def partitions(self) -> str:
+        return f"{self.name}_regions"
+
+    def asset(self, short: str) -> AssetKey:
+        return AssetKey([self.name, short])
+
+
+def region_metadata(st: status.RegionStatus) -> dict[str, Any]:
+    md: dict[str, Any] = {
+        "manifest_version": MetadataValue.int(st.manifest_version),
+        "writer_epoch": MetadataValue.int(st.writer_epoch),
+        "current_generation": MetadataValue.int(st.current_generation),
+        "flushed_generations": MetadataValue.int(len(st.flushed_generations)),
+        "merged_generation": MetadataValue.int(st.merged_generation),
+        "pending_generations": MetadataValue.int(len(st.pending_generations)),
+        "pending_rows": MetadataValue.int(st.pending_rows),
+        "pending_bytes": MetadataValue.int(st.pending_bytes),
+        "oldest_pending_age_s": MetadataValue.float(round(float(st.oldest_pending_age_s or 0.0), 3)),
+    }
+    if st.error:
+        md["error"] = MetadataValue.text(st.error)
+    return md
+
+
+def _location(context, keys: TableKeys):
+    return getattr(context.resources, keys.table_resource).location()
+
+
+def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> list:
+    keys = TableKeys(cfg.name)
+    group = cfg.name
+    table_res = {keys.table_resource}
+
+    @asset(key=keys.asset("region_generations"), partitions_def=partitions, group_name=group, kinds={"lance"},
+           required_resource_keys=table_res,
+           description="Flushed generations of one region, observed from its latest manifest "
+                       "(the manifest sensor records observations; materializing refreshes them).")
+    def region_generations(context) -> MaterializeResult:
+        loc = _location(context, keys)
+        rid = context.partition_key
+        m = region.load_latest(loc.store, rid)
+        st = status.region_status(loc, m, read_memwal_state(loc).merged.get(rid, 0))
+        context.log.info(f"region {rid}: manifest v{m.version}, pending generations {st.pending_generations}")
+        return MaterializeResult(metadata=region_metadata(st))
+
+    @asset(key=keys.asset("base_table"), partitions_def=partitions, group_name=group, kinds={"lance", "spark"},
+           deps=[region_generations], pool=cfg.pool, backfill_policy=BackfillPolicy.single_run(),
+           required_resource_keys=table_res | {keys.spark_resource},
+           description="The base table with the region's flushed generations merged in "
+                       "(Spark dedup, one marked merge_insert per byte-bounded batch). A backfill "
+                       "over many regions merges them in one run and as few commits as the budget allows.")
+    def base_table(context) -> MaterializeResult:
+        loc = _location(context, keys)
+        regions = list(context.partition_keys)
+        primary_key(open_dataset(loc))  # a table without a primary key: a clear error before any Spark
+        plan = merge.plan_merge(loc, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations,
+                                regions=regions)
+        # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
+        spark = getattr(context.resources, keys.spark_resource).spark_session if plan.batches else None
+        result = merge.execute_merge(loc, plan, spark, progress=context.log.info)
+        for rid, r in sorted(result.regions.items()):
+            if r.error:
+                context.log.error(r.error)
+            elif r.generations_merged:
+                context.log.info(f"region {rid}: merged generations {r.generations_merged} "
+                                 f"(now at {r.merged_generation})")
+        after = status.table_status(loc, with_age=False)
+        pending = sum(len(r.pending_generations) for r in after.regions if r.region_id in regions)
+        # Each region partition gets its own numbers; the totals below are the run's (a backfill
+        # merges many regions in one run).
+        by_region = {s.region_id: s for s in after.regions}
+        for rid in regions:
+            r, s = result.regions.get(rid), by_region.get(rid)
+            md = {"region/generations_merged": MetadataValue.int(len(r.generations_merged) if r else 0),
+                  "region/merged_generation": MetadataValue.int(s.merged_generation if s else 0),
+                  "region/pending_generations": MetadataValue.int(len(s.pending_generations) if s else 0),
+                  "region/rows_read": MetadataValue.int(r.rows_read if r else 0),
+                  "region/bytes_read": MetadataValue.int(r.bytes_read if r else 0)}
+            if r and r.error:
+                md["region/error"] = MetadataValue.text(r.error)
+            context.add_asset_metadata(md, partition_key=rid)
+        return MaterializeResult(metadata={
+            "regions": MetadataValue.int(len(regions)),
+            "generations_merged": MetadataValue.int(result.generations_merged),
+            "generations_pending": MetadataValue.int(pending),
+            "commits": MetadataValue.int(result.commits),
+            "conflicts": MetadataValue.int(result.conflicts),
+            "rows_upserted": MetadataValue.int(result.rows_upserted),
+            "rows_deleted": MetadataValue.int(result.rows_deleted),
+            "bytes_read": MetadataValue.int(result.bytes_read),
+            "bytes_written": MetadataValue.int(result.bytes_written),
+            "duration_s": MetadataValue.float(round(result.duration_s, 3)),
+            "failed_regions": MetadataValue.int(len(result.failed_regions)),
+            "errors": MetadataValue.json(result.failed_regions),
+            "table_version": MetadataValue.int(result.table_version),
+        })
+
+    @asset(key=keys.asset("memwal_index"), kinds={"lance"}, deps=[base_table], group_name=group, pool=cfg.pool,
+           required_resource_keys=table_res,
+           description="Snapshot of every region manifest in the MemWAL index (inline up to the "
+                       "threshold, else an external Lance file); refreshes each region's WAL hint.")
+    def memwal_index(context) -> MaterializeResult:
+        loc = _location(context, keys)
+        r = snapshot.build_snapshot(loc, inline_threshold=cfg.inline_threshold)
+        for rid, err in r.regions_failed.items():
+            context.log.error(f"region {rid}: {err}")
+        return MaterializeResult(metadata={
+            "num_regions": MetadataValue.int(r.num_regions),
+            "storage": MetadataValue.text(r.storage),
+            "hints_updated": MetadataValue.int(len(r.hints_updated)),
+            "regions_failed": MetadataValue.int(len(r.regions_failed)),
+            "errors": MetadataValue.json(r.regions_failed),
+            "attempts": MetadataValue.int(r.attempts),
+            "duration_s": MetadataValue.float(round(r.duration_s, 3)),
+            "table_version": MetadataValue.int(r.table_version),
+        })
+
+    @asset(key=keys.asset("index_catchup"), kinds={"lance"}, deps=[memwal_index], group_name=group, pool=cfg.pool,
+           required_resource_keys=table_res,
+           description="Base-table indexes brought up to date (optimize_indices, codebooks kept); "
+                       "each index's caught-up generation per region as Lance recorded it.")
+    def index_catchup(context) -> MaterializeResult:
+        loc = _location(context, keys)
+        r = catchup.run_catchup(loc)
+        rows = r.rows
+        md: dict[str, Any] = {
+            "indexes": MetadataValue.int(len(r.indexes)),
+            "max_gap": MetadataValue.int(max([row.gap for row in rows] or [0])),
+            "not_caught_up": MetadataValue.int(len(r.not_caught_up)),
+            "unindexed_rows_after": MetadataValue.int(sum(o.unindexed_rows_after or 0 for o in r.indexes)),
+            "catchup": MetadataValue.md(_catchup_markdown(rows)),
+        }
+        for o in r.indexes:
+            md[f"gap/{o.name}"] = MetadataValue.int(max([row.gap for row in rows if row.index_name == o.name] or [0]))
+        for name, err in r.errors.items():
+            context.log.error(f"index {name}: {err}")
+        return MaterializeResult(metadata=md)
+
+    @asset(key=keys.asset("garbage"), kinds={"lance"}, deps=[index_catchup], group_name=group, pool=cfg.pool,
+           required_resource_keys=table_res,
+           description="Garbage collection: merged and caught-up generations, their WAL files, old "
+                       "manifest versions and orphaned directories; never what a reader still needs.")
+    def garbage(context) -> MaterializeResult:
+        loc = _location(context, keys)
+        r = gc.run_gc(loc, gc_config(cfg), progress=context.log.info)
+        for rid, err in r.region_errors.items():
+            context.log.error(err if rid in err else f"region {rid}: {err}")
+        counts = r.counts()
+        return MaterializeResult(metadata={
+            "objects_deleted": MetadataValue.int(r.deleted_objects),
+            "bytes_reclaimed": MetadataValue.int(r.bytes_reclaimed),
+            "generations_deleted": MetadataValue.int(counts.get("generation", 0)),
+            "deleted": MetadataValue.json(counts),
+            "kept": MetadataValue.json(r.kept),
+            "manifest_commits": MetadataValue.int(r.manifest_commits),
+            "regions_failed": MetadataValue.int(len(r.region_errors)),
+            "errors": MetadataValue.json(r.region_errors),
+            "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 3)),
+        })
+
+    return [region_generations, base_table, memwal_index, index_catchup, garbage]
+
+
+def gc_config(cfg: TableConfig) -> gc.GcConfig:
+    older = cfg.cleanup_base_versions_older_than_seconds
+    return gc.GcConfig(manifest_keep_versions=cfg.manifest_retention,
+                       manifest_min_age_s=cfg.manifest_min_age_seconds,
+                       orphan_grace_s=cfg.orphan_grace_seconds,
+                       base_cleanup_older_than=timedelta(seconds=older) if older is not None else None)
+
+
+def _catchup_markdown(rows) -> str:
+    if not rows:
+        return "_no base-table indexes_"
+    lines = ["| index | region | caught up | merged | gap | gates GC |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.index_name} | {r.region_id} | {r.caught_up_generation} | {r.merged_generation} "
+                     f"| {r.gap} | {'yes' if r.gating else 'no'} |")
+    return "\n".join(lines)

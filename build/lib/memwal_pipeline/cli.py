@@ -1,0 +1,384 @@
+"""`memwal`: demo, maintain and status, running the same Dagster definitions in process.
+
+Errors are one clear line naming the region (a traceback only with --verbose); the exit
+status is non-zero when any step failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from typing import Any
+
+STEPS = ("merge", "index", "catchup", "gc")
+ASSET_OF_STEP = {"merge": "base_table", "index": "memwal_index", "catchup": "index_catchup", "gc": "garbage"}
+
+
+class CliError(Exception):
+    pass
+
+
+def _options(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise CliError(f"--storage-option expects KEY=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v
+    return out
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# maintain
+
+
+def _metadata_values(event) -> dict[str, Any]:
+    mat = event.event_specific_data.materialization
+    md = mat.metadata if mat else {}
+    return {k: getattr(v, "value", v) for k, v in md.items()}
+
+
+def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
+    """One maintenance pass over `cfg`'s table: the chosen assets, materialized in process."""
+    from dagster import DagsterInstance, materialize
+    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+    from memwal_core import region, spark
+
+    from .definitions import table_definitions
+
+    td = table_definitions(cfg)
+    # Initialized first: `secrets:` are EnvVars, which only resolve through Dagster's config.
+    loc = td.resources[f"{cfg.name}_table"].process_config_and_initialize().location()
+    report: dict[str, Any] = {"table": cfg.uri, "steps": {}, "failed": []}
+    run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if verbose else "CRITICAL"}}}}
+    with DagsterInstance.ephemeral() as instance:
+        listing = region.list_regions(loc.store)
+        for name, reason in listing.skipped:
+            _say(f"warning: skipping _mem_wal/{name}: {reason}")
+        regions = sorted(listing.region_ids)
+        instance.add_dynamic_partitions(td.partitions.name, regions)
+        if "merge" in steps and regions and not cfg.spark_connect and _has_pending(loc):
+            spark.prestart(cfg.spark_master, cfg.spark_conf)  # no-op when the caller prestarted already
+        by_key = {a.key.path[-1]: a for a in td.assets}
+        for step in STEPS:
+            if step not in steps:
+                continue
+            asset_def = by_key[ASSET_OF_STEP[step]]
+            tags = {}
+            if step == "merge":
+                if not regions:
+                    report["steps"][step] = {"skipped": "no regions"}
+                    continue
+                tags = {ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]}
+            _say(f"[{cfg.name}] {step} ...")
+            t0 = time.monotonic()
+            result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
+                                 resources=td.resources, tags=tags, run_config=run_config, raise_on_error=False)
+            took = time.monotonic() - t0
+            if not result.success:
+                err = _first_failure(result)
+                report["steps"][step] = {"ok": False, "error": err, "seconds": took}
+                report["failed"].append(f"{step}: {err}")
+                _say(f"[{cfg.name}] {step} FAILED: {err}")
+                continue
+            mats = result.get_asset_materialization_events()
+            md = _metadata_values(mats[0]) if mats else {}
+            report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
+            errors = md.get("errors") or {}
+            for key, err in (errors.items() if isinstance(errors, dict) else []):
+                report["failed"].append(f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}")
+                _say(f"[{cfg.name}] {step}: {err}")
+            _say(f"[{cfg.name}] {step} done in {took:.1f} s" + _summary(step, md))
+            for check in result.get_asset_check_evaluations():
+                if not check.passed:
+                    details = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
+                    _say(f"[{cfg.name}] check {check.check_name} FAILED: {details}")
+                    report["failed"].append(f"check {check.check_name}: {details}")
+    return report
+
+
+def _has_pending(loc) -> bool:
+    """Whether a merge has work (cheap: region manifests and the MemWAL index only)."""
+    from memwal_core import merge
+
+    try:
+        return bool(merge.plan_merge(loc).batches)
+    except Exception:  # noqa: BLE001 - the merge step itself reports what is wrong
+        return False
+
+
+def _summary(step: str, md: dict[str, Any]) -> str:
+    fields = {"merge": ("generations_merged", "rows_upserted", "rows_deleted", "commits"),
+              "index": ("num_regions", "storage", "hints_updated"),
+              "catchup": ("indexes", "max_gap"),
+              "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "kept")}[step]
+    parts = [f"{f.replace('_', ' ')} {md[f]}" for f in fields if f in md]
+    return (": " + ", ".join(parts)) if parts else ""
+
+
+def _first_failure(result) -> str:
+    for ev in result.all_events:
+        if ev.is_step_failure:
+            data = ev.step_failure_data
+            err = data.user_failure_data or data.error
+            cause = err
+            while getattr(cause, "cause", None) is not None:
+                cause = cause.cause
+            message = getattr(cause, "message", str(cause)).strip().splitlines()
+            # Dagster prefixes the qualified exception class; the message itself says what failed.
+            return re.sub(r"^(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*: ", "", message[-1]) if message else "step failed"
+    return "run failed"
+
+
+def dry_run(cfg) -> dict[str, Any]:
+    """Plans only: what each step would do. Touches nothing."""
+    from memwal_core import catchup, gc, merge, snapshot
+
+    from .assets import gc_config
+    from .resources import table_resource
+
+    loc = table_resource(cfg).process_config_and_initialize().location()
+    return {
+        "table": cfg.uri,
+        "merge": merge.plan_merge(loc, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations).to_dict(),
+        "index": _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.inline_threshold, dry_run=True,
+                                                 update_hints=False)),
+        "catchup": _asdict(catchup.plan_catchup(loc)),
+        "gc": gc.plan_gc(loc, gc_config(cfg)).to_dict(),
+    }
+
+
+def _asdict(obj) -> Any:
+    import dataclasses
+
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def cmd_maintain(a) -> int:
+    from .config import single_table
+
+    steps = [s.strip() for s in (a.only.split(",") if a.only else STEPS)]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise CliError(f"--only: unknown step(s) {unknown}; choose from {','.join(STEPS)}")
+    if "merge" in steps and not a.dry_run:
+        # Before Dagster's imports and set-up (~4 s), so the JVM start and the first job's worker
+        # start-up (~11 s cold on 2 cores) overlap them.
+        from memwal_core import spark
+        from memwal_core.store import open_store
+
+        if _has_pending(open_store(a.uri, _options(a.storage_option))):
+            spark.prestart(a.spark_master)
+    cfg = single_table(a.uri, _options(a.storage_option), spark_master=a.spark_master,
+                       base_versions_older_than=a.base_versions_older_than)
+    if a.dry_run:
+        plan = dry_run(cfg)
+        print(json.dumps(plan, indent=2, default=str) if a.json else _format_plan(plan))
+        return 0
+    report = run_pass(cfg, steps, verbose=a.verbose)
+    if a.json:
+        print(json.dumps(report, indent=2, default=str))
+    for line in report["failed"]:
+        _say(f"error: {line}")
+    return 1 if report["failed"] else 0
+
+
+def _format_plan(plan: dict[str, Any]) -> str:
+    m = plan["merge"]
+    lines = [f"table {plan['table']} (version {m['table_version']})",
+             f"merge: {sum(len(b['generations']) for b in m['batches'])} generations in {len(m['batches'])} batches"]
+    for b in m["batches"]:
+        lines.append(f"  batch of {len(b['generations'])} generations, {b['bytes']} bytes -> progress {b['progress']}")
+    for rid, err in m["region_errors"].items():
+        lines.append(f"  region {rid}: {err}")
+    lines.append(f"index: {plan['index'].get('num_regions')} regions")
+    lines.append(f"catchup: optimize {plan['catchup'].get('indexes') and [i['name'] for i in plan['catchup']['indexes'] if i['optimize']]}")
+    g = plan["gc"]
+    lines.append(f"gc: {len(g.get('items', []))} items, {g.get('bytes', 0)} bytes")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+def cmd_status(a) -> int:
+    from memwal_core import status
+    from memwal_core.store import open_store
+
+    st = status.table_status(open_store(a.uri, _options(a.storage_option)))
+    if a.json:
+        print(json.dumps(st.to_dict(), indent=2, default=str))
+        return 1 if st.failed_regions else 0
+    print(f"table {st.table} (version {st.table_version}): {len(st.regions)} regions, "
+          f"{st.pending_generations} pending generations")
+    print(f"{'region':36}  {'manifest':>8}  {'epoch':>5}  {'merged':>6}  {'pending':>7}  {'rows':>8}  {'oldest':>8}")
+    for r in st.regions:
+        if r.error:
+            print(f"{r.region_id:36}  error: {r.error}")
+            continue
+        age = f"{r.oldest_pending_age_s:.0f}s" if r.oldest_pending_age_s is not None else "-"
+        print(f"{r.region_id:36}  {r.manifest_version:>8}  {r.writer_epoch:>5}  {r.merged_generation:>6}  "
+              f"{len(r.pending_generations):>7}  {r.pending_rows:>8}  {age:>8}")
+    for i in st.indexes:
+        print(f"index {i.name}: max gap {i.max_gap} generations{' (gates GC)' if i.gating else ''}")
+    return 1 if st.failed_regions else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# demo
+
+
+def cmd_demo(a) -> int:
+    from memwal_core import demo, reader
+    from memwal_core.store import open_store
+
+    from .config import single_table
+
+    path = os.path.abspath(a.path)
+    if os.path.exists(path):
+        _say(f"removing the previous demo table at {path}")
+        shutil.rmtree(path)
+    loc = open_store(path)
+    from memwal_core import spark
+
+    spark.prestart(a.spark_master)  # the JVM starts while the writers write
+    _say(f"writing a demo table at {path}: {a.regions} bucket regions, ~{a.rows} operations per round")
+    demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=a.rows // 2, btree_index=True)
+    w = demo.Workload(loc, seed=42, key_space=max(10, a.rows), max_memtable_rows=max(100, a.rows // a.regions))
+    for _ in range(3):
+        w.write_round(a.rows, overwrite=0.3, delete=0.03)
+    # The demo keeps only the latest base-table version, so GC can show what it reclaims; by
+    # default GC keeps every generation a retained base version could time-travel to.
+    cfg = single_table(path, spark_master=a.spark_master, name="demo", base_versions_older_than=0)
+    report = run_pass(cfg, list(STEPS), verbose=a.verbose)
+    got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
+    ok = got == w.expected()
+    cmd_status(argparse.Namespace(uri=path, storage_option=[], json=False))
+    print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
+    for line in report["failed"]:
+        _say(f"error: {line}")
+    return 0 if ok and not report["failed"] else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# spark-server
+
+
+def cmd_spark_server(a) -> int:
+    from memwal_core import spark_connect
+
+    remote = f"sc://127.0.0.1:{a.port}"
+    if a.action == "start":
+        started = spark_connect.ensure_server(remote, master=a.master)
+        print(f"Spark Connect server {'started' if started else 'already running'} at {remote}")
+    elif a.action == "stop":
+        spark_connect.stop_server(remote)
+        print(f"Spark Connect server at {remote} stopped")
+    else:
+        up = spark_connect.listening("127.0.0.1", a.port)
+        print(f"Spark Connect server at {remote}: {'running' if up else 'not running'}")
+        return 0 if up else 1
+    return 0
+
+
+def cmd_spark_archive(a) -> int:
+    from memwal_core import jvm_archive
+
+    path = jvm_archive.archive_path()
+    if path is None:
+        raise CliError("no java found (JAVA_HOME or PATH): Spark needs Java 17")
+    if a.action == "status":
+        there = path.is_file()
+        used = there and bool(jvm_archive.java_options())
+        print(f"JVM class archive {path}: " + (f"{path.stat().st_size / 1e6:.0f} MB, "
+              f"{'used' if used else 'not used (MEMWAL_SPARK_CDS=0)'}" if there else "not built"))
+        return 0 if there else 1
+    if a.action == "remove":
+        if path.is_file():
+            path.unlink()
+        print(f"JVM class archive {path}: removed")
+        return 0
+    path, took = jvm_archive.build(force=a.force)
+    print(f"JVM class archive {path}: " + (f"built in {took:.0f} s" if took else "already built (--force rebuilds)"))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="memwal", description="Maintenance plane for MemWAL Lance tables.")
+    p.add_argument("--verbose", "-v", action="store_true", help="full tracebacks and Dagster logs")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="write a demo table with pylance ShardWriters and maintain it once")
+    d.add_argument("--path", default="demo_data/demo_table")
+    d.add_argument("--regions", type=int, default=4)
+    d.add_argument("--rows", type=int, default=400)
+    d.add_argument("--spark-master", default="local[*]")
+    d.set_defaults(fn=cmd_demo)
+
+    m = sub.add_parser("maintain", help="one full maintenance pass over a MemWAL table")
+    m.add_argument("uri")
+    m.add_argument("--storage-option", action="append", metavar="K=V", default=[])
+    m.add_argument("--spark-master", default="local[*]")
+    m.add_argument("--only", help=f"comma-separated subset of {','.join(STEPS)}")
+    m.add_argument("--base-versions-older-than", type=float, metavar="SECONDS",
+                   help="let GC first clean up base-table versions older than this (Lance's "
+                        "cleanup_old_versions); generations a retained version needs are always kept")
+    m.add_argument("--dry-run", action="store_true", help="print the plans, change nothing")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(fn=cmd_maintain)
+
+    s = sub.add_parser("status", help="per-region lag of a MemWAL table")
+    s.add_argument("uri")
+    s.add_argument("--storage-option", action="append", metavar="K=V", default=[])
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_status)
+
+    c = sub.add_parser("spark-server", help="start/stop the long-lived local Spark Connect server "
+                                            "(tables configured with spark master sc://127.0.0.1:PORT)")
+    c.add_argument("action", choices=["start", "stop", "status"])
+    c.add_argument("--port", type=int, default=15002)
+    c.add_argument("--master", default="local[*]")
+    c.set_defaults(fn=cmd_spark_server)
+
+    j = sub.add_parser("spark-archive", help="build/show/remove the class-data-sharing archive that starts "
+                                             "local Spark driver JVMs ~3 s sooner (make builds it)")
+    j.add_argument("action", nargs="?", default="build", choices=["build", "status", "remove"])
+    j.add_argument("--force", action="store_true", help="rebuild even if present")
+    j.set_defaults(fn=cmd_spark_archive)
+
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not a.verbose:
+        # pylance logs a harmless "ERROR lance::index Index __lance_mem_wal has no fields" on
+        # every merge; keep real errors, drop that one source of noise.
+        os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+    try:
+        return a.fn(a)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - one clear line unless --verbose
+        if a.verbose:
+            raise
+        msg = str(e).strip().splitlines()
+        _say(f"error: {msg[0] if msg else type(e).__name__}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Dagster resources: the table (URI + storage options, secrets via EnvVar) and Spark."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from dagster import ConfigurableResource, EnvVar
+from dagster_pyspark import LazyPySparkResource
+
+from memwal_core import spark_connect
+from memwal_core.spark import get_spark
+from memwal_core.store import TableLocation, open_store
+
+from .config import TableConfig
+
+
+class MemWalTable(ConfigurableResource):
+    """One MemWAL table. Secret storage options are separate fields so that they can be
+    `EnvVar`s: Dagster resolves them at run time and never shows their values."""
+
+    uri: str
+    storage_options: dict[str, str] = {}
+    aws_access_key_id: Optional[str] = None
+    aws_secret_access_key: Optional[str] = None
+    aws_session_token: Optional[str] = None
+
+    def location(self) -> TableLocation:
+        options = dict(self.storage_options)
+        for key in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
+            value = getattr(self, key)
+            if value:
+                options[key] = value
+        return open_store(self.uri, options)
+
+
+class MemWalSpark(LazyPySparkResource):
+    """dagster-pyspark's lazy session (runs that never merge never start Spark).
+
+    `spark.remote = sc://127.0.0.1:PORT` with `memwal.connect.autostart = true` starts one
+    long-lived local Spark Connect server on first use, so later runs skip the JVM start.
+    """
+
+    def _init_session(self) -> None:
+        if self._spark_session is not None:
+            return
+        conf = {str(k): str(v) for k, v in self.spark_config.items()}
+        remote = conf.pop("spark.remote", None)
+        autostart = conf.pop("memwal.connect.autostart", "false").lower() == "true"
+        master = conf.pop("spark.master", "local[*]")
+        if remote:
+            if autostart:
+                spark_connect.ensure_server(remote, master=master, conf=conf)
+            self._spark_session = get_spark(remote)
+        else:
+            self._spark_session = get_spark(master, conf)
+
+
+def table_resource(cfg: TableConfig) -> MemWalTable:
+    secrets: dict[str, Any] = {k: EnvVar(v) for k, v in cfg.secret_env.items()}
+    return MemWalTable(uri=cfg.uri, storage_options=cfg.storage_options, **secrets)
+
+
+def spark_resource(cfg: TableConfig) -> MemWalSpark:
+    conf: dict[str, Any] = {"spark.master": cfg.spark_master, **cfg.spark_conf}
+    if cfg.spark_connect:  # runs are clients of one long-lived server that runs spark_master
+        conf = {"spark.remote": cfg.spark_connect, "memwal.connect.autostart": "true", **conf}
+    elif cfg.spark_master.startswith("sc://"):
+        conf = {"spark.remote": cfg.spark_master, "memwal.connect.autostart": "true", **cfg.spark_conf}
+    return MemWalSpark(spark_config=conf)

@@ -1,0 +1,144 @@
+"""`make s3-demo`: the demo table on a local S3-protocol server (moto), maintained once.
+
+Starts `moto_server` on 127.0.0.1 on a free port, creates a bucket, writes a demo table at
+`s3://BUCKET/demo_table` with pylance `ShardWriter`s through the storage options `open_store`
+produces, runs one full maintenance pass (merge, MemWAL index, catch-up, GC: the same
+in-process Dagster pass as `memwal demo`), prints the per-region status and the S3 requests
+memwal made, checks an LSM read against what the writers wrote, and stops the server.
+
+The secret key goes the way a real deployment's should: into an environment variable that
+the table resource reads with `dagster.EnvVar` (`secrets:` in memwal.yaml), never into a
+printed line. moto accepts any credentials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+SECRET_ENV = "MEMWAL_S3_DEMO_SECRET"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalS3:
+    """`moto_server` on 127.0.0.1 in a subprocess. `stop()` then `start()` reuses the port
+    (moto keeps no data across restarts)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def _command(self) -> list[str]:
+        exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
+        if exe:
+            return [exe]
+        try:
+            import moto.server  # noqa: F401
+        except ImportError:
+            raise SystemExit("the S3 demo needs moto's server: pip install 'moto[server]' "
+                             "(make s3-demo installs the dev dependencies)") from None
+        return [sys.executable, "-m", "moto.server"]
+
+    def start(self, timeout: float = 30.0) -> "LocalS3":
+        self.proc = subprocess.Popen(self._command() + ["-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited with status {self.proc.returncode} "
+                                   f"(is port {self.port} taken?)")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"moto_server did not listen on {self.endpoint} within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
+
+    def options(self, secret: str) -> dict[str, str]:
+        """Storage options in Lance's names (memwal adds `allow_http` for an http endpoint)."""
+        return {"aws_endpoint": self.endpoint, "aws_region": "us-east-1",
+                "aws_access_key_id": "memwal-demo", "aws_secret_access_key": secret}
+
+    def __enter__(self) -> "LocalS3":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m memwal_pipeline.s3_demo", description=__doc__.splitlines()[0])
+    p.add_argument("--bucket", default="memwal-demo")
+    p.add_argument("--regions", type=int, default=4)
+    p.add_argument("--rows", type=int, default=400)
+    p.add_argument("--spark-master", default="local[*]")
+    p.add_argument("--verbose", "-v", action="store_true")
+    a = p.parse_args(argv)
+    if not a.verbose:
+        os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+
+    from memwal_core import demo, reader
+    from memwal_core.store import make_s3_client, open_store
+
+    from .cli import STEPS, cmd_status, run_pass
+    from .config import TableConfig
+
+    secret = "demo-" + secrets.token_hex(12)
+    os.environ[SECRET_ENV] = secret  # what `secrets: {aws_secret_access_key: ...}` reads
+    with LocalS3() as s3:
+        print(f"moto S3 server on {s3.endpoint}", file=sys.stderr)
+        options = s3.options(secret)
+        make_s3_client(options).create_bucket(Bucket=a.bucket)
+        uri = f"s3://{a.bucket}/demo_table"
+        loc = open_store(uri, options)
+        print(f"writing a demo table at {uri}: {a.regions} bucket regions, ~{a.rows} operations per round",
+              file=sys.stderr)
+        demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=a.rows // 2, btree_index=True)
+        w = demo.Workload(loc, seed=42, key_space=max(10, a.rows),
+                          max_memtable_rows=max(100, a.rows // a.regions))
+        for _ in range(3):
+            w.write_round(a.rows, overwrite=0.3, delete=0.03)
+        public = {k: v for k, v in options.items() if k != "aws_secret_access_key"}
+        # As in `memwal demo`: only the latest base-table version is kept, so GC shows what it reclaims.
+        cfg = TableConfig(name="s3demo", uri=uri, storage_options=public,
+                          secret_env={"aws_secret_access_key": SECRET_ENV}, spark_master=a.spark_master,
+                          cleanup_base_versions_older_than_seconds=0)
+        report = run_pass(cfg, list(STEPS), verbose=a.verbose)
+        got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
+        ok = got == w.expected()
+        cmd_status(argparse.Namespace(uri=uri, json=False,
+                                      storage_option=[f"{k}={v}" for k, v in options.items()]))
+        print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
+        listed = sum(1 for _ in loc.store.list(""))
+        print(f"objects under {uri}: {listed}")
+    print("moto S3 server stopped", file=sys.stderr)
+    for line in report["failed"]:
+        print(f"error: {line}", file=sys.stderr)
+    return 0 if ok and not report["failed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

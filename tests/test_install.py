@@ -1,0 +1,68 @@
+"""A plain (non-editable) install works outside the checkout (#16): no file of the checkout,
+no `memwal.yaml`, any working directory.
+
+The wheel is built from the checkout and installed with `--no-deps` into a fresh virtualenv;
+the dependencies come from the project's own `.venv` through a `.pth` line, which puts its
+site-packages on `sys.path` *after* the fresh one without running its `.pth` files (so the
+editable install's finder, which would map `memwal_core` back to the checkout, stays off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import venv
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("install")
+    wheels = tmp / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), ROOT], check=True, cwd=tmp)
+    (wheel,) = list(wheels.glob("memwal-*.whl"))
+    env_dir = tmp / "venv"
+    venv.create(env_dir, with_pip=False)
+    py = env_dir / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, str(wheel)],
+                   check=True, cwd=tmp)
+    with open(os.path.join(site, "deps.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    return py, tmp
+
+
+def _run(py, cwd, *args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MEMWAL_CONFIG", "PYSPARK_PYTHON",
+                                                              "PYSPARK_DRIVER_PYTHON")}
+    return subprocess.run([str(py), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_installed_package_comes_from_the_wheel_not_the_checkout(installed):
+    py, tmp = installed
+    out = _run(py, tmp, "-c", "import json, memwal_core, memwal_pipeline.definitions as d;"
+                              "print(json.dumps([memwal_core.__file__, d.__file__]))")
+    assert out.returncode == 0, out.stderr
+    for path in json.loads(out.stdout):
+        assert not path.startswith(ROOT + os.sep) and str(tmp) in path
+
+
+def test_memwal_demo_and_status_run_outside_the_checkout(installed):
+    py, tmp = installed
+    work = tmp / "elsewhere"
+    work.mkdir()
+    demo = _run(py, work, "-m", "memwal_pipeline.cli", "demo", "--path", "t", "--regions", "2", "--rows", "60",
+                "--spark-master", "local[1]")
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert (work / "t" / "_mem_wal").is_dir()  # `demo` wrote it and ran `maintain` on it in process
+    st = _run(py, work, "-m", "memwal_pipeline.cli", "status", "t", "--json")
+    assert st.returncode == 0, st.stdout + st.stderr
+    assert "not found" not in st.stdout + st.stderr
