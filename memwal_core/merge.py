@@ -150,7 +150,7 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
                                          _generation_bytes(loc, rid, g), g.physical_rows)
                        for g in pending_generations(m, done)]
         except (layout.UnsafePath, MalformedRegion) as e:
-            walls[rid] = Wall(done + 1, f"region {rid}: manifest version {m.version}: {e}", permanent=True)
+            walls[rid] = Wall(done + 1, f"region {rid}: corrupt manifest version {m.version}: {e}", permanent=True)
             log.error("%s", walls[rid].reason)
             continue
         except Exception as e:  # noqa: BLE001 - sizing a generation failed (I/O): this region only
@@ -340,7 +340,8 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     state = read_memwal_state(loc, ds.version)
     specs = {s.spec_id: s for s in state.details.region_specs}
     manifests = region.load_many(loc.store, sorted(plan.pending))
-    run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), merge_tasks(spark), result, max_attempts)
+    run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), tuple(str(f.type) for f in ds.schema),
+               merge_tasks(spark), result, max_attempts)
     for rid, m in manifests.items():
         if isinstance(m, Exception):  # loaded when planned, not now: no routing to check it by
             run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, str(m), permanent=isinstance(m, region.CorruptManifest)))
@@ -430,6 +431,7 @@ class _Run:
     spark: Any
     pk: tuple[str, ...]
     columns: tuple[str, ...]
+    types: tuple[str, ...]
     tasks: int
     result: MergeResult
     max_attempts: int
@@ -461,7 +463,7 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
     for rid in region_ids:
         result.regions.setdefault(rid, RegionMergeResult(rid))
     cfg = sparkpath.ReadConfig(
-        pk=run.pk, columns=run.columns, storage_options=tuple(sorted(loc.storage_options.items())),
+        pk=run.pk, columns=run.columns, types=run.types, storage_options=tuple(sorted(loc.storage_options.items())),
         routing=tuple((index[rid], run.routes.get(rid, "")) for rid in region_ids),
         own_values=tuple((index[rid], run.own[rid]) for rid in region_ids if rid in run.own))
     conflicts = 0

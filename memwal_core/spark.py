@@ -169,6 +169,7 @@ class ReadConfig:
     storage_options: tuple[tuple[str, str], ...]
     routing: tuple[tuple[int, str], ...]  # region index -> JSON {spec, source_columns} ('' = none)
     own_values: tuple[tuple[int, str], ...] = ()  # region index -> its region value (`value_key`), if known
+    types: tuple[str, ...] = ()          # the columns' Arrow types (`str(type)`), same order; () = unchecked
     read_threads: int = 4                # generations a task reads at once
     read_attempts: int = 3               # tries per generation before a read failure stops its region
     retry_backoff_s: float = 0.2         # first back-off between tries (doubles)
@@ -282,6 +283,10 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -
         extra = sorted(set(names) - set(want))
         missing = sorted(set(want) - set(names))
         raise Refused(f"columns differ from the base table: extra {extra}, missing {missing}")
+    wrong = [f"{c!r} is {ds.schema.field(c).type}, the base table's is {t}"
+             for c, t in zip(cfg.columns, cfg.types) if str(ds.schema.field(c).type) != t]
+    if wrong:
+        raise Refused(f"column types differ from the base table: {'; '.join(wrong)}")
     table = ds.to_table(columns=want, with_row_address=True)
     addr = table.column(table.num_columns - 1)
     if table.num_rows > 1 and not pc.all(pc.greater_equal(addr.slice(1), addr.slice(0, table.num_rows - 1))).as_py():

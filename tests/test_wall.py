@@ -265,3 +265,22 @@ def test_malformed_generation_lists_are_refused_per_region(table_loc, spark, dam
     assert set(res.stuck_regions) == {bad_rid}
     assert merged(table_loc).get(bad_rid, 0) == before
     assert merged(table_loc)[good_rid] == region.load_latest(table_loc.store, good_rid).generations[-1].generation
+
+
+def test_a_generation_with_a_wrong_column_type_fails_its_region_only(table_loc, spark):
+    """Found by the harness: a generation whose `s` is an int64 (same names) used to raise out
+    of the Spark task when concatenated with its region's other generations, or merge silently
+    when castable. Now it is refused (permanent) and the other regions merge."""
+    w = GroupWorkload(table_loc, num_buckets=3)
+    w.write(list(range(21)))
+    bad_rid = sorted(w.regions.values())[0]
+    value = next(k % 7 for k in range(21) if w.regions[w.bucket(k % 7)] == bad_rid)
+    bad = plant_generation(table_loc, bad_rid, pa.table({
+        "id": pa.array([700], pa.int64()), "grp": pa.array([value], pa.int64()), "s": pa.array([7], pa.int64()),
+        "_tombstone": [False]}))
+    w.write([k for k in range(21, 42) if w.regions[w.bucket(k % 7)] == bad_rid][:2])
+    res = merge.merge(table_loc, spark)
+    r = res.regions[bad_rid]
+    assert (r.wall, r.permanent) == (bad, True) and "column types differ" in r.error and "'s' is int64" in r.error
+    assert set(res.failed_regions) == {bad_rid}
+    assert 700 not in rows(table.open_dataset(table_loc).to_table())
