@@ -48,13 +48,13 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     merged = state.merged
     report = ExclusivityReport()
     loaded = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
-    routes: dict[str, str] = {}
+    routes: dict[str, spark.RoutingCheck | None] = {}
     for rid, m in sorted(loaded.items()):
         if isinstance(m, Exception):
             report.errors[rid] = str(m)
             continue
         try:
-            routes[rid] = merge._routing_config(m, specs, ds.lance_schema)
+            routes[rid] = merge.routing_check(m, specs, ds.lance_schema)
         except Exception as e:  # noqa: BLE001 - reported per region
             report.errors[rid] = f"region {rid}: {type(e).__name__}: {e}"
     routes = {rid: conf for rid, conf in routes.items() if conf}  # manual or unsharded: nothing to route
@@ -65,10 +65,9 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     values = merge.region_values(loc, state, ds, {rid: loaded[rid] for rid in routes}, pk, {})
     for rid, conf in sorted(routes.items()):
         m = loaded[rid]
-        fields = [f["field_id"] for f in json.loads(conf)["spec"]["fields"]]
-        own = spark.value_key([values[rid].get(f) for f in fields]) if rid in values else None
+        own = spark.value_key([values[rid].get(f) for f in conf.field_ids]) if rid in values else None
         pending = [g for g in m.generations if g.generation > merged.get(rid, 0)][:max_generations_per_region]
-        wanted = set(json.loads(conf)["source_columns"].values()) | set(pk) | {spark.TOMBSTONE}
+        wanted = {c for _, c in conf.source_columns} | set(pk) | {spark.TOMBSTONE}
         stats = []
         try:
             for g in pending:

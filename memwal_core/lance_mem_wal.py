@@ -31,6 +31,12 @@ def is_stale_merge(error: BaseException) -> bool:
     return STALE_MERGE_MARKER in str(error)
 
 
+def is_commit_conflict(error: BaseException) -> bool:
+    """A merge commit lost to another commit (a stale marker, or Lance's commit conflict): the
+    merger re-reads progress and retries what is left; anything else is a real failure."""
+    return isinstance(error, OSError) and (is_stale_merge(error) or "conflict" in str(error).lower())
+
+
 def region_snapshot(region_id: str, current_generation: int,
                     generations: Iterable[tuple[int, str]], spec_id: int = 0) -> ShardSnapshot:
     """pylance's snapshot of one region for LSM reads (only pass generations to be read)."""

@@ -16,7 +16,6 @@ instead. (It is also one commit instead of two; see docs/benchmarks.md.)
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -30,7 +29,7 @@ import pyarrow as pa
 
 from . import faults, layout, region, routing
 from . import spark as sparkpath
-from .lance_mem_wal import is_stale_merge, merged_markers
+from .lance_mem_wal import is_commit_conflict, merged_markers
 from .store import TableLocation
 from .table import MemWalState, open_dataset, primary_key, read_memwal_state
 
@@ -346,13 +345,12 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         if isinstance(m, Exception):  # loaded when planned, not now: no routing to check it by
             run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, str(m), permanent=isinstance(m, region.CorruptManifest)))
         else:
-            run.routes[rid] = _routing_config(m, specs, ds.lance_schema)
+            run.routes[rid] = routing_check(m, specs, ds.lance_schema)
     values = region_values(loc, state, ds, {r: m for r, m in manifests.items() if run.routes.get(r)}, pk,
                            expected_values or {})
-    for rid, conf in run.routes.items():
-        if conf and rid in values:
-            fields = [f["field_id"] for f in json.loads(conf)["spec"]["fields"]]
-            run.own[rid] = sparkpath.value_key([values[rid].get(f) for f in fields])
+    for rid, check in run.routes.items():
+        if check and rid in values:
+            run.own[rid] = sparkpath.value_key([values[rid].get(f) for f in check.field_ids])
     for n, batch in enumerate(plan.batches, 1):
         if progress:
             progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
@@ -372,16 +370,15 @@ def merge_tasks(spark) -> int:
     return max(1, min(64, int(spark.conf.get("spark.sql.shuffle.partitions", "8"))))
 
 
-def _routing_config(m: region.RegionManifest, specs: dict, lance_schema) -> str:
-    """The routing the tasks check a region's rows by, as JSON ('' = nothing to check)."""
+def routing_check(m: region.RegionManifest, specs: dict, lance_schema) -> sparkpath.RoutingCheck | None:
+    """How the tasks check a region's rows (None: a manual or unsharded region, nothing to route)."""
     spec_pb = specs.get(m.message.region_spec_id)
     if spec_pb is None:
-        return ""
+        return None
     rs = routing.RegionSpec.from_proto(spec_pb)
     if any(f.transform == routing.UNSHARDED for f in rs.fields):
-        return ""
-    return json.dumps({"spec": rs.to_lance(), "source_columns": {
-        str(k): v for k, v in routing.source_columns_for(rs, lance_schema).items()}})
+        return None
+    return sparkpath.RoutingCheck(rs.to_lance(), tuple(sorted(routing.source_columns_for(rs, lance_schema).items())))
 
 
 def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[str, region.RegionManifest],
@@ -435,7 +432,7 @@ class _Run:
     tasks: int
     result: MergeResult
     max_attempts: int
-    routes: dict[str, str] = field(default_factory=dict)   # region -> routing JSON ('' = none)
+    routes: dict[str, sparkpath.RoutingCheck | None] = field(default_factory=dict)
     own: dict[str, str] = field(default_factory=dict)      # region -> its value (`value_key`)
     walls: dict[str, Wall] = field(default_factory=dict)
 
@@ -464,7 +461,7 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
         result.regions.setdefault(rid, RegionMergeResult(rid))
     cfg = sparkpath.ReadConfig(
         pk=run.pk, columns=run.columns, types=run.types, storage_options=tuple(sorted(loc.storage_options.items())),
-        routing=tuple((index[rid], run.routes.get(rid, "")) for rid in region_ids),
+        routing=tuple((index[rid], run.routes.get(rid)) for rid in region_ids),
         own_values=tuple((index[rid], run.own[rid]) for rid in region_ids if rid in run.own))
     conflicts = 0
     while True:
@@ -595,7 +592,7 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
     try:
         stats = builder.execute(source)
     except OSError as e:
-        if is_stale_merge(e) or "conflict" in str(e).lower():
+        if is_commit_conflict(e):
             return False
         raise
     faults.point("merge.after_commit")

@@ -167,7 +167,7 @@ class ReadConfig:
     pk: tuple[str, ...]
     columns: tuple[str, ...]            # base-table columns, in order (without _tombstone)
     storage_options: tuple[tuple[str, str], ...]
-    routing: tuple[tuple[int, str], ...]  # region index -> JSON {spec, source_columns} ('' = none)
+    routing: tuple[tuple[int, "RoutingCheck | None"], ...]  # region index -> how its rows route (None: unchecked)
     own_values: tuple[tuple[int, str], ...] = ()  # region index -> its region value (`value_key`), if known
     types: tuple[str, ...] = ()          # the columns' Arrow types (`str(type)`), same order; () = unchecked
     read_threads: int = 4                # generations a task reads at once
@@ -179,7 +179,20 @@ class ReadConfig:
                 f"storage_options={sorted(k for k, _ in self.storage_options)}, routing=...)")
 
 
-def _route_counts(table: pa.Table, routing_json: str, pk: tuple[str, ...]) -> list:
+@dataclass(frozen=True)
+class RoutingCheck:
+    """How one region's rows route: its region spec (Lance's dict form, what
+    `evaluate_sharding_spec` takes) and the column of each source field. Pickled into the tasks."""
+
+    spec: dict
+    source_columns: tuple[tuple[int, str], ...]
+
+    @property
+    def field_ids(self) -> list[str]:
+        return [f["field_id"] for f in self.spec["fields"]]
+
+
+def _route_counts(table: pa.Table, check: RoutingCheck, pk: tuple[str, ...]) -> list:
     """[[region value, rows]] over the rows that can be routed.
 
     Live rows always; tombstones only when every routing column is a key column. A delete's
@@ -189,9 +202,8 @@ def _route_counts(table: pa.Table, routing_json: str, pk: tuple[str, ...]) -> li
     """
     from . import routing
 
-    cfg = json.loads(routing_json)
-    spec = routing.RegionSpec.from_lance(cfg["spec"])
-    sources = {int(k): v for k, v in cfg["source_columns"].items()}
+    spec = routing.RegionSpec.from_lance(check.spec)
+    sources = dict(check.source_columns)
     if TOMBSTONE in table.column_names and not set(sources.values()) <= set(pk):
         table = table.filter(pc.invert(table.column(TOMBSTONE).fill_null(False)))
     values = routing.region_values(spec, table, sources)
@@ -270,7 +282,7 @@ def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
     return first
 
 
-def _read_generation(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -> tuple[pa.Table, dict]:
+def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, options) -> tuple[pa.Table, dict]:
     """One generation's rows in row order (columns in base-table order + _tombstone), and its
     stats info. Raises `Refused` when it can never be merged as it is (wrong columns, NULL
     keys) and anything else when it could not be read."""
@@ -296,10 +308,11 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -
     if nulls:
         raise Refused(f"NULL primary key values ({', '.join(f'{c}: {n} rows' for c, n in nulls.items())}); "
                       "a row without a key cannot be upserted or deleted")
-    return table, {"routes": _route_counts(table, routing_json, cfg.pk) if routing_json else [], "error": None}
+    return table, {"routes": _route_counts(table, check, cfg.pk) if check else [], "error": None}
 
 
-def _read_with_retries(ds_uri: str, cfg: ReadConfig, routing_json: str, options) -> tuple[pa.Table | None, dict]:
+def _read_with_retries(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None,
+                       options) -> tuple[pa.Table | None, dict]:
     """`_read_generation`, retried with back-off on failures that may pass (I/O, object-store
     5xx, a directory briefly missing); a `Refused` generation is not retried."""
     import time
@@ -307,7 +320,7 @@ def _read_with_retries(ds_uri: str, cfg: ReadConfig, routing_json: str, options)
     delay = cfg.retry_backoff_s
     for attempt in range(1, max(1, cfg.read_attempts) + 1):
         try:
-            return _read_generation(ds_uri, cfg, routing_json, options)
+            return _read_generation(ds_uri, cfg, check, options)
         except Refused as e:
             return None, {"routes": [], "error": str(e), "permanent": True}
         except Exception as e:  # noqa: BLE001 - reported per generation; the region stops for this run
@@ -341,7 +354,7 @@ def merge_regions(cfg: ReadConfig, groups: tuple, batches: Iterator[pa.RecordBat
     own = dict(cfg.own_values)
 
     def read(ridx: int, generation: int, uri: str) -> tuple[pa.Table | None, dict]:
-        table, info = _read_with_retries(uri, cfg, routes.get(ridx, ""), options)
+        table, info = _read_with_retries(uri, cfg, routes.get(ridx), options)
         nrows, nbytes = (table.num_rows, table.nbytes) if table is not None else (0, 0)
         return table, {"region": ridx, "generation": generation, "rows": nrows, "bytes": nbytes,
                        "info": json.dumps(info)}

@@ -102,7 +102,7 @@ def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
     index = {r: i for i, r in enumerate(rids)}
     manifests = region.load_many(table_loc.store, rids)
     cfg = sp.ReadConfig(pk=("id",), columns=tuple(f.name for f in ds.schema), storage_options=(),
-                        routing=tuple((index[r], merge._routing_config(manifests[r], specs, ds.lance_schema))
+                        routing=tuple((index[r], merge.routing_check(manifests[r], specs, ds.lance_schema))
                                       for r in rids))
     gens = [(index[g.region_id], g.generation,
              table_loc.child_uri(layout.generation_dir(g.region_id, g.path, g.generation)), g.bytes)
