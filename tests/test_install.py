@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,9 +25,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("install")
-    wheels = tmp / "wheels"
+    wheels, src = tmp / "wheels", tmp / "src"
+    # Built from a copy: an in-tree build would leave build/ and *.egg-info in the checkout.
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), src / name)
+    for name in ("memwal_core", "memwal_pipeline"):
+        shutil.copytree(os.path.join(ROOT, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), ROOT], check=True, cwd=tmp)
+                    "-w", str(wheels), str(src)], check=True, cwd=tmp)
     (wheel,) = list(wheels.glob("memwal-*.whl"))
     env_dir = tmp / "venv"
     venv.create(env_dir, with_pip=False)

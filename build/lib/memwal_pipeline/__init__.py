@@ -1,1 +1,0 @@
-"""memwal's Dagster layer: assets, sensors, checks and the CLI over memwal_core (kept thin)."""
