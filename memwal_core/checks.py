@@ -40,7 +40,7 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     just its key, NULL elsewhere), checked against the region's authoritative value
     (`merge.region_values`: MemWAL snapshot, else its first generation), never a majority.
     """
-    from . import merge, spark
+    from . import merge, snapshot, spark
 
     ds = open_dataset(loc)
     state = read_memwal_state(loc, ds.version)
@@ -62,7 +62,11 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
         pk = primary_key(ds)
     except NoPrimaryKey:
         pk = []
-    values = merge.region_values(loc, state, ds, {rid: loaded[rid] for rid in routes}, pk, {})
+    try:
+        values = merge.region_values(loc, state, ds, {rid: loaded[rid] for rid in routes}, pk, {})
+    except snapshot.SnapshotError as e:  # recorded values exist but cannot be read
+        report.errors.update({rid: f"region {rid}: {e}" for rid in routes})
+        return report
     for rid, conf in sorted(routes.items()):
         m = loaded[rid]
         own = spark.value_key([values[rid].get(f) for f in conf.field_ids]) if rid in values else None

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 import lance
 import pyarrow as pa
 
-from . import faults, layout, region, routing
+from . import faults, layout, region, routing, snapshot
 from . import spark as sparkpath
 from .lance_mem_wal import is_commit_conflict, merged_markers
 from .store import TableLocation
@@ -339,18 +339,28 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     state = read_memwal_state(loc, ds.version)
     specs = {s.spec_id: s for s in state.details.region_specs}
     manifests = region.load_many(loc.store, sorted(plan.pending))
-    run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), tuple(str(f.type) for f in ds.schema),
-               merge_tasks(spark), result, max_attempts)
+    run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), ds.schema, merge_tasks(spark), result,
+               max_attempts)
     for rid, m in manifests.items():
         if isinstance(m, Exception):  # loaded when planned, not now: no routing to check it by
             run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, str(m), permanent=isinstance(m, region.CorruptManifest)))
         else:
             run.routes[rid] = routing_check(m, specs, ds.lance_schema)
-    values = region_values(loc, state, ds, {r: m for r, m in manifests.items() if run.routes.get(r)}, pk,
-                           expected_values or {})
+    routed = {r: m for r, m in manifests.items() if run.routes.get(r)}
+    try:
+        values = region_values(loc, state, ds, routed, pk, expected_values or {})
+        run.owners = _owners(loc, state, specs, run, values)
+    except snapshot.SnapshotError as e:  # recorded values exist but cannot be read: nothing to check by
+        for rid in routed:
+            if not (expected_values or {}).get(rid):
+                run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, f"region {rid}: the MemWAL snapshot that records "
+                                   f"region values is unreadable ({e}); not merging routed regions without it",
+                                   permanent=False))
+        values = dict(expected_values or {})
     for rid, check in run.routes.items():
         if check and rid in values:
             run.own[rid] = sparkpath.value_key([values[rid].get(f) for f in check.field_ids])
+    run.owners.update({v: rid for rid, v in run.own.items()})
     for n, batch in enumerate(plan.batches, 1):
         if progress:
             progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
@@ -359,6 +369,31 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
     return result
+
+
+def _owners(loc: TableLocation, state: MemWalState, specs: dict, run: "_Run",
+            values: dict[str, dict]) -> dict[str, str]:
+    """Region value -> region, over every region the snapshot knows (pending or not): a new
+    region may not adopt a value another region already holds (this run's own values are added
+    by the caller)."""
+    owners: dict[str, str] = {}
+    for rid, vals in snapshot.recorded_values(loc, state).items():
+        if rid in values:
+            continue
+        fields = _spec_field_ids(specs, vals)
+        if fields:
+            owners[sparkpath.value_key([vals.get(f) for f in fields])] = rid
+    return owners
+
+
+def _spec_field_ids(specs: dict, vals: dict) -> list[str] | None:
+    """The field ids of the one region spec whose fields are exactly `vals`' keys (values from
+    a snapshot row carry no spec id here)."""
+    for spec_pb in specs.values():
+        ids = [f.field_id for f in spec_pb.fields]
+        if ids and set(ids) == set(vals):
+            return ids
+    return None
 
 
 def merge_tasks(spark) -> int:
@@ -385,29 +420,28 @@ def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[st
                   pk: list[str], expected: dict[str, dict]) -> dict[str, dict]:
     """Region id -> {field id: value}: what each region's rows must route to.
 
-    Authoritative first: `expected`, then the value recorded in the MemWAL snapshot (reused by
-    every later snapshot, so it never changes), then the region's oldest listed generation
-    whose live rows all agree (its first generation, for a region not yet snapshotted). Never a
-    vote over the generations being checked: a region whose value cannot be established this
-    way is checked by its first routed generation being unanimous (`spark.first_refused`).
+    Authoritative only: `expected`, then the value recorded in the MemWAL snapshot (reused by
+    every later snapshot, so it never changes), then the oldest *merged* generation still
+    listed whose live rows all agree (a generation the merger already accepted; never one it is
+    about to check, which after GC trimmed the merged ones would be the pending ones). A region
+    with none of these is checked by its first routed generation being unanimous and its value
+    not owned by another region (`_Run.establish`).
     """
-    from . import snapshot
-
     out = {rid: expected[rid] for rid in manifests if rid in expected}
     missing = [rid for rid in manifests if rid not in out]
     if missing:
-        try:
-            known = snapshot.snapshot_field_values(snapshot.read_snapshot(loc, state))
-            out.update({rid: known[rid] for rid in missing if rid in known})
-        except snapshot.SnapshotError:
-            pass  # no snapshot yet
+        known = snapshot.recorded_values(loc, state)
+        out.update({rid: known[rid] for rid in missing if rid in known})
     specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
-    todo = [rid for rid in manifests if rid not in out and manifests[rid].message.region_spec_id in specs]
+    merged = state.merged
+    todo = [rid for rid in manifests if rid not in out and merged.get(rid, 0) > 0
+            and manifests[rid].message.region_spec_id in specs]
 
     def derive(rid: str):
         m = manifests[rid]
         try:
-            return snapshot.derive_region_fields(loc, specs[m.message.region_spec_id], ds.lance_schema, pk, m)
+            return snapshot.derive_region_fields(loc, specs[m.message.region_spec_id], ds.lance_schema, pk, m,
+                                                 upto=merged[rid])
         except Exception as e:  # noqa: BLE001 - no value: the task's unanimity rule applies
             log.info("region %s: no region value derived (%s)", rid, e)
             return None
@@ -428,12 +462,13 @@ class _Run:
     spark: Any
     pk: tuple[str, ...]
     columns: tuple[str, ...]
-    types: tuple[str, ...]
+    schema: pa.Schema
     tasks: int
     result: MergeResult
     max_attempts: int
     routes: dict[str, sparkpath.RoutingCheck | None] = field(default_factory=dict)
     own: dict[str, str] = field(default_factory=dict)      # region -> its value (`value_key`)
+    owners: dict[str, str] = field(default_factory=dict)   # value -> the region that owns it (any region)
     walls: dict[str, Wall] = field(default_factory=dict)
 
     def stop(self, rid: str, wall: Wall) -> None:
@@ -442,6 +477,25 @@ class _Run:
             log.error("%s; %s", wall.reason, "the region is stuck until it is repaired" if wall.permanent
                       else f"merging stops before generation {wall.generation} in this run")
         self.result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
+
+    def establish(self, rid: str, stats: list[dict]) -> None:
+        """Adopt a region's value from its first routed generation (unanimous) when nothing
+        authoritative gave one, unless another region owns that value; kept for the rest of the
+        run, so later batches and re-runs check against it."""
+        if rid in self.own or not self.routes.get(rid):
+            return
+        first = sparkpath.first_routed_value(stats)
+        if first is None:
+            return
+        generation, value = first
+        owner = self.owners.get(value)
+        if owner is not None and owner != rid:
+            self.stop(rid, Wall(generation, f"region {rid}: generation {generation}: its rows route to region value "
+                                            f"{value}, which region {owner} owns; the spec requires mutually "
+                                            "exclusive regions", permanent=True))
+            return
+        self.own[rid] = value
+        self.owners[value] = rid
 
     def open(self, g: PlannedGeneration) -> bool:
         """False for a generation at or past its region's wall."""
@@ -459,12 +513,12 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
     region_index = {i: rid for rid, i in index.items()}
     for rid in region_ids:
         result.regions.setdefault(rid, RegionMergeResult(rid))
-    cfg = sparkpath.ReadConfig(
-        pk=run.pk, columns=run.columns, types=run.types, storage_options=tuple(sorted(loc.storage_options.items())),
-        routing=tuple((index[rid], run.routes.get(rid)) for rid in region_ids),
-        own_values=tuple((index[rid], run.own[rid]) for rid in region_ids if rid in run.own))
     conflicts = 0
     while True:
+        cfg = sparkpath.ReadConfig(  # own values may have been established by an earlier round
+            pk=run.pk, columns=run.columns, base_schema=run.schema, storage_options=tuple(sorted(loc.storage_options.items())),
+            routing=tuple((index[rid], run.routes.get(rid)) for rid in region_ids),
+            own_values=tuple((index[rid], run.own[rid]) for rid in region_ids if rid in run.own))
         merged = read_memwal_state(loc).merged
         gens = []
         for g in batch.generations:
@@ -490,16 +544,20 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
         by_region: dict[int, list[dict]] = {}
         for s in deduped.stats:
             by_region.setdefault(s["region"], []).append(s)
-        for ridx, rows in by_region.items():
+        task_cut: dict[str, int] = {}  # region -> the generation the task stopped deduplicating at
+        for ridx, rows in sorted(by_region.items()):
             rid = region_index[ridx]
-            refusal = sparkpath.first_refused(rows, run.own.get(rid))  # what the task decided too
-            if refusal is None:
-                continue
-            result.regions[rid].offending_keys += refusal.offending_rows
-            run.stop(rid, Wall(refusal.generation, f"region {rid}: {refusal.message}", refusal.permanent))
+            refusal = sparkpath.first_refused(rows, dict(cfg.own_values).get(ridx))  # what the task decided
+            task_cut[rid] = refusal.generation if refusal else max(s["generation"] for s in rows) + 1
+            if refusal is not None:
+                result.regions[rid].offending_keys += refusal.offending_rows
+                run.stop(rid, Wall(refusal.generation, f"region {rid}: {refusal.message}", refusal.permanent))
+            run.establish(rid, rows)
         if deduped.shared:
             _refuse_shared(deduped, gens, region_index, run)
             continue
+        if any(rid in run.walls and run.walls[rid].generation < cut for rid, cut in task_cut.items()):
+            continue  # the driver stopped a region earlier than its task did: re-read without those rows
         gens = _in_order([g for g in gens if run.open(g)], merged_now, run)
         if not gens:
             return

@@ -171,8 +171,11 @@ def _single_value(arr: pa.Array | pa.ChunkedArray) -> tuple[bool, Any]:
 
 
 def derive_region_fields(loc: TableLocation, spec: routing.RegionSpec, lance_schema: Any,
-                         pk: list[str], m: region.RegionManifest) -> FieldValues:
-    """Region field values of one region, from its manifest or derived from its rows."""
+                         pk: list[str], m: region.RegionManifest, *, upto: int | None = None) -> FieldValues:
+    """Region field values of one region, from its manifest or derived from its rows.
+
+    `upto`: derive only from generations at or below it (the merger passes merge progress:
+    generations it already accepted, never the ones it is about to check)."""
     if not spec.fields:
         return FieldValues({}, "none")
     types = {f.field_id: result_arrow_type(f.result_type) for f in spec.fields}
@@ -196,7 +199,7 @@ def derive_region_fields(loc: TableLocation, spec: routing.RegionSpec, lance_sch
     key_only = columns <= set(pk)  # tombstone rows carry the key columns only
 
     problems = []
-    for g in m.generations[:MAX_DERIVE_GENERATIONS]:
+    for g in [g for g in m.generations if upto is None or g.generation <= upto][:MAX_DERIVE_GENERATIONS]:
         try:
             key = layout.generation_dir(m.region_id, g.path, g.generation)
             gen_ds = lance.dataset(loc.child_uri(key), storage_options=loc.storage_options or None)
@@ -385,6 +388,17 @@ def snapshot_field_values(tbl: pa.Table) -> dict[str, dict[str, Any]]:
         if vals or src:
             out[str(uuid.UUID(bytes=r["region_id"]))] = vals
     return out
+
+
+def recorded_values(loc: TableLocation, state: table.MemWalState) -> dict[str, dict[str, Any]]:
+    """Region values recorded in the MemWAL snapshot of `state` ({} when none was built yet).
+
+    Raises `SnapshotError` when a snapshot exists but cannot be read: "no snapshot" would
+    silently weaken every routing check that relies on the recorded values."""
+    try:
+        return snapshot_field_values(read_snapshot(loc, state))
+    except SnapshotNotFound:
+        return {}
 
 
 def _previous_snapshot(loc: TableLocation, state: table.MemWalState) -> pa.Table | None:

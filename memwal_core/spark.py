@@ -169,7 +169,7 @@ class ReadConfig:
     storage_options: tuple[tuple[str, str], ...]
     routing: tuple[tuple[int, "RoutingCheck | None"], ...]  # region index -> how its rows route (None: unchecked)
     own_values: tuple[tuple[int, str], ...] = ()  # region index -> its region value (`value_key`), if known
-    types: tuple[str, ...] = ()          # the columns' Arrow types (`str(type)`), same order; () = unchecked
+    base_schema: pa.Schema | None = None  # the base table's schema (types, nullability); None = unchecked
     read_threads: int = 4                # generations a task reads at once
     read_attempts: int = 3               # tries per generation before a read failure stops its region
     retry_backoff_s: float = 0.2         # first back-off between tries (doubles)
@@ -241,6 +241,19 @@ class Refusal:
     permanent: bool = True
 
 
+def first_routed_value(stats: list[dict]) -> tuple[int, str] | None:
+    """(generation, value) of a region's first readable generation with routable rows, when all
+    those rows route to one value: the region's value when nothing authoritative is known."""
+    for s in sorted(stats, key=lambda s: s["generation"]):
+        info = json.loads(s["info"])
+        if info["error"]:
+            return None
+        counts = {value_key(v) for v, _ in info["routes"]}
+        if counts:
+            return (s["generation"], next(iter(counts))) if len(counts) == 1 else None
+    return None
+
+
 def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
     """The first generation of one region (stats rows, any order) that must not be merged.
 
@@ -291,19 +304,31 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, o
     ds = lance.dataset(ds_uri, storage_options=options)
     want = list(cfg.columns) + [TOMBSTONE]
     names = [f.name for f in ds.schema]
-    if sorted(names) != sorted(want):
-        extra = sorted(set(names) - set(want))
-        missing = sorted(set(want) - set(names))
+    extra = sorted(set(names) - set(want))
+    missing = sorted(set(want) - set(names))
+    base = cfg.base_schema
+    # A generation flushed before `add_columns` lacks the new columns: read as NULL there, as a
+    # reader of the table shows them. Anything else (extra columns, a missing key, _tombstone or
+    # non-nullable column) is not a schema this table ever had.
+    evolved = base is not None and not extra and all(
+        c != TOMBSTONE and c not in cfg.pk and base.field(c).nullable for c in missing)
+    if (extra or missing) and not evolved:
         raise Refused(f"columns differ from the base table: extra {extra}, missing {missing}")
-    wrong = [f"{c!r} is {ds.schema.field(c).type}, the base table's is {t}"
-             for c, t in zip(cfg.columns, cfg.types) if str(ds.schema.field(c).type) != t]
-    if wrong:
-        raise Refused(f"column types differ from the base table: {'; '.join(wrong)}")
-    table = ds.to_table(columns=want, with_row_address=True)
+    if base is not None:
+        wrong = [f"{c!r} is {ds.schema.field(c).type}, the base table's is {base.field(c).type}"
+                 for c in cfg.columns if c in names and not ds.schema.field(c).type.equals(base.field(c).type)]
+        if wrong:
+            raise Refused(f"column types differ from the base table: {'; '.join(wrong)}")
+    present = [c for c in want if c in names]
+    table = ds.to_table(columns=present, with_row_address=True)
     addr = table.column(table.num_columns - 1)
     if table.num_rows > 1 and not pc.all(pc.greater_equal(addr.slice(1), addr.slice(0, table.num_rows - 1))).as_py():
         table = table.sort_by(table.column_names[-1])  # later position wins: rows must be in write order
     table = table.drop_columns([table.column_names[-1]])
+    if missing:
+        for c in missing:
+            table = table.append_column(base.field(c), pa.nulls(table.num_rows, base.field(c).type))
+        table = table.select(want)
     nulls = {c: table.column(c).null_count for c in cfg.pk if table.column(c).null_count}
     if nulls:
         raise Refused(f"NULL primary key values ({', '.join(f'{c}: {n} rows' for c, n in nulls.items())}); "

@@ -284,3 +284,44 @@ def test_a_generation_with_a_wrong_column_type_fails_its_region_only(table_loc, 
     assert (r.wall, r.permanent) == (bad, True) and "column types differ" in r.error and "'s' is int64" in r.error
     assert set(res.failed_regions) == {bad_rid}
     assert 700 not in rows(table.open_dataset(table_loc).to_table())
+
+
+def test_a_region_may_not_adopt_a_value_another_region_owns(table_loc, spark):
+    """Review finding F2, in the pipeline's order (snapshot before GC): region A's merged
+    generations are collected, then A flushes rows that all route to region B's value. A has no
+    recorded value of its own here (its snapshot row was built when it had no routable rows),
+    so the first routed generation would decide; B owns that value in the snapshot: refused."""
+    w = GroupWorkload(table_loc, num_buckets=2)
+    b_a, b_b = w.bucket(0), next(w.bucket(k) for k in range(1, 7) if w.bucket(k) != w.bucket(0))
+    grp_b = next(k for k in range(7) if w.bucket(k) == b_b)
+    a = w.region(b_a)
+    ds = lance.dataset(table_loc.lance_uri)
+    with ds.mem_wal_writer(a, max_memtable_rows=8) as wr:  # A: deletes only, no routable rows
+        wr.delete(pa.table({"id": pa.array([1000], pa.int64())}))
+    w.write([k for k in range(40) if w.bucket(k % 7) == b_b][:6])  # B: its own rows
+    assert not merge.merge(table_loc, spark).failed_regions
+    snapshot.build_snapshot(table_loc)
+    assert a not in snapshot.recorded_values(table_loc, table.read_memwal_state(table_loc))
+    gc.run_gc(table_loc, AGGRESSIVE_GC)
+    with lance.dataset(table_loc.lance_uri).mem_wal_writer(a, max_memtable_rows=8) as wr:
+        wr.put(pa.Table.from_pylist([{"id": 77, "grp": grp_b, "s": "x"}], schema=w.schema))
+    res = merge.merge(table_loc, spark)
+    r = res.regions[a]
+    assert r.permanent and "which region" in r.error and w.regions[b_b] in r.error, r
+    assert 77 not in rows(table.open_dataset(table_loc).to_table())
+
+
+def test_a_generation_written_before_add_columns_merges_with_nulls(table_loc, spark):
+    """Review finding F4: pylance allows `add_columns` on a MemWAL table; a generation flushed
+    before it lacks the new column and reads as NULL there, not a permanent refusal."""
+    w = GroupWorkload(table_loc, num_buckets=1)
+    w.write([1, 2])
+    (rid,) = w.regions.values()
+    lance.dataset(table_loc.lance_uri).add_columns(pa.schema([pa.field("extra", pa.int64())]))
+    s2 = lance.dataset(table_loc.lance_uri).schema
+    with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as wr:
+        wr.put(pa.Table.from_pylist([{"id": 3, "grp": 3, "s": "c", "extra": 5}], schema=s2))
+    res = merge.merge(table_loc, spark)
+    assert not res.failed_regions, res.failed_regions
+    assert {k: r["extra"] for k, r in rows(table.open_dataset(table_loc).to_table()).items()} == \
+        {1: None, 2: None, 3: 5}
