@@ -69,8 +69,9 @@ class CompactionOptions:
     Compaction runs when any data trigger fires: more than `max_fragments` fragments, more than
     `max_small_fragments` small ones (fewer physical rows than `small_fragment_rows`), a small
     share above `max_small_fragment_share` once there are at least `min_small_fragments`, or
-    more than `max_deleted_row_ratio` of the physical rows deleted. Index segments are merged
-    when an index has more than `max_index_segments`.
+    more than `max_deleted_row_ratio` of the physical rows deleted (and at least
+    `min_deleted_rows`: on a small table deleted rows cost nothing worth a rewrite). Index
+    segments are merged when an index has more than `max_index_segments`.
     """
 
     max_fragments: int = 64
@@ -79,6 +80,7 @@ class CompactionOptions:
     max_small_fragment_share: float = 0.5
     small_fragment_rows: int = 262_144
     max_deleted_row_ratio: float = 0.1
+    min_deleted_rows: int = 10_000
     max_index_segments: int = 8
     # How Lance rewrites (its own options), and the per-run bounds.
     target_rows_per_fragment: int = 1_048_576
@@ -189,7 +191,7 @@ class TableHealth:
                 self.small_fragment_share > o.max_small_fragment_share:
             out.append(f"small fragments {self.small_fragments}/{self.fragments} = "
                        f"{self.small_fragment_share:.2f} > {o.max_small_fragment_share}")
-        if self.deleted_row_ratio > o.max_deleted_row_ratio:
+        if self.deleted_row_ratio > o.max_deleted_row_ratio and self.deleted_rows >= o.min_deleted_rows:
             out.append(f"deleted rows {self.deleted_rows}/{self.physical_rows} = "
                        f"{self.deleted_row_ratio:.2f} > {o.max_deleted_row_ratio}")
         return out
@@ -321,6 +323,7 @@ def plan_compaction(loc: TableLocation, options: CompactionOptions | None = None
     """Read health; plan a bounded compaction only when a trigger fires. Changes nothing."""
     o = options or CompactionOptions()
     ds = table.open_dataset(loc)
+    table.read_memwal_state(loc, ds.version)  # a table without MemWAL is refused, as every step does
     health = read_health(loc, o, ds)
     reasons = health.reasons(o)
     plan = CompactionPlan(loc.lance_uri, ds.version, health, o, reasons)
