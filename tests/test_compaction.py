@@ -272,3 +272,35 @@ def test_one_maintain_merges_and_compacts_a_fragmented_table_with_a_backlog(tabl
     assert cli.main(["maintain", uri, "--only", "compact", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["steps"]["compact"]["status"] == "healthy, skipped" and rep["steps"]["compact"]["tasks"] == 0
+
+
+def test_base_compaction_asset_metadata_and_healthy_skip(table_loc, spark):
+    """The Dagster asset on its own: numeric metadata the UI plots; 'healthy, skipped' when
+    under the thresholds (it still materializes and reports the numbers)."""
+    from dagster import DagsterInstance, FloatMetadataValue, IntMetadataValue, materialize
+
+    from memwal_pipeline.config import TableConfig
+    from memwal_pipeline.definitions import table_definitions
+
+    w = fragmented_table(table_loc)
+    cfg = TableConfig(name="t", uri=table_loc.lance_uri, spark_master="local[2]",
+                      compaction=CompactionOptions(max_small_fragments=8))
+    td = table_definitions(cfg)
+    (asset,) = [a for a in td.assets if a.key.path[-1] == "base_compaction"]
+    with DagsterInstance.ephemeral() as instance:
+        md = []
+        for _ in range(2):
+            r = materialize([asset], instance=instance, resources=td.resources)
+            assert r.success
+            md.append(r.asset_materializations_for_node(asset.op.name)[0].metadata)
+    first, second = md
+    assert first["status"].value == "compacted" and first["fragments_before"].value == 30
+    assert first["fragments"].value == 1 and first["bytes_after"].value < first["bytes_before"].value
+    for key in ("fragments", "small_fragments", "index_segments", "bytes_before", "bytes_after", "segments/id_btree"):
+        assert isinstance(first[key], IntMetadataValue), key
+    for key in ("deleted_row_ratio", "deletion_file_ratio"):
+        assert isinstance(first[key], FloatMetadataValue), key
+    assert first["deleted_row_ratio"].value == 0
+    assert second["status"].value == "healthy, skipped" and second["tasks"].value == 0
+    assert second["fragments"].value == 1
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
