@@ -28,8 +28,8 @@ What a Rewrite commit does to MemWAL state (pylance 14.0.2, tests/test_compactio
   conflict (even an insert-only merge: `merge_insert` is an Update). The executor re-plans
   from the new version and re-runs the tasks, up to `max_attempts`, then gives up cleanly:
   nothing of the failed attempt is visible (its data files are unreferenced; Lance's
-  `cleanup_old_versions` removes them). The merger, symmetrically, retries a merge that lost to
-  a Rewrite.
+  `cleanup_old_versions` removes them). The other order is harmless: a merge that read the
+  table before a Rewrite and commits after it is rebased by Lance.
 - Time travel: older versions keep their fragments until `cleanup_old_versions` removes them.
 
 Index segments: an index with more segments than `max_index_segments` is merged with
