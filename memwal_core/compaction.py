@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import pickle
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -209,6 +210,8 @@ def is_vector(index_type: str) -> bool:
 
 
 def _index_health(ds: lance.LanceDataset, gating: set[str]) -> list[IndexHealth]:
+    # Vector index statistics include every centroid unless told otherwise (memory; a warning).
+    os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
     out = []
     for name in sorted(catchup.base_indexes(ds)):
         try:
