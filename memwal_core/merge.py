@@ -31,7 +31,7 @@ from . import faults, layout, region, routing, snapshot
 from . import spark as sparkpath
 from .lance_mem_wal import is_commit_conflict, merged_markers
 from .store import TableLocation
-from .table import MemWalState, open_dataset, primary_key, read_memwal_state
+from .table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
 
 log = logging.getLogger("memwal.merge")
 
@@ -329,6 +329,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     clock = _Clock()
     ds = open_dataset(loc)
     pk = primary_key(ds)  # a table without a primary key cannot be merged: say so first
+    refuse_stable_row_ids(ds)  # merge_insert would mint new row ids (table.refuse_stable_row_ids)
     result = MergeResult(plan.table_uri)
     for rid, wall in plan.walls.items():
         result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)

@@ -42,6 +42,10 @@ class MemWalNotInitialized(TableError):
     pass
 
 
+class StableRowIds(TableError):
+    pass
+
+
 class LostRace(TableError):
     """Another commit landed between our read and our guarded commit: re-read and rebuild."""
 
@@ -64,6 +68,23 @@ def primary_key(ds: lance.LanceDataset) -> list[str]:
             f"table {ds.uri} has no primary key: MemWAL merges upsert by primary key, so mark the key "
             "column with field metadata {'lance-schema:unenforced-primary-key': 'true'}")
     return cols
+
+
+def refuse_stable_row_ids(ds: lance.LanceDataset) -> None:
+    """The merger cannot keep stable row ids: refuse such a table with the reason.
+
+    A table created with `enable_stable_row_ids=True` promises that a row keeps its `_rowid`
+    from the moment it is written. MemWAL generations carry no row ids, so the merger's
+    `merge_insert` mints ids for the rows it inserts at merge time (and a key deleted and
+    re-put gets a new one): ids would not be those of the write. pylance 14 has no commit that
+    takes preassigned row ids, so merging such a table would silently break the promise.
+    """
+    if ds.has_stable_row_ids:
+        raise StableRowIds(
+            f"table {ds.uri} uses stable row ids (created with enable_stable_row_ids): the merger's "
+            "merge_insert would mint new row ids at merge time for rows written through MemWAL, breaking "
+            "the stable-id promise; pylance 14 has no commit with preassigned row ids, so memwal refuses "
+            "to merge this table (nothing was changed)")
 
 
 def manifest_keys(version: int) -> list[str]:

@@ -1,4 +1,5 @@
-"""One asset graph per table: region_generations -> base_table -> memwal_index -> index_catchup -> garbage.
+"""One asset graph per table: region_generations -> base_table -> base_compaction -> memwal_index ->
+index_catchup -> garbage.
 
 Each asset is a thin call into memwal_core (plan + execute) that turns the result into
 numeric metadata the UI plots. Every asset that commits to the table runs in the table's
@@ -21,7 +22,7 @@ from dagster import (
     asset,
 )
 
-from memwal_core import catchup, gc, merge, region, snapshot, status
+from memwal_core import catchup, compaction, gc, merge, region, snapshot, status
 from memwal_core.table import open_dataset, primary_key, read_memwal_state
 
 from .config import TableConfig
@@ -142,7 +143,26 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "table_version": MetadataValue.int(result.table_version),
         })
 
-    @asset(key=keys.asset("memwal_index"), kinds={"lance"}, deps=[base_table], group_name=group, pool=cfg.pool,
+    @asset(key=keys.asset("base_compaction"), kinds={"lance", "spark"}, deps=[base_table], group_name=group,
+           pool=cfg.pool, required_resource_keys=table_res | {keys.spark_resource},
+           description="Base-table health: compacts small fragments and materializes deletions when a "
+                       "threshold is passed (planned here, rewritten in Spark tasks, committed here; "
+                       "bounded per run), merges index segments past their threshold; otherwise "
+                       "reports 'healthy, skipped'. Merge progress and index catch-up are kept.")
+    def base_compaction(context) -> MaterializeResult:
+        loc = _location(context, keys)
+        plan = compaction.plan_compaction(loc, cfg.compaction)
+        context.log.info(f"compaction plan: {plan.summary}")
+        # The lazy session starts only when there are fragments to rewrite.
+        spark = getattr(context.resources, keys.spark_resource).spark_session if plan.tasks else None
+        r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info)
+        for name, err in r.errors.items():
+            context.log.error(f"index {name}: {err}")
+        for name, why in plan.retrain_refused.items():
+            context.log.warning(f"index {name}: not retrained: {why}")
+        return MaterializeResult(metadata=compaction_metadata(plan, r))
+
+    @asset(key=keys.asset("memwal_index"), kinds={"lance"}, deps=[base_compaction], group_name=group, pool=cfg.pool,
            required_resource_keys=table_res,
            description="Snapshot of every region manifest in the MemWAL index (inline up to the "
                        "threshold, else an external Lance file); refreshes each region's WAL hint.")
@@ -205,7 +225,35 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 3)),
         })
 
-    return [region_generations, base_table, memwal_index, index_catchup, garbage]
+    return [region_generations, base_table, base_compaction, memwal_index, index_catchup, garbage]
+
+
+def compaction_metadata(plan: compaction.CompactionPlan, r: compaction.CompactionResult) -> dict[str, Any]:
+    """Numbers the UI plots: health before and after, bytes, segments per index."""
+    before, after = r.health_before, r.health_after or r.health_before
+    md: dict[str, Any] = {
+        "status": MetadataValue.text(r.status),
+        "reasons": MetadataValue.json(plan.reasons),
+        "fragments": MetadataValue.int(after.fragments),
+        "small_fragments": MetadataValue.int(after.small_fragments),
+        "deleted_row_ratio": MetadataValue.float(round(after.deleted_row_ratio, 4)),
+        "deletion_file_ratio": MetadataValue.float(round(after.deletion_file_ratio, 4)),
+        "index_segments": MetadataValue.int(sum(after.index_segments.values())),
+        "fragments_before": MetadataValue.int(before.fragments),
+        "bytes_before": MetadataValue.int(before.bytes),
+        "bytes_after": MetadataValue.int(after.bytes),
+        "tasks": MetadataValue.int(r.tasks),
+        "conflicts": MetadataValue.int(r.conflicts),
+        "fragments_removed": MetadataValue.int(r.fragments_removed),
+        "fragments_added": MetadataValue.int(r.fragments_added),
+        "catchup_restored": MetadataValue.json(r.catchup_restored),
+        "errors": MetadataValue.json(r.errors),
+        "duration_s": MetadataValue.float(round(r.duration_s, 3)),
+        "table_version": MetadataValue.int(r.table_version),
+    }
+    for name, n in sorted(after.index_segments.items()):
+        md[f"segments/{name}"] = MetadataValue.int(n)
+    return md
 
 
 def gc_config(cfg: TableConfig) -> gc.GcConfig:

@@ -16,8 +16,9 @@ import sys
 import time
 from typing import Any
 
-STEPS = ("merge", "index", "catchup", "gc")
-ASSET_OF_STEP = {"merge": "base_table", "index": "memwal_index", "catchup": "index_catchup", "gc": "garbage"}
+STEPS = ("merge", "compact", "index", "catchup", "gc")
+ASSET_OF_STEP = {"merge": "base_table", "compact": "base_compaction", "index": "memwal_index",
+                 "catchup": "index_catchup", "gc": "garbage"}
 
 
 class CliError(Exception):
@@ -120,6 +121,7 @@ def _has_pending(loc) -> bool:
 
 def _summary(step: str, md: dict[str, Any]) -> str:
     fields = {"merge": ("generations_merged", "rows_upserted", "rows_deleted", "commits"),
+              "compact": ("status", "fragments_before", "fragments", "deleted_row_ratio", "index_segments"),
               "index": ("num_regions", "storage", "hints_updated"),
               "catchup": ("indexes", "max_gap"),
               "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "kept")}[step]
@@ -143,7 +145,7 @@ def _first_failure(result) -> str:
 
 def dry_run(cfg) -> dict[str, Any]:
     """Plans only: what each step would do. Touches nothing."""
-    from memwal_core import catchup, gc, merge, snapshot
+    from memwal_core import catchup, compaction, gc, merge, snapshot
 
     from .assets import gc_config
     from .resources import table_resource
@@ -152,6 +154,7 @@ def dry_run(cfg) -> dict[str, Any]:
     return {
         "table": cfg.uri,
         "merge": merge.plan_merge(loc, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations).to_dict(),
+        "compact": compaction.plan_compaction(loc, cfg.compaction).to_dict(),
         "index": _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.inline_threshold, dry_run=True,
                                                  update_hints=False)),
         "catchup": _asdict(catchup.plan_catchup(loc)),
@@ -180,8 +183,11 @@ def cmd_maintain(a) -> int:
 
         if _has_pending(open_store(a.uri, _options(a.storage_option))):
             spark.prestart(a.spark_master)
+    from memwal_core.compaction import CompactionOptions
+
     cfg = single_table(a.uri, _options(a.storage_option), spark_master=a.spark_master,
-                       base_versions_older_than=a.base_versions_older_than)
+                       base_versions_older_than=a.base_versions_older_than,
+                       compaction=CompactionOptions(retrain_vector_indexes=a.retrain_vector_indexes))
     if a.dry_run:
         plan = dry_run(cfg)
         print(json.dumps(plan, indent=2, default=str) if a.json else _format_plan(plan))
@@ -202,6 +208,7 @@ def _format_plan(plan: dict[str, Any]) -> str:
         lines.append(f"  batch of {len(b['generations'])} generations, {b['bytes']} bytes -> progress {b['progress']}")
     for rid, err in m["region_errors"].items():
         lines.append(f"  region {rid}: {err}")
+    lines.append(f"compact: {plan['compact']['summary']}")
     lines.append(f"index: {plan['index'].get('num_regions')} regions")
     lines.append(f"catchup: optimize {plan['catchup'].get('indexes') and [i['name'] for i in plan['catchup']['indexes'] if i['optimize']]}")
     g = plan["gc"]
@@ -338,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--base-versions-older-than", type=float, metavar="SECONDS",
                    help="let GC first clean up base-table versions older than this (Lance's "
                         "cleanup_old_versions); generations a retained version needs are always kept")
+    m.add_argument("--retrain-vector-indexes", action="store_true",
+                   help="compact step: retrain vector indexes that drifted past the threshold (never one "
+                        "MemTables maintain: the spec requires a stable codebook)")
     m.add_argument("--dry-run", action="store_true", help="print the plans, change nothing")
     m.add_argument("--json", action="store_true")
     m.set_defaults(fn=cmd_maintain)

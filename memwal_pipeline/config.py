@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from memwal_core.compaction import CompactionOptions
 from memwal_core.store import _S3_OPTION_ALIASES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +51,8 @@ class TableConfig:
     catchup_gap_slo_generations: int = 10
     sensor_interval_seconds: int = 30
     maintenance_cron: str = "0 * * * *"
+    # Base-table compaction thresholds and per-run bounds (`compaction:` in memwal.yaml).
+    compaction: CompactionOptions = field(default_factory=CompactionOptions)
 
     @property
     def pool(self) -> str:
@@ -76,6 +79,10 @@ def _table(raw: dict[str, Any], where: str) -> TableConfig:
     gc = raw.get("gc") or {}
     slo = raw.get("slo") or {}
     d = TableConfig.__dataclass_fields__
+    try:
+        compaction = CompactionOptions.from_dict(raw.get("compaction") or {})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where} ({name}): compaction: {e}") from None
     return TableConfig(
         name=name, uri=str(raw["uri"]), storage_options=options, secret_env=secrets,
         spark_master=str(spark.get("master", d["spark_master"].default)),
@@ -94,6 +101,7 @@ def _table(raw: dict[str, Any], where: str) -> TableConfig:
         catchup_gap_slo_generations=int(slo.get("catchup_gap_generations", 10)),
         sensor_interval_seconds=int((raw.get("sensor") or {}).get("interval_seconds", 30)),
         maintenance_cron=str((raw.get("schedule") or {}).get("maintenance_cron", "0 * * * *")),
+        compaction=compaction,
     )
 
 
@@ -132,7 +140,9 @@ def load_config(path: str | os.PathLike | None = None) -> list[TableConfig]:
 
 
 def single_table(uri: str, storage_options: dict[str, str] | None = None, name: str = "table",
-                 spark_master: str = "local[*]", base_versions_older_than: float | None = None) -> TableConfig:
+                 spark_master: str = "local[*]", base_versions_older_than: float | None = None,
+                 compaction: CompactionOptions | None = None) -> TableConfig:
     """A config for `memwal maintain URI` (no config file; options given on the command line)."""
     return TableConfig(name=name, uri=uri, storage_options=dict(storage_options or {}), spark_master=spark_master,
-                       cleanup_base_versions_older_than_seconds=base_versions_older_than)
+                       cleanup_base_versions_older_than_seconds=base_versions_older_than,
+                       compaction=compaction or CompactionOptions())

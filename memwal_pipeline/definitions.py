@@ -54,9 +54,11 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
                     "or many regions in one run as a backfill).")
     maintenance_job = define_asset_job(
         f"{cfg.name}_maintenance",
-        selection=AssetSelection.assets(keys.asset("memwal_index"), keys.asset("index_catchup"), keys.asset("garbage")),
+        selection=AssetSelection.assets(keys.asset("base_compaction"), keys.asset("memwal_index"),
+                                        keys.asset("index_catchup"), keys.asset("garbage")),
         tags={"memwal/table": cfg.name},
-        description=f"After merges: snapshot region manifests into the MemWAL index, catch indexes up, collect garbage.")
+        description=f"After merges: compact the base table when its health asks for it, snapshot region "
+                    "manifests into the MemWAL index, catch indexes up, collect garbage.")
     sensor = build_sensor(cfg, partitions, merge_job, maintenance_job)
     schedule = ScheduleDefinition(name=f"{cfg.name}_maintenance_schedule", job=maintenance_job,
                                   cron_schedule=cfg.maintenance_cron, default_status=DefaultScheduleStatus.RUNNING,

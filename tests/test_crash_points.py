@@ -1,4 +1,4 @@
-"""Crash points: the merger, the MemWAL index builder and GC killed at every write, then rerun.
+"""Crash points: the merger, compaction, the MemWAL index builder and GC killed at every write, then rerun.
 
 Each job first runs once un-killed in a subprocess with `MEMWAL_COUNT_OPS=1`, which reports its
 K counted writes (object-store `put` / `put_if_absent` / `delete_many` and Lance commit points,
@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pytest
 
-from memwal_core import checks, demo, faults, gc, layout, merge, reader, region, snapshot, table
+from memwal_core import catchup, checks, compaction, demo, faults, gc, layout, merge, reader, region, snapshot, table
 from memwal_core.store import open_store
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
@@ -357,3 +357,73 @@ def test_merger_killed_inside_a_later_commit(merge_template, tmp_path, spark, mo
 @pytest.mark.slow
 def test_merger_killed_at_every_commit_soak(merge_template, tmp_path, spark, monkeypatch):
     _merge_crash_points(merge_template, tmp_path, spark, monkeypatch, None)
+
+
+# ------------------------------------------------------------------------------- compaction
+
+def test_compaction_killed_at_every_commit_then_rerun(tmp_path, spark):
+    """A fragmented table (30 base fragments with deletions, two merges, caught up). The
+    compaction job (own JVM) is killed before each of its Lance commits (ReserveFragments, the
+    Rewrite: data files written, manifest not) and right after the Rewrite, before catch-up is
+    restored. After each kill the table reads correctly and merge progress is untouched; a
+    rerun of compaction plus index catch-up (what follows it in the pipeline) ends where the
+    un-killed run ended: one fragment, no deletion files, catch-up as before, base == model."""
+    t0 = time.monotonic()
+    root = str(tmp_path / "template")
+    loc = open_store(root)
+    import lance
+
+    data = demo.rows_table([demo.row(i, 0) for i in range(300)])
+    ds = lance.write_dataset(data, loc.lance_uri, schema=demo.SCHEMA, max_rows_per_file=10)
+    ds.delete("id % 7 = 0")
+    ds.create_scalar_index("id", "BTREE", name="id_btree")
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2, maintained_indexes=["id_btree"])
+    w = demo.Workload(loc, seed=29, key_space=400, max_memtable_rows=40)
+    for _ in range(2):
+        w.write_round(60, overwrite=0.4, delete=0.1, puts_per_batch=10)
+        assert not merge.merge(loc, spark).failed_regions
+    catchup.run_catchup(loc)
+    model, before = w.expected(), table.read_memwal_state(loc)
+    assert before.catchup["id_btree"] == before.merged
+
+    base = copy_of((root,), str(tmp_path / "baseline"))
+    ops, result = count_ops("compact", base.lance_uri)
+    assert result["status"] == "compacted" and result["catchup_restored"] == ["id_btree"]
+    assert ops and all(o.startswith("lance_commit compaction.during_commit") for o in ops)
+    want = compaction.read_health(base)
+    assert want.fragments == 1 and want.fragments_with_deletions == 0
+    assert table.read_memwal_state(base).catchup == before.catchup
+
+    cases = [(k, str(tmp_path / f"k{k}")) for k in range(1, len(ops) + 1)] + [(0, str(tmp_path / "after"))]
+    for _, d in cases:
+        copy_of((root,), d)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MEMWAL_")}
+
+    def one(case):
+        k, d = case
+        env = {"MEMWAL_CRASH_AFTER_OPS": str(k)} if k else {"MEMWAL_CRASH_AT": "compaction.after_commit"}
+        return subprocess.run([sys.executable, JOB, "compact", d], capture_output=True, text=True,
+                              env={**full, **env}, timeout=600)
+
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(one, cases))
+    for (k, d), p in zip(cases, procs):
+        what = f"compaction killed {'before commit write ' + str(k) if k else 'after the Rewrite commit'}"
+        assert p.returncode == faults.EXIT_CODE, f"{what}: {p.returncode} {p.stderr[-3000:]}"
+        loc = open_store(d)
+        assert_reads_correctly(loc, model, what)
+        state = table.read_memwal_state(loc)
+        assert state.merged == before.merged, what
+        if not k:  # the Rewrite landed; Lance withdrew catch-up and the restore never ran
+            assert compaction.read_health(loc).fragments == 1 and state.catchup == {}, what
+        r = compaction.compact(loc, spark)
+        assert not r.errors, what
+        catchup.run_catchup(loc)
+        got = compaction.read_health(loc)
+        assert (got.fragments, got.fragments_with_deletions, got.live_rows) == \
+            (want.fragments, want.fragments_with_deletions, want.live_rows), what
+        after = table.read_memwal_state(loc)
+        assert after.merged == before.merged and after.catchup == before.catchup, what
+        assert base_rows(loc) == model, what
+        assert_reads_correctly(loc, model, what)
+    print_summary("compaction", ops, [(k, False) for k, _ in cases], time.monotonic() - t0)

@@ -110,7 +110,7 @@ def test_config_file_two_tables_and_secret_env(tmp_path, monkeypatch):
     defs = build_definitions(tables)
     keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
     for t in ("a", "b"):
-        for a in ("region_generations", "base_table", "memwal_index", "index_catchup", "garbage"):
+        for a in ("region_generations", "base_table", "base_compaction", "memwal_index", "index_catchup", "garbage"):
             assert f"{t}/{a}" in keys
     assert {s.name for s in defs.sensors} == {"a_manifest_sensor", "b_manifest_sensor"}
     # The secret is resolved from the environment at run time, never read from the file.

@@ -386,7 +386,7 @@ def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
     report = run_pass(cfg, list(STEPS))
     assert px.cut_at is not None and px.is_down
     failed = report["failed"]
-    assert [f.split(":", 1)[0] for f in failed] == ["merge", "index", "catchup", "gc"], failed
+    assert [f.split(":", 1)[0] for f in failed] == ["merge", "compact", "index", "catchup", "gc"], failed
     for line in failed:
         assert "\n" not in line and "Traceback" not in line, line
         assert px.endpoint in line or uri in line, line  # names the table or the endpoint
@@ -622,7 +622,8 @@ def test_pipeline_on_s3_from_config_with_env_secret_and_ui(px, raw, secret, spar
                     assert secret not in (entry.message or ""), entry.message
                     assert secret not in serialize_value(entry)
             for name in ("s3t", "s3bad"):
-                for short in ("region_generations", "base_table", "memwal_index", "index_catchup", "garbage"):
+                for short in ("region_generations", "base_table", "base_compaction", "memwal_index", "index_catchup",
+                              "garbage"):
                     key = AssetKey([name, short])
                     for rec in instance.fetch_materializations(key, limit=100).records:
                         assert secret not in serialize_value(rec.asset_materialization)

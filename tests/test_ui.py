@@ -30,7 +30,7 @@ from memwal_pipeline.definitions import table_definitions
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 NAME = "uitable"
-ASSETS = ("region_generations", "base_table", "memwal_index", "index_catchup", "garbage")
+ASSETS = ("region_generations", "base_table", "base_compaction", "memwal_index", "index_catchup", "garbage")
 BASE_ROWS = 20
 START_TIMEOUT_S = 120  # the code server imports dagster + pyspark; slow when other suites run
 
@@ -221,14 +221,15 @@ def test_webserver_graphql_shows_assets_partitions_and_metadata(ui_env, spark, t
             server.wait_ready()
             location = server.graphql(LOCATIONS)["workspaceOrError"]["locationEntries"][0]["name"]
 
-            # 1. The table's five assets, in its own group, chained in dependency order.
+            # 1. The table's six assets, in its own group, chained in dependency order.
             nodes = server.graphql(ASSET_NODES, {"group": NAME, "location": location})["assetNodes"]
             by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes}
             assert set(by_key) == {f"{NAME}/{a}" for a in ASSETS}
             deps = {k: sorted("/".join(d["path"]) for d in n["dependencyKeys"]) for k, n in by_key.items()}
             assert deps == {f"{NAME}/region_generations": [],
                             f"{NAME}/base_table": [f"{NAME}/region_generations"],
-                            f"{NAME}/memwal_index": [f"{NAME}/base_table"],
+                            f"{NAME}/base_compaction": [f"{NAME}/base_table"],
+                            f"{NAME}/memwal_index": [f"{NAME}/base_compaction"],
                             f"{NAME}/index_catchup": [f"{NAME}/memwal_index"],
                             f"{NAME}/garbage": [f"{NAME}/index_catchup"]}
             assert all(n["description"] for n in nodes)

@@ -1,7 +1,8 @@
 """One maintenance job in its own process, for the crash-point suite.
 
 usage: reliability_job.py JOB URI [--inline-threshold N] [--budget BYTES]
-JOB is `merge` (own local SparkSession), `snapshot` (the MemWAL index builder) or `gc`
+JOB is `merge` (own local SparkSession), `compact` (base-table compaction, own local
+SparkSession), `snapshot` (the MemWAL index builder) or `gc`
 (GC with everything collectable at once: no grace, no minimum age, 2 manifest versions kept,
 base-table versions cleaned first). Regions are handled one at a time so that the k-th write
 is the same write in every run.
@@ -17,7 +18,7 @@ import sys
 from dataclasses import asdict
 from datetime import timedelta
 
-from memwal_core import faults, gc, merge, snapshot
+from memwal_core import compaction, faults, gc, merge, snapshot
 from memwal_core.store import open_store
 
 GC_CONFIG = gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_grace_s=0,
@@ -26,7 +27,7 @@ GC_CONFIG = gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_g
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("job", choices=["merge", "snapshot", "gc"])
+    p.add_argument("job", choices=["merge", "compact", "snapshot", "gc"])
     p.add_argument("uri")
     p.add_argument("--inline-threshold", type=int, default=snapshot.DEFAULT_INLINE_THRESHOLD)
     p.add_argument("--budget", type=int, default=merge.DEFAULT_BUDGET_BYTES)
@@ -38,6 +39,12 @@ def main() -> int:
         spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
         r = merge.merge(loc, spark, budget_bytes=a.budget)
         result, failed = r.to_dict(), r.failed_regions
+    elif a.job == "compact":
+        from memwal_core.spark import get_spark
+
+        spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
+        r = compaction.compact(loc, spark)
+        result, failed = r.to_dict(), r.errors
     elif a.job == "snapshot":
         r = snapshot.build_snapshot(loc, inline_threshold=a.inline_threshold, max_workers=1)
         result, failed = asdict(r), r.regions_failed

@@ -1,0 +1,190 @@
+"""Benchmark: long-run table health, with base-table compaction on vs off, in one run.
+
+Two copies of one table (bucket-sharded, `--regions` regions, `--base-rows` rows, a btree on
+the primary key that MemTables maintain). Every cycle, on each copy: pylance `ShardWriter`s
+flush one generation per region (`--rows` operations per cycle: new keys, overwrites of live
+keys, a few deletes; the same seeded sequence on both copies), the merger merges them
+(`merge.merge`, Spark), index catch-up runs; on the "on" copy the compaction step then runs
+as the pipeline runs it (`compaction.compact` with the default thresholds: it compacts only
+when the table's health says so). Per cycle and copy it records the merge time, the fragment
+count, a full scan and `--lookups` point lookups (`id = k` through the btree, random live
+keys). The two copies alternate which goes first each cycle, so machine noise hits both.
+
+At the end: a fresh copy of the "on" table fully compacted (`compact_files`) and the two
+copies are scanned `--final-reps` times each (median).
+
+Goals (issue #15), as ratios in one run: with compaction, the median merge time of the last
+`--window` cycles <= 1.2x the first window's, and its scan time <= 1.2x the freshly compacted
+table's; without compaction, the growth is reported.
+
+usage:
+  python bench/steady_state.py --cycles 1000          # the issue's length (hours on 2 cores)
+  python bench/steady_state.py --cycles 300           # what fits in ~15 min here
+  python bench/steady_state.py --quick                # 12 cycles (smoke test)
+Prints `RESULT steady_state ...` (the ratios) and `RESULT steady_state_window ...` lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import median, print_machine, ratio, result, say, workdir  # noqa: E402
+
+import lance  # noqa: E402
+
+from memwal_core import catchup, compaction, demo, merge, table  # noqa: E402
+from memwal_core.spark import get_spark  # noqa: E402
+from memwal_core.store import open_store  # noqa: E402
+
+
+def make_table(root: str, a) -> None:
+    loc = open_store(root)
+    demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=a.base_rows,
+                      btree_index=True, maintained_indexes=["id_btree"])
+
+
+def scan_s(loc) -> float:
+    t = time.perf_counter()
+    table.open_dataset(loc).to_table()
+    return time.perf_counter() - t
+
+
+def lookups_s(loc, keys: list[int]) -> float:
+    ds = table.open_dataset(loc)
+    t = time.perf_counter()
+    for k in keys:
+        ds.to_table(filter=f"id = {k}")
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cycles", type=int, default=1000)
+    p.add_argument("--regions", type=int, default=2)
+    p.add_argument("--base-rows", type=int, default=20_000)
+    p.add_argument("--rows", type=int, default=200, help="operations per cycle (over all regions)")
+    p.add_argument("--lookups", type=int, default=100)
+    p.add_argument("--window", type=int, default=100, help="cycles compared first vs last (capped at cycles/4)")
+    p.add_argument("--final-reps", type=int, default=7)
+    p.add_argument("--csv", help="write per-cycle rows here")
+    p.add_argument("--workdir")
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    if a.quick:
+        a.cycles, a.base_rows, a.window = 12, 2000, 3
+    window = max(1, min(a.window, a.cycles // 4))
+    print_machine("steady_state", a)
+    base = workdir("steady", a.workdir)
+    try:
+        return run(a, base, window)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(a, base: str, window: int) -> int:
+    template = os.path.join(base, "template")
+    make_table(template, a)
+    locs = {}
+    workloads = {}
+    for name in ("off", "on"):
+        shutil.copytree(template, os.path.join(base, name))
+        locs[name] = open_store(os.path.join(base, name))
+        # The same seed on both copies: the same operations, cycle by cycle.
+        workloads[name] = demo.Workload(locs[name], seed=7, key_space=a.base_rows * 50,
+                                        max_memtable_rows=max(1000, a.rows * 4))
+    spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
+    merge.merge(locs["off"], spark)  # warm-up: JVM, Python workers (nothing to merge)
+    opts = compaction.CompactionOptions()
+    rows: list[dict] = []
+    rng = random.Random(11)
+    t_start = time.monotonic()
+    for cycle in range(1, a.cycles + 1):
+        order = ("off", "on") if cycle % 2 else ("on", "off")
+        keys = None
+        for name in order:
+            loc, w = locs[name], workloads[name]
+            w.write_round(a.rows, overwrite=0.4, delete=0.05, puts_per_batch=50)
+            t = time.perf_counter()
+            r = merge.merge(loc, spark)
+            merge_s = time.perf_counter() - t
+            if r.failed_regions or r.generations_merged != a.regions:
+                raise SystemExit(f"cycle {cycle} {name}: merge failed {r.failed_regions} "
+                                 f"({r.generations_merged} generations)")
+            t = time.perf_counter()
+            catchup.run_catchup(loc)
+            catchup_s = time.perf_counter() - t
+            compact_s, compacted = 0.0, False
+            if name == "on":
+                t = time.perf_counter()
+                c = compaction.compact(loc, spark, opts)
+                compact_s, compacted = time.perf_counter() - t, c.status == "compacted"
+            if keys is None:
+                keys = rng.sample(sorted(w.model), min(a.lookups, len(w.model)))
+            frags = len(table.open_dataset(loc).get_fragments())
+            rows.append({"cycle": cycle, "table": name, "merge_s": merge_s, "catchup_s": catchup_s,
+                         "compact_s": compact_s, "compacted": compacted, "fragments": frags,
+                         "scan_s": scan_s(loc), "lookups_s": lookups_s(loc, keys),
+                         "rows": len(w.model)})
+        if cycle % 10 == 0 or cycle == a.cycles:
+            last = {r["table"]: r for r in rows[-2:]}
+            say(f"cycle {cycle}/{a.cycles} ({time.monotonic() - t_start:.0f} s): "
+                + ", ".join(f"{n} merge {last[n]['merge_s']:.2f} s frags {last[n]['fragments']} "
+                            f"scan {last[n]['scan_s'] * 1e3:.0f} ms lookups {last[n]['lookups_s'] * 1e3:.0f} ms"
+                            for n in ("off", "on")))
+    if workloads["on"].expected() != workloads["off"].expected():
+        raise SystemExit("the two copies' models differ")
+    for name in ("off", "on"):
+        got = {r["id"]: r for r in table.open_dataset(locs[name]).to_table().to_pylist()}
+        if got != workloads[name].expected():
+            raise SystemExit(f"{name}: base table differs from what the writers wrote")
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+
+    # Final scans: both copies and a freshly, fully compacted copy of "on".
+    fresh = os.path.join(base, "fresh")
+    shutil.copytree(locs["on"].lance_uri, fresh)
+    lance.dataset(fresh).optimize.compact_files(target_rows_per_fragment=1 << 30)
+    floc = open_store(fresh)
+    final = {}
+    for name, loc in (("off", locs["off"]), ("on", locs["on"]), ("fresh", floc)):
+        scan_s(loc)  # page in
+        final[name] = median([scan_s(loc) for _ in range(a.final_reps)])
+
+    def series(name: str, key: str) -> list[float]:
+        return [r[key] for r in rows if r["table"] == name]
+
+    for name in ("off", "on"):
+        for key in ("merge_s", "scan_s", "lookups_s", "fragments"):
+            s = series(name, key)
+            result("steady_state_window", table=name, metric=key, first=median(s[:window]),
+                   last=median(s[-window:]), growth=ratio(median(s[-window:]), median(s[:window])))
+    on_merge, off_merge = series("on", "merge_s"), series("off", "merge_s")
+    result("steady_state", cycles=a.cycles, window=window, regions=a.regions, base_rows=a.base_rows,
+           rows_per_cycle=a.rows, final_rows=len(workloads["on"].model),
+           merge_last_over_first_on=ratio(median(on_merge[-window:]), median(on_merge[:window])),
+           merge_last_over_first_off=ratio(median(off_merge[-window:]), median(off_merge[:window])),
+           scan_on_over_fresh=ratio(final["on"], final["fresh"]),
+           scan_off_over_fresh=ratio(final["off"], final["fresh"]),
+           fragments_on=series("on", "fragments")[-1], fragments_off=series("off", "fragments")[-1],
+           compactions=sum(1 for r in rows if r["compacted"]),
+           compact_s_median=median([r["compact_s"] for r in rows if r["compacted"]] or [0.0]),
+           lookups_last_on=median(series("on", "lookups_s")[-window:]),
+           lookups_last_off=median(series("off", "lookups_s")[-window:]),
+           scan_final_on=final["on"], scan_final_off=final["off"], scan_final_fresh=final["fresh"],
+           seconds=round(time.monotonic() - t_start))
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

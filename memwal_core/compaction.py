@@ -1,0 +1,549 @@
+"""Base-table compaction and index-segment merging (the table's long-run health).
+
+Every merge commit adds a fragment and deletion files to older fragments; every incremental
+index catch-up may add a delta index segment. Scans, point lookups and the merger's own
+`merge_insert` get slower as they pile up. This module reads the table's **health**
+(fragments, small fragments, deleted rows, index segments), decides from thresholds whether
+anything is worth doing, and does it:
+
+- **Plan** on the driver with `lance.optimize.Compaction.plan`, bounded per run
+  (`max_source_bytes` / `max_source_fragments`: one run never holds the table's pool for long).
+- **Execute** the `CompactionTask`s in Spark tasks: they are picklable, so a DataFrame of task
+  indices goes through `mapInArrow`, each task opens the dataset at the plan's read version,
+  runs its rewrite and returns the pickled `RewriteResult` as a binary blob (the merger's
+  distribution story; only DataFrame APIs, so Spark Connect and clusters work the same).
+- **Commit** on the driver with `Compaction.commit` (a Lance *Rewrite*).
+
+What a Rewrite commit does to MemWAL state (pylance 14.0.2, tests/test_compaction.py):
+- `merged_generations` (pylance: `compacted_sstables`) is carried over unchanged.
+- `index_catchup` is **withdrawn** (Lance withdraws catch-up whenever an index changes, and a
+  Rewrite remaps every index), even though the remapped indexes still cover every row. An
+  absent entry reads as "not caught up": safe for readers and GC (they keep reading / keeping
+  the generations), but it would stall GC until the next catch-up. So right after the commit
+  the executor restores it with `optimize_indices` on the withdrawn indexes (nothing to add;
+  Lance re-derives catch-up in that commit). A crash in between leaves it to the next index
+  catch-up, which always follows compaction in the pipeline.
+- Compaction itself makes two commits: `ReserveFragments` (new fragment ids) and the Rewrite.
+- A merge committed between plan and commit makes the Rewrite fail with a retryable commit
+  conflict (even an insert-only merge: `merge_insert` is an Update). The executor re-plans
+  from the new version and re-runs the tasks, up to `max_attempts`, then gives up cleanly:
+  nothing of the failed attempt is visible (its data files are unreferenced; Lance's
+  `cleanup_old_versions` removes them). The other order is harmless: a merge that read the
+  table before a Rewrite and commits after it is rebased by Lance.
+- Time travel: older versions keep their fragments until `cleanup_old_versions` removes them.
+
+Index segments: an index with more segments than `max_index_segments` is merged with
+`optimize_indices(num_indices_to_merge=N)` (centroids and codebooks kept). A vector index
+whose data drifted from its training (rows outside its first segment plus unindexed rows,
+as a share of all rows) past `retrain_drift_share` is retrained only on request
+(`retrain_vector_indexes`), and never an index the MemTables maintain: the spec requires a
+stable codebook once MemWAL is enabled (switching codebooks is a migration to a new index).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Iterator
+
+import lance
+import pyarrow as pa
+from lance.optimize import Compaction
+
+from . import catchup, faults, table
+from .store import TableLocation
+
+log = logging.getLogger("memwal.compaction")
+
+VECTOR_TYPES = ("IVF", "HNSW", "PQ", "SQ", "VECTOR")
+TASK_DDL = "task long, rewrite binary"
+
+
+@dataclass(frozen=True)
+class CompactionOptions:
+    """Thresholds (when compaction is worth it) and bounds (how much one run does).
+
+    Compaction runs when any data trigger fires: more than `max_fragments` fragments, more than
+    `max_small_fragments` small ones (fewer physical rows than `small_fragment_rows`), a small
+    share above `max_small_fragment_share` once there are at least `min_small_fragments`, or
+    more than `max_deleted_row_ratio` of the physical rows deleted (and at least
+    `min_deleted_rows`: on a small table deleted rows cost nothing worth a rewrite). Index
+    segments are merged when an index has more than `max_index_segments`.
+    """
+
+    max_fragments: int = 64
+    max_small_fragments: int = 16
+    min_small_fragments: int = 4
+    max_small_fragment_share: float = 0.5
+    small_fragment_rows: int = 262_144
+    max_deleted_row_ratio: float = 0.1
+    min_deleted_rows: int = 10_000
+    max_index_segments: int = 8
+    # How Lance rewrites (its own options), and the per-run bounds.
+    target_rows_per_fragment: int = 1_048_576
+    materialize_deletions_threshold: float = 0.1
+    max_bytes_per_run: int = 1 << 30
+    max_fragments_per_run: int = 256
+    max_attempts: int = 3  # plans executed before giving up to concurrent commits
+    restore_catchup: bool = True
+    retrain_vector_indexes: bool = False
+    retrain_drift_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise ValueError(f"compaction option {f.name} must not be negative, got {v}")
+        if self.max_attempts < 1 or self.target_rows_per_fragment < 1:
+            raise ValueError("compaction options max_attempts and target_rows_per_fragment must be positive")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "CompactionOptions":
+        """From a config mapping (memwal.yaml `compaction:`); unknown keys are an error."""
+        known = {f.name: f for f in fields(cls)}
+        out: dict[str, Any] = {}
+        for k, v in (raw or {}).items():
+            if k not in known:
+                raise ValueError(f"unknown compaction option {k!r} (known: {', '.join(sorted(known))})")
+            kind = type(known[k].default)
+            if kind is bool:
+                if not isinstance(v, bool):
+                    raise ValueError(f"compaction option {k} must be true or false, got {v!r}")
+                out[k] = v
+            else:
+                out[k] = kind(v)
+        return cls(**out)
+
+    def lance_options(self, excluded: list[int] | None = None) -> dict[str, Any]:
+        """`lance.optimize.CompactionOptions` for the plan.
+
+        The per-run bound is applied by excluding fragments (`bounded_plan`), not with Lance's
+        `max_source_bytes` / `max_source_fragments`: those include whole tasks only, so a
+        single task over the bound (all small fragments of a table form one task) would never
+        be compacted at all.
+        """
+        out: dict[str, Any] = {"target_rows_per_fragment": self.target_rows_per_fragment,
+                               "materialize_deletions": True,
+                               "materialize_deletions_threshold": self.materialize_deletions_threshold}
+        if excluded:
+            out["excluded_fragment_ids"] = sorted(excluded)
+        return out
+
+
+# ------------------------------------------------------------------------------------ health
+
+
+@dataclass(frozen=True)
+class IndexHealth:
+    name: str
+    index_type: str
+    segments: int
+    vector: bool
+    gating: bool  # maintained by MemTables / gates GC
+    indexed_rows: int
+    unindexed_rows: int
+    drift_share: float  # rows outside the first (trained) segment + unindexed, over all rows
+
+
+@dataclass(frozen=True)
+class TableHealth:
+    table_version: int
+    fragments: int
+    small_fragments: int
+    physical_rows: int
+    deleted_rows: int
+    fragments_with_deletions: int
+    bytes: int
+    stable_row_ids: bool
+    indexes: tuple[IndexHealth, ...] = ()
+
+    @property
+    def live_rows(self) -> int:
+        return self.physical_rows - self.deleted_rows
+
+    @property
+    def small_fragment_share(self) -> float:
+        return self.small_fragments / self.fragments if self.fragments else 0.0
+
+    @property
+    def deleted_row_ratio(self) -> float:
+        return self.deleted_rows / self.physical_rows if self.physical_rows else 0.0
+
+    @property
+    def deletion_file_ratio(self) -> float:
+        return self.fragments_with_deletions / self.fragments if self.fragments else 0.0
+
+    @property
+    def index_segments(self) -> dict[str, int]:
+        return {i.name: i.segments for i in self.indexes}
+
+    def reasons(self, o: CompactionOptions) -> list[str]:
+        """The data triggers that fire (empty: healthy)."""
+        out = []
+        if self.fragments > o.max_fragments and self.fragments >= 2:
+            out.append(f"{self.fragments} fragments > {o.max_fragments}")
+        if self.small_fragments > o.max_small_fragments:
+            out.append(f"{self.small_fragments} small fragments > {o.max_small_fragments}")
+        elif self.small_fragments >= max(2, o.min_small_fragments) and \
+                self.small_fragment_share > o.max_small_fragment_share:
+            out.append(f"small fragments {self.small_fragments}/{self.fragments} = "
+                       f"{self.small_fragment_share:.2f} > {o.max_small_fragment_share}")
+        if self.deleted_row_ratio > o.max_deleted_row_ratio and self.deleted_rows >= o.min_deleted_rows:
+            out.append(f"deleted rows {self.deleted_rows}/{self.physical_rows} = "
+                       f"{self.deleted_row_ratio:.2f} > {o.max_deleted_row_ratio}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(small_fragment_share=round(self.small_fragment_share, 4),
+                 deleted_row_ratio=round(self.deleted_row_ratio, 4),
+                 deletion_file_ratio=round(self.deletion_file_ratio, 4))
+        return d
+
+
+def is_vector(index_type: str) -> bool:
+    return any(t in index_type.upper() for t in VECTOR_TYPES)
+
+
+def _index_health(ds: lance.LanceDataset, gating: set[str]) -> list[IndexHealth]:
+    # Vector index statistics include every centroid unless told otherwise (memory; a warning).
+    os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
+    out = []
+    for name in sorted(catchup.base_indexes(ds)):
+        try:
+            s = ds.index_statistics(name)
+        except Exception as e:  # noqa: BLE001 - a statistics failure must not stop compaction
+            log.warning("index %s: statistics unavailable (%s)", name, e)
+            continue
+        kind = str(s.get("index_type") or "")
+        per_delta = [int(n) for n in (s.get("num_indexed_rows_per_delta") or [])]
+        indexed = int(s.get("num_indexed_rows") or sum(per_delta))
+        unindexed = int(s.get("num_unindexed_rows") or 0)
+        total = indexed + unindexed
+        drift = (sum(per_delta[1:]) + unindexed) / total if total else 0.0
+        segments = int(s.get("num_segments") or s.get("num_indices") or len(per_delta) or 1)
+        out.append(IndexHealth(name, kind, segments, is_vector(kind), name in gating, indexed, unindexed,
+                               round(drift, 4)))
+    return out
+
+
+def read_health(loc: TableLocation, options: CompactionOptions | None = None,
+                ds: lance.LanceDataset | None = None) -> TableHealth:
+    """Fragments, small fragments, deletions, bytes and index segments of the latest version."""
+    o = options or CompactionOptions()
+    ds = ds or table.open_dataset(loc)
+    fragments = small = physical = deleted = with_del = nbytes = 0
+    for frag in ds.get_fragments():
+        m = frag.metadata
+        fragments += 1
+        physical += m.physical_rows or 0
+        if (m.physical_rows or 0) < o.small_fragment_rows:
+            small += 1
+        if m.deletion_file is not None:
+            with_del += 1
+            deleted += m.deletion_file.num_deleted_rows or 0
+        nbytes += sum(f.file_size_bytes or 0 for f in m.files)
+    try:
+        gating = set(table.read_memwal_state(loc, ds.version).gating_indexes(list(catchup.base_indexes(ds))))
+    except table.TableError:
+        gating = set()
+    return TableHealth(ds.version, fragments, small, physical, deleted, with_del, nbytes,
+                       bool(ds.has_stable_row_ids), tuple(_index_health(ds, gating)))
+
+
+# -------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class CompactionPlan:
+    table_uri: str
+    table_version: int
+    health: TableHealth
+    options: CompactionOptions
+    reasons: list[str]  # data triggers that fired
+    tasks: int = 0
+    source_fragments: int = 0
+    source_bytes: int = 0
+    merge_segments: dict[str, int] = field(default_factory=dict)  # index -> segments to merge
+    retrain: list[str] = field(default_factory=list)
+    retrain_refused: dict[str, str] = field(default_factory=dict)
+    lance_plan: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.tasks and not self.merge_segments and not self.retrain
+
+    @property
+    def summary(self) -> str:
+        if self.healthy:
+            why = "; ".join(self.reasons) + " but nothing Lance would rewrite" if self.reasons else ""
+            return "healthy, skipped" + (f" ({why})" if why else "")
+        parts = []
+        if self.tasks:
+            parts.append(f"compact {self.source_fragments} fragments in {self.tasks} tasks ({'; '.join(self.reasons)})")
+        if self.merge_segments:
+            parts.append("merge index segments of " + ", ".join(f"{n} ({s})" for n, s in self.merge_segments.items()))
+        if self.retrain:
+            parts.append("retrain " + ", ".join(self.retrain))
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table_uri, "table_version": self.table_version, "summary": self.summary,
+                "health": self.health.to_dict(), "reasons": self.reasons, "tasks": self.tasks,
+                "source_fragments": self.source_fragments, "source_bytes": self.source_bytes,
+                "merge_segments": self.merge_segments, "retrain": self.retrain,
+                "retrain_refused": self.retrain_refused, "options": asdict(self.options)}
+
+
+def _task_bytes(task) -> int:
+    return sum(f.file_size_bytes or 0 for frag in task.fragments for f in frag.files)
+
+
+def bounded_plan(ds: lance.LanceDataset, o: CompactionOptions):
+    """`Compaction.plan` limited to the first candidate fragments (oldest first) that fit
+    `max_fragments_per_run` and `max_bytes_per_run` (at least two, so it always progresses)."""
+    lp = Compaction.plan(ds, o.lance_options())
+    candidates = [frag for t in lp.tasks for frag in t.fragments]
+    keep: list[int] = []
+    size = 0
+    for frag in candidates:
+        nbytes = sum(f.file_size_bytes or 0 for f in frag.files)
+        if len(keep) >= 2 and (len(keep) + 1 > o.max_fragments_per_run or size + nbytes > o.max_bytes_per_run):
+            break
+        keep.append(frag.id)
+        size += nbytes
+    if len(keep) == len(candidates):
+        return lp
+    kept = set(keep)
+    return Compaction.plan(ds, o.lance_options([f.fragment_id for f in ds.get_fragments() if f.fragment_id not in kept]))
+
+
+def plan_compaction(loc: TableLocation, options: CompactionOptions | None = None) -> CompactionPlan:
+    """Read health; plan a bounded compaction only when a trigger fires. Changes nothing."""
+    o = options or CompactionOptions()
+    ds = table.open_dataset(loc)
+    table.read_memwal_state(loc, ds.version)  # a table without MemWAL is refused, as every step does
+    health = read_health(loc, o, ds)
+    reasons = health.reasons(o)
+    plan = CompactionPlan(loc.lance_uri, ds.version, health, o, reasons)
+    if reasons:
+        lp = bounded_plan(ds, o)
+        plan.lance_plan = lp
+        plan.tasks = len(lp.tasks)
+        plan.source_fragments = sum(len(t.fragments) for t in lp.tasks)
+        plan.source_bytes = sum(_task_bytes(t) for t in lp.tasks)
+    for ih in health.indexes:
+        if ih.segments > o.max_index_segments:
+            plan.merge_segments[ih.name] = ih.segments
+        if ih.vector and ih.drift_share > o.retrain_drift_share:
+            if not o.retrain_vector_indexes:
+                plan.retrain_refused[ih.name] = (f"drift {ih.drift_share:.2f} > {o.retrain_drift_share}: "
+                                                 "retrain on request (retrain_vector_indexes)")
+            elif ih.gating:
+                plan.retrain_refused[ih.name] = (
+                    "MemTables maintain this index: the spec requires a stable codebook once MemWAL is "
+                    "enabled, so retraining it would make distances incomparable across generations; "
+                    "migrate to a new index instead")
+            else:
+                plan.retrain.append(ih.name)
+    for name in plan.retrain:
+        plan.merge_segments.pop(name, None)  # a retrain merges everything into one segment anyway
+    return plan
+
+
+# ---------------------------------------------------------------------------------- execute
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What a Spark task needs to run its rewrites (storage options never in a repr)."""
+
+    uri: str
+    read_version: int
+    storage_options: tuple[tuple[str, str], ...]
+    tasks: tuple[bytes, ...]  # pickled CompactionTasks
+
+    def __repr__(self) -> str:
+        return f"TaskConfig(uri={self.uri!r}, read_version={self.read_version}, tasks={len(self.tasks)})"
+
+
+def run_rewrites(cfg: TaskConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The Spark task: execute its CompactionTasks, yield (task index, pickled RewriteResult)."""
+    ds = lance.dataset(cfg.uri, version=cfg.read_version, storage_options=dict(cfg.storage_options) or None)
+    for batch in batches:
+        for i in batch.column("id").to_pylist():
+            result = pickle.loads(cfg.tasks[i]).execute(ds)
+            yield pa.record_batch([pa.array([i], pa.int64()), pa.array([pickle.dumps(result)], pa.binary())],
+                                  names=["task", "rewrite"])
+
+
+def execute_tasks(spark, loc: TableLocation, lance_plan) -> list:
+    """Run every task of `lance_plan` in Spark; the RewriteResults in task order."""
+    n = len(lance_plan.tasks)
+    cfg = TaskConfig(loc.lance_uri, lance_plan.read_version, tuple(sorted(loc.storage_options.items())),
+                     tuple(pickle.dumps(t) for t in lance_plan.tasks))
+    parallel = max(1, min(n, int(spark.conf.get("spark.sql.shuffle.partitions", "2"))))
+    out = spark.range(0, n, 1, numPartitions=parallel).mapInArrow(
+        functools.partial(run_rewrites, cfg), TASK_DDL).toArrow()
+    order = out.column("task").to_pylist()
+    blobs = out.column("rewrite")
+    results = sorted(((t, pickle.loads(blobs[k].as_py())) for k, t in enumerate(order)), key=lambda x: x[0])
+    if [t for t, _ in results] != list(range(n)):
+        raise RuntimeError(f"compaction: Spark returned tasks {order}, expected 0..{n - 1}")
+    return [r for _, r in results]
+
+
+@dataclass
+class CompactionResult:
+    table_uri: str
+    status: str  # "healthy, skipped" | "compacted" | "gave up: ..." | "nothing to rewrite"
+    health_before: TableHealth
+    health_after: TableHealth | None = None
+    tasks: int = 0
+    attempts: int = 0
+    conflicts: int = 0
+    fragments_removed: int = 0
+    fragments_added: int = 0
+    segments_merged: dict[str, int] = field(default_factory=dict)
+    retrained: list[str] = field(default_factory=list)
+    catchup_restored: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+    table_version: int = 0
+
+    @property
+    def committed(self) -> bool:
+        return self.fragments_removed > 0 or bool(self.segments_merged) or bool(self.retrained)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["committed"] = self.committed
+        return d
+
+
+def _is_conflict(e: BaseException) -> bool:
+    msg = str(e).lower()
+    return "conflict" in msg or "preempted" in msg
+
+
+def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
+                       progress: Callable[[str], None] | None = None,
+                       before_commit: Callable[[int], None] | None = None) -> CompactionResult:
+    """Do what `plan` says: rewrite in Spark, commit on the driver, merge/retrain index
+    segments, restore the catch-up the Rewrite withdrew.
+
+    A commit conflict (a merge landed since the plan) re-plans from the new version and
+    re-runs, up to `max_attempts` plans; then it gives up cleanly (status "gave up: ...").
+    `before_commit(attempt)` runs after the Spark tasks and before each commit (tests land a
+    concurrent merge there).
+    """
+    t0 = time.monotonic()
+    o = plan.options
+    say = progress or (lambda _m: None)
+    result = CompactionResult(plan.table_uri, "healthy, skipped", plan.health)
+    if plan.healthy:
+        result.table_version = plan.table_version
+        result.health_after = plan.health
+        result.duration_s = time.monotonic() - t0
+        return result
+    before = table.read_memwal_state(loc, plan.table_version)
+    lance_plan = plan.lance_plan
+    if plan.tasks:
+        if spark is None:
+            raise ValueError("compaction has tasks to run but no Spark session was given")
+        result.status = "nothing to rewrite"
+        while True:
+            result.attempts += 1
+            if lance_plan is None:  # a retry: plan again from the version that won
+                ds = table.open_dataset(loc)
+                lance_plan = bounded_plan(ds, o)
+                before = table.read_memwal_state(loc, ds.version)
+            if not lance_plan.tasks:
+                break
+            result.tasks = len(lance_plan.tasks)
+            say(f"compaction: {len(lance_plan.tasks)} tasks over "
+                f"{sum(len(t.fragments) for t in lance_plan.tasks)} fragments (attempt {result.attempts})")
+            rewrites = execute_tasks(spark, loc, lance_plan)
+            if before_commit is not None:
+                before_commit(result.attempts)
+            ds = table.open_dataset(loc, version=lance_plan.read_version,
+                                    commit_lock=faults.commit_lock("compaction.during_commit"))
+            faults.point("compaction.before_commit")
+            try:
+                metrics = Compaction.commit(ds, rewrites)
+            except OSError as e:
+                if not _is_conflict(e):
+                    raise
+                result.conflicts += 1
+                if result.attempts >= o.max_attempts:
+                    result.status = (f"gave up: {result.conflicts} commit conflicts with concurrent commits "
+                                     "(merges); nothing of the rewrite is visible, the next run retries")
+                    log.warning("compaction of %s %s", loc.lance_uri, result.status)
+                    break
+                log.info("compaction lost a commit race (attempt %d); planning again", result.attempts)
+                lance_plan = None
+                continue
+            faults.point("compaction.after_commit")
+            result.fragments_removed += metrics.fragments_removed
+            result.fragments_added += metrics.fragments_added
+            result.status = "compacted"
+            say(f"compaction: {metrics.fragments_removed} fragments -> {metrics.fragments_added}")
+            break
+    for name, segments in plan.merge_segments.items():
+        _optimize(loc, name, result, {"num_indices_to_merge": segments}, result.segments_merged, segments)
+    for name in plan.retrain:
+        _optimize(loc, name, result, {"retrain": True}, None, 0)
+        if name not in result.errors:
+            result.retrained.append(name)
+    if o.restore_catchup and result.committed:
+        result.catchup_restored = restore_catchup(loc, before)
+    if result.status in ("healthy, skipped", "nothing to rewrite") and result.committed:
+        result.status = "indexes merged" if not result.retrained else "indexes retrained"
+    ds = table.open_dataset(loc)
+    result.table_version = ds.version
+    result.health_after = read_health(loc, o, ds)
+    result.duration_s = time.monotonic() - t0
+    return result
+
+
+def _optimize(loc: TableLocation, name: str, result: CompactionResult, kw: dict, record: dict | None,
+              segments: int) -> None:
+    try:
+        table.open_dataset(loc).optimize.optimize_indices(index_names=[name], **kw)
+        if record is not None:
+            record[name] = segments
+    except Exception as e:  # noqa: BLE001 - one index failing does not stop the others
+        result.errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        log.warning("index %s: optimize_indices(%s) failed: %s", name, kw, result.errors[name])
+
+
+def withdrawn_catchup(before: table.MemWalState, after: table.MemWalState) -> list[str]:
+    """Indexes whose recorded catch-up is lower (or gone) in `after` for some region."""
+    out = []
+    for name, regions in before.catchup.items():
+        now = after.catchup.get(name, {})
+        if any(now.get(rid, 0) < g for rid, g in regions.items()):
+            out.append(name)
+    return sorted(out)
+
+
+def restore_catchup(loc: TableLocation, before: table.MemWalState) -> list[str]:
+    """Re-record the catch-up a Rewrite withdrew (optimize_indices on those indexes only)."""
+    ds = table.open_dataset(loc)
+    existing = catchup.base_indexes(ds)
+    names = [n for n in withdrawn_catchup(before, table.read_memwal_state(loc, ds.version)) if n in existing]
+    if not names:
+        return []
+    r = catchup.run_catchup(loc, names)
+    for name, err in r.errors.items():
+        log.warning("restoring catch-up of %s failed: %s", name, err)
+    return [o.name for o in r.indexes if o.error is None]
+
+
+def compact(loc: TableLocation, spark=None, options: CompactionOptions | None = None, **kw) -> CompactionResult:
+    """Plan and execute in one call."""
+    return execute_compaction(loc, plan_compaction(loc, options), spark, **kw)

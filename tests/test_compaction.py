@@ -1,0 +1,362 @@
+"""Base-table compaction and index-segment merging (memwal_core.compaction) on real tables.
+
+A *fragmented* table: a base written 10 rows per fragment with deleted rows (deletion files),
+MemWAL on top, a btree index that MemTables maintain, and a backlog written by pylance's
+ShardWriters and merged by the real Spark merger (each merge commit adds a fragment and
+deletion files). Compaction tasks run in the shared local Spark session.
+"""
+
+from __future__ import annotations
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from memwal_core import catchup, compaction, demo, merge, reader, table
+from memwal_core.compaction import CompactionOptions
+
+DIM = 8
+
+
+def as_dict(t: pa.Table) -> dict:
+    return {r["id"]: r for r in t.to_pylist()}
+
+
+def fragmented_table(loc, *, rounds: int = 3, seed: int = 5) -> demo.Workload:
+    """30 base fragments (10 rows each, every 7th row deleted), MemWAL with 2 bucket regions and
+    a maintained btree, then `rounds` of writes, each merged by the Spark merger."""
+    data = demo.rows_table([demo.row(i, 0) for i in range(300)])
+    ds = lance.write_dataset(data, loc.lance_uri, schema=demo.SCHEMA, max_rows_per_file=10,
+                             storage_options=loc.storage_options or None)
+    ds.delete("id % 7 = 0")
+    ds.create_scalar_index("id", "BTREE", name="id_btree")
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2, maintained_indexes=["id_btree"])
+    return demo.Workload(loc, seed=seed, key_space=400, max_memtable_rows=40)
+
+
+def write_and_merge(w: demo.Workload, spark, rounds: int) -> None:
+    for _ in range(rounds):
+        w.write_round(60, overwrite=0.4, delete=0.1, puts_per_batch=10)
+        assert not merge.merge(w.loc, spark).failed_regions
+
+
+def test_health_thresholds_and_plan_without_spark(table_loc):
+    w = fragmented_table(table_loc)
+    h = compaction.read_health(table_loc)
+    assert h.fragments == 30 and h.small_fragments == 30 and h.physical_rows == 300
+    assert h.deleted_rows == 43 and h.fragments_with_deletions == 30 and not h.stable_row_ids
+    assert [i.name for i in h.indexes] == ["id_btree"] and h.indexes[0].gating and h.index_segments == {"id_btree": 1}
+    plan = compaction.plan_compaction(table_loc)
+    assert any("small fragments" in r for r in plan.reasons) and not any("deleted rows" in r for r in plan.reasons)
+    deletes = compaction.plan_compaction(table_loc, CompactionOptions(min_deleted_rows=40))
+    assert any("deleted rows 43/300" in r for r in deletes.reasons)
+    assert plan.tasks >= 1 and plan.source_fragments == 30 and plan.source_bytes > 0
+    # Bounded per run: at most this many source fragments in one plan.
+    small = compaction.plan_compaction(table_loc, CompactionOptions(max_fragments_per_run=8))
+    assert 0 < small.source_fragments <= 8
+    # Under the thresholds: healthy, nothing planned, nothing runs (no Spark needed).
+    lax = CompactionOptions(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0,
+                            max_deleted_row_ratio=0.5)
+    plan = compaction.plan_compaction(table_loc, lax)
+    assert plan.healthy and plan.summary == "healthy, skipped" and plan.tasks == 0
+    version = table.open_dataset(table_loc).version
+    r = compaction.execute_compaction(table_loc, plan, None)
+    assert r.status == "healthy, skipped" and not r.committed
+    assert table.open_dataset(table_loc).version == version
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    with pytest.raises(ValueError, match="unknown compaction option 'max_fragmentz'"):
+        CompactionOptions.from_dict({"max_fragmentz": 3})
+    assert CompactionOptions.from_dict({"max_fragments": "5", "retrain_vector_indexes": True}).max_fragments == 5
+
+
+def test_compaction_in_spark_keeps_progress_restores_catchup_and_time_travel(table_loc, spark):
+    w = fragmented_table(table_loc)
+    write_and_merge(w, spark, 3)
+    catchup.run_catchup(table_loc)
+    ds = table.open_dataset(table_loc)
+    before = table.read_memwal_state(table_loc)
+    assert before.catchup["id_btree"] == before.merged  # caught up before compaction
+    old_version, old_rows = ds.version, as_dict(ds.to_table())
+    h0 = compaction.read_health(table_loc)
+    assert h0.fragments == 33 and h0.deleted_rows > 43
+
+    r = compaction.compact(table_loc, spark)
+    assert r.status == "compacted" and r.conflicts == 0 and r.attempts == 1
+    assert r.fragments_removed == 33 and r.fragments_added == 1
+    h1 = r.health_after
+    assert h1.fragments == 1 and h1.deleted_rows == 0 and h1.fragments_with_deletions == 0  # deletions materialized
+    assert h1.live_rows == h0.live_rows and h1.bytes < h0.bytes
+    after = table.read_memwal_state(table_loc)
+    assert after.merged == before.merged  # merge progress carried over
+    assert after.catchup == before.catchup and r.catchup_restored == ["id_btree"]
+    # What Lance does on its own (kept honest here): the Rewrite commit withdrew index_catchup;
+    # memwal's restore (the next commit) re-recorded it.
+    rewrite = table.read_memwal_state(table_loc, after.table_version - 1)
+    assert rewrite.merged == before.merged and rewrite.catchup == {}
+    assert table.open_dataset(table_loc).index_statistics("id_btree")["num_unindexed_rows"] == 0
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    assert as_dict(reader.lsm_table(table_loc)) == w.expected()
+    # Time travel: the version before compaction still reads as it did.
+    assert as_dict(table.open_dataset(table_loc, version=old_version).to_table()) == old_rows
+    # A second run: healthy now, skipped, no commit.
+    r2 = compaction.compact(table_loc, spark)
+    assert r2.status == "healthy, skipped" and table.open_dataset(table_loc).version == after.table_version
+    # Merging on top of the compacted table still works and the LSM read stays right.
+    write_and_merge(w, spark, 1)
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+
+
+def test_merge_landing_between_plan_and_commit_is_retried(table_loc, spark):
+    w = fragmented_table(table_loc)
+    write_and_merge(w, spark, 2)
+    catchup.run_catchup(table_loc)
+    plan = compaction.plan_compaction(table_loc)
+    landed = []
+
+    def concurrent_merge(attempt: int) -> None:
+        if attempt == 1:  # a merger commits after our tasks ran and before our commit
+            w.write_round(40, overwrite=0.5, delete=0.2, puts_per_batch=10)
+            landed.append(merge.merge(table_loc, spark))
+
+    r = compaction.execute_compaction(table_loc, plan, spark, before_commit=concurrent_merge)
+    assert landed and landed[0].commits == 1
+    assert r.conflicts == 1 and r.attempts == 2 and r.status == "compacted"
+    state = table.read_memwal_state(table_loc)
+    assert state.merged == {rid: g.merged_generation for rid, g in landed[0].regions.items()} | {
+        rid: state.merged[rid] for rid in state.merged if rid not in landed[0].regions}
+    assert all(state.merged[rid] == landed[0].regions[rid].merged_generation for rid in landed[0].regions)
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    # The merge's fragment is not indexed yet: Lance leaves it out of the rewrite (next run takes it).
+    assert compaction.read_health(table_loc).fragments == 2
+
+
+def test_gives_up_cleanly_when_every_attempt_loses(table_loc, spark):
+    w = fragmented_table(table_loc)
+    write_and_merge(w, spark, 1)
+    catchup.run_catchup(table_loc)
+    plan = compaction.plan_compaction(table_loc, CompactionOptions(max_attempts=1))
+    frags = compaction.read_health(table_loc).fragments
+
+    def concurrent_merge(_attempt: int) -> None:
+        w.write_round(40, overwrite=0.5, delete=0.2, puts_per_batch=10)
+        assert merge.merge(table_loc, spark).commits == 1
+
+    r = compaction.execute_compaction(table_loc, plan, spark, before_commit=concurrent_merge)
+    assert r.status.startswith("gave up") and r.conflicts == 1 and not r.committed
+    assert r.health_after.fragments == frags + 1  # the merge's fragment; nothing of the rewrite
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    assert as_dict(reader.lsm_table(table_loc)) == w.expected()
+    # The next run compacts.
+    assert compaction.compact(table_loc, spark).status == "compacted"
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+
+
+# ------------------------------------------------------------------------------ index segments
+
+VSCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata=demo.PK),
+                     pa.field("v", pa.list_(pa.float32(), DIM))])
+
+
+def vectors(lo: int, n: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({"id": pa.array(np.arange(lo, lo + n), pa.int64()),
+                     "v": pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * DIM, dtype=np.float32)), DIM)},
+                    schema=VSCHEMA)
+
+
+def vector_table(loc, maintained: list[str], deltas: int = 4):
+    ds = lance.write_dataset(vectors(0, 512, 0), loc.lance_uri, schema=VSCHEMA)
+    ds.create_index("v", "IVF_PQ", name="v_idx", num_partitions=2, num_sub_vectors=2)
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2, maintained_indexes=maintained)
+    for i in range(deltas):  # appended data, each caught up as a new delta segment
+        lance.write_dataset(vectors(1000 + 100 * i, 100, i + 1), loc.lance_uri, mode="append")
+        lance.dataset(loc.lance_uri).optimize.optimize_indices(index_names=["v_idx"])
+
+
+def test_index_segments_merged_past_threshold(table_loc):
+    vector_table(table_loc, maintained=["v_idx"])
+    h = compaction.read_health(table_loc)
+    (v,) = h.indexes
+    assert v.vector and v.gating and v.segments == 4 and v.drift_share > 0
+    quiet = CompactionOptions(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0)
+    assert compaction.plan_compaction(table_loc, CompactionOptions(**{**quiet.__dict__, "max_index_segments": 4})).healthy
+    o = CompactionOptions(**{**quiet.__dict__, "max_index_segments": 2})
+    plan = compaction.plan_compaction(table_loc, o)
+    assert plan.merge_segments == {"v_idx": 4} and plan.tasks == 0
+    r = compaction.execute_compaction(table_loc, plan, None)  # no data rewrite: no Spark needed
+    assert r.segments_merged == {"v_idx": 4} and r.status == "indexes merged"
+    assert r.health_after.index_segments == {"v_idx": 1}
+    assert table.open_dataset(table_loc).count_rows() == 912
+
+
+def test_vector_retrain_only_on_request_and_never_a_maintained_index(table_loc, tmp_path):
+    quiet = dict(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0,
+                 retrain_drift_share=0.2)
+    vector_table(table_loc, maintained=["v_idx"])
+    plan = compaction.plan_compaction(table_loc, CompactionOptions(**quiet))
+    assert plan.retrain == [] and "on request" in plan.retrain_refused["v_idx"]
+    plan = compaction.plan_compaction(table_loc, CompactionOptions(**quiet, retrain_vector_indexes=True))
+    assert plan.retrain == [] and "stable codebook" in plan.retrain_refused["v_idx"]
+
+    from memwal_core.store import open_store
+
+    loc = open_store(str(tmp_path / "free"))
+    vector_table(loc, maintained=[])
+    plan = compaction.plan_compaction(loc, CompactionOptions(**quiet, retrain_vector_indexes=True))
+    assert plan.retrain == ["v_idx"] and "v_idx" not in plan.merge_segments
+    r = compaction.execute_compaction(loc, plan, None)
+    assert r.retrained == ["v_idx"] and not r.errors
+    assert r.health_after.index_segments == {"v_idx": 1} and r.health_after.indexes[0].drift_share == 0
+
+
+# ------------------------------------------------------------------------------ stable row ids
+
+def test_merger_refuses_stable_row_ids(table_loc):
+    data = demo.rows_table([demo.row(i, 0) for i in range(20)])
+    ds = lance.write_dataset(data, table_loc.lance_uri, schema=demo.SCHEMA, enable_stable_row_ids=True)
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2)
+    w = demo.Workload(table_loc, seed=3, key_space=50, max_memtable_rows=20)
+    w.write_round(20)
+    version = table.open_dataset(table_loc).version
+    plan = merge.plan_merge(table_loc)
+    assert plan.batches
+    with pytest.raises(table.StableRowIds, match="stable row ids.*mint new row ids.*nothing was changed"):
+        merge.execute_merge(table_loc, plan, None)
+    assert table.open_dataset(table_loc).version == version
+    assert table.read_memwal_state(table_loc).merged == {}
+    assert compaction.read_health(table_loc).stable_row_ids
+
+
+# ---------------------------------------------------------------------------- memwal maintain
+
+def test_one_maintain_merges_and_compacts_a_fragmented_table_with_a_backlog(table_loc, spark, capsys):
+    """The issue's "done when": a fragmented table with a backlog, one `memwal maintain`
+    (in process, sharing the test's Spark session): merged, compacted to a small fraction of
+    its fragments, deletion files materialized, progress and catch-up intact, base == model.
+    `--dry-run` shows the compaction plan first and changes nothing; `--only compact` then
+    reports the table healthy."""
+    import json
+
+    from memwal_pipeline import cli
+
+    w = fragmented_table(table_loc)
+    for _ in range(4):  # the backlog: 4 generations per region, not merged yet
+        w.write_round(60, overwrite=0.4, delete=0.1, puts_per_batch=10)
+    version = table.open_dataset(table_loc).version
+    uri = table_loc.lance_uri
+
+    assert cli.main(["maintain", uri, "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["compact"]["tasks"] >= 1 and plan["compact"]["health"]["fragments"] == 30
+    assert plan["compact"]["summary"].startswith("compact 30 fragments")
+    assert table.open_dataset(table_loc).version == version
+
+    assert cli.main(["maintain", uri, "--spark-master", "local[2]", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["failed"] == []
+    assert rep["steps"]["merge"]["generations_merged"] == 8
+    c = rep["steps"]["compact"]
+    # 31 -> 2: the fragment this run's merge added is not indexed yet when compaction runs (catch-up
+    # follows it), and Lance does not combine indexed with unindexed fragments; the next run takes it.
+    assert c["status"] == "compacted" and c["fragments_before"] == 31 and c["fragments"] == 2
+    assert c["deleted_row_ratio"] == 0 and c["deletion_file_ratio"] == 0
+    assert c["bytes_after"] < c["bytes_before"] and c["index_segments"] == 1 and c["segments/id_btree"] == 1
+    h = compaction.read_health(table_loc)
+    assert h.fragments == 2 and h.fragments_with_deletions == 0 and h.deleted_rows == 0
+    state = table.read_memwal_state(table_loc)
+    assert sorted(state.merged.values()) == [4, 4]
+    assert state.catchup["id_btree"] == state.merged
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    assert as_dict(reader.lsm_table(table_loc)) == w.expected()
+
+    assert cli.main(["maintain", uri, "--only", "compact", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["steps"]["compact"]["status"] == "healthy, skipped" and rep["steps"]["compact"]["tasks"] == 0
+
+
+def test_base_compaction_asset_metadata_and_healthy_skip(table_loc, spark):
+    """The Dagster asset on its own: numeric metadata the UI plots; 'healthy, skipped' when
+    under the thresholds (it still materializes and reports the numbers)."""
+    from dagster import DagsterInstance, FloatMetadataValue, IntMetadataValue, materialize
+
+    from memwal_pipeline.config import TableConfig
+    from memwal_pipeline.definitions import table_definitions
+
+    w = fragmented_table(table_loc)
+    cfg = TableConfig(name="t", uri=table_loc.lance_uri, spark_master="local[2]",
+                      compaction=CompactionOptions(max_small_fragments=8))
+    td = table_definitions(cfg)
+    (asset,) = [a for a in td.assets if a.key.path[-1] == "base_compaction"]
+    with DagsterInstance.ephemeral() as instance:
+        md = []
+        for _ in range(2):
+            r = materialize([asset], instance=instance, resources=td.resources)
+            assert r.success
+            md.append(r.asset_materializations_for_node(asset.op.name)[0].metadata)
+    first, second = md
+    assert first["status"].value == "compacted" and first["fragments_before"].value == 30
+    assert first["fragments"].value == 1 and first["bytes_after"].value < first["bytes_before"].value
+    for key in ("fragments", "small_fragments", "index_segments", "bytes_before", "bytes_after", "segments/id_btree"):
+        assert isinstance(first[key], IntMetadataValue), key
+    for key in ("deleted_row_ratio", "deletion_file_ratio"):
+        assert isinstance(first[key], FloatMetadataValue), key
+    assert first["deleted_row_ratio"].value == 0
+    assert second["status"].value == "healthy, skipped" and second["tasks"].value == 0
+    assert second["fragments"].value == 1
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+
+
+def test_compaction_on_s3(s3_table_loc, spark):
+    """The same path against an S3-protocol server (moto): tasks open the table with the
+    storage options they were given; progress kept, base == model."""
+    w = fragmented_table(s3_table_loc)
+    write_and_merge(w, spark, 1)
+    before = table.read_memwal_state(s3_table_loc)
+    r = compaction.compact(s3_table_loc, spark)
+    assert r.status == "compacted" and r.health_after.fragments == 2 and r.health_after.deleted_rows == 0
+    assert table.read_memwal_state(s3_table_loc).merged == before.merged
+    assert as_dict(table.open_dataset(s3_table_loc).to_table()) == w.expected()
+
+
+def test_compaction_thresholds_per_table_in_config(tmp_path):
+    import textwrap
+
+    from memwal_pipeline.config import ConfigError, load_config
+
+    cfg = tmp_path / "memwal.yaml"
+    cfg.write_text(textwrap.dedent("""
+        tables:
+          - {name: a, uri: data/a, compaction: {max_small_fragments: 4, max_deleted_row_ratio: 0.2,
+                                               retrain_vector_indexes: true}}
+          - {name: b, uri: data/b}
+    """))
+    a, b = load_config(cfg)
+    assert a.compaction.max_small_fragments == 4 and a.compaction.max_deleted_row_ratio == 0.2
+    assert a.compaction.retrain_vector_indexes and b.compaction == CompactionOptions()
+    cfg.write_text("tables:\n  - {name: a, uri: data/a, compaction: {max_small_fragment: 4}}\n")
+    with pytest.raises(ConfigError, match="compaction: unknown compaction option 'max_small_fragment'"):
+        load_config(cfg)
+    cfg.write_text("tables:\n  - {name: a, uri: data/a, compaction: {max_attempts: 0}}\n")
+    with pytest.raises(ConfigError, match="max_attempts"):
+        load_config(cfg)
+
+
+def test_a_merge_read_before_a_compaction_rebases_on_it(table_loc, spark):
+    """The other order: a `merge_insert` built on the version before a compaction commits after
+    it. Lance rebases the Update on the Rewrite (no conflict): every update applied once, no
+    duplicate keys, progress kept. (The merger treats a conflict as a retry anyway.)"""
+    w = fragmented_table(table_loc)
+    write_and_merge(w, spark, 1)
+    merged = table.read_memwal_state(table_loc).merged
+    stale = table.open_dataset(table_loc)
+    src = demo.rows_table([demo.row(k, 777) for k in sorted(w.model)[:40]] + [demo.row(999_999, 777)])
+    builder = stale.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+    assert compaction.compact(table_loc, spark).status == "compacted"
+    stats = builder.execute(src)
+    assert stats["num_updated_rows"] == 40 and stats["num_inserted_rows"] == 1
+    for r in src.to_pylist():
+        w.model[r["id"]] = r
+    got = table.open_dataset(table_loc).to_table()
+    assert got.num_rows == len(as_dict(got)) and as_dict(got) == w.model
+    assert table.read_memwal_state(table_loc).merged == merged
