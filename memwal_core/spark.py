@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import jvm_archive
+from . import jvm_archive, spark_env
 
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.
@@ -129,22 +129,29 @@ def _build_session(master: str, conf: dict[str, str] | None = None, app_name: st
         "spark.driver.memory": "2g",
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
+    # The driver JVM is this process's child for every in-process master (client mode).
+    log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+    # Ours first, the caller's after them (a later JVM option wins).
+    archive = "" if conf.pop("memwal.jvm_archive", "on") == "off" else jvm_archive.java_options()
+    conf["spark.driver.extraJavaOptions"] = " ".join(
+        o for o in (f"-Dlog4j2.configurationFile=file:{log4j}", archive,
+                    conf.get("spark.driver.extraJavaOptions", "")) if o)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # a local session binds to loopback
-        log4j = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
-        # Ours first, the caller's after them (a later JVM option wins).
-        archive = "" if conf.pop("memwal.jvm_archive", "on") == "off" else jvm_archive.java_options()
-        conf["spark.driver.extraJavaOptions"] = " ".join(
-            o for o in (f"-Dlog4j2.configurationFile=file:{log4j}", archive,
-                        conf.get("spark.driver.extraJavaOptions", "")) if o)
         # Python workers must run this interpreter (it has lance and memwal_core); Spark reads
-        # PYSPARK_PYTHON when it forks them. On a cluster, the executors' Python is the cluster's.
+        # PYSPARK_PYTHON when it forks them. (A cluster: spark_env.prepare.)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    elif spark_env.is_cluster(master):
+        # Executors are not our children: give them a Python with lance (ours by default) and
+        # ship memwal_core with the job (memwal_core/spark_env.py says why).
+        spark_env.prepare(master, conf)
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in {**defaults, **conf}.items():
         builder = builder.config(k, v)
     session = builder.getOrCreate()
+    if spark_env.is_cluster(master):
+        spark_env.ship_package(session)
     session.sparkContext.setLogLevel(conf.get("memwal.log_level", "ERROR"))
     return session
 

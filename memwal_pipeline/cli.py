@@ -322,6 +322,22 @@ def cmd_spark_archive(a) -> int:
     return 0
 
 
+def cmd_spark_env(a) -> int:
+    from memwal_core import spark_env
+
+    path, skipped = spark_env.pack_environment(a.output, exclude=a.exclude, force=a.force)
+    alias = a.alias
+    for f in skipped:
+        _say(f"left out (editable install; memwal_core is shipped with each job): {f}")
+    print(f"packed {sys.prefix} into {path} ({path.stat().st_size / 1e6:.0f} MB). Spark settings "
+          f"(memwal.yaml `spark.conf`, or --conf):\n"
+          f"  spark.archives: {path}#{alias}\n"
+          f"  spark.pyspark.python: ./{alias}/bin/python   # memwal's default when spark.archives has #{alias}\n"
+          f"The nodes need Python {sys.version.split()[0]} at {os.path.realpath(sys.executable)} "
+          "(venv-pack does not pack the interpreter).")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -370,6 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("action", nargs="?", default="build", choices=["build", "status", "remove"])
     j.add_argument("--force", action="store_true", help="rebuild even if present")
     j.set_defaults(fn=cmd_spark_archive)
+
+    e = sub.add_parser("spark-env", help="pack this virtualenv (venv-pack) for spark.archives, so remote "
+                                         "executors get pylance and memwal's other dependencies")
+    e.add_argument("output", nargs="?", default="memwal-env.tar.gz")
+    e.add_argument("--alias", default="memwal_env", help="directory the executors unpack it to")
+    e.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="leave out files (venv-pack pattern, e.g. 'lib/python3.11/site-packages/dagster*')")
+    e.add_argument("--force", action="store_true", help="overwrite OUTPUT")
+    e.set_defaults(fn=cmd_spark_env)
 
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
