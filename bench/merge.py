@@ -20,6 +20,9 @@ Contenders, in one run:
   (c) bound   in-process Arrow dedup of the union of all generations (newest generation wins)
               plus ONE merge_insert with every region's marker;
   (d) cold    `memwal maintain <copy> --only merge` as a subprocess (JVM start included).
+  (e) memwal_local, cold_local  (a) and (d) on `local[*]`, for a `--spark-master` that is a
+              cluster (`spark://...`, or `--start-cluster`): the cluster's overhead in one run
+              ((a) then stops its session and (e) starts a local one in the same process).
 All resulting base tables must be identical (sorted by id) and record every generation as
 merged; the script fails loudly otherwise.
 
@@ -34,6 +37,8 @@ usage:
   python bench/merge.py --generations-per-region 200     # 2,000 generations
   python bench/merge.py --memory                         # >= 1 GB backlog, 64 MB budget
   python bench/merge.py --quick                          # small sizes (smoke test)
+  python bench/merge.py --start-cluster --contenders memwal,memwal_local,cold,cold_local
+                                                         # a local standalone cluster vs local[*]
 Prints `RESULT merge ...`, `RESULT merge_phases ...` and (with --memory) `RESULT merge_memory ...`.
 """
 
@@ -437,15 +442,28 @@ def run_compare(args) -> None:
         if "memwal_2nd" in contenders:
             measure("memwal_2nd", "(a2) memwal, second merge in the session",
                     lambda: memwal_merge(paths["memwal_2nd"], spark, max_generations=args.max_generations))
+        if "memwal_local" in contenders:
+            if spark is not None:
+                spark.stop()  # one SparkContext per JVM: the cluster's goes first
+            t = time.perf_counter()
+            spark = common.spark_session("local[*]")
+            start = time.perf_counter() - t
+            warm = common.warm_up_merge(spark, root)
+            common.say(f"spark session local[*] up in {start:.1f}s, warm-up merge {warm:.1f}s")
+            measure("memwal_local", "(e) memwal on local[*]", lambda: memwal_merge(
+                paths["memwal_local"], spark, max_generations=args.max_generations))
         if "naive" in contenders:
             measure("naive", "(b) naive", lambda: naive_merge(paths["naive"], bl.regions))
         if "cold" in contenders:
             measure("cold", "(d) cold CLI", lambda: cold_cli(paths["cold"], args.spark_master))
+        if "cold_local" in contenders:
+            measure("cold_local", "(e) cold CLI on local[*]", lambda: cold_cli(paths["cold_local"], "local[*]"))
 
         check_identical(paths, bl)
         kv = {"generations": bl.generations, "regions": shape.regions, "rows_per_gen": shape.rows,
               "rows": bl.rows_put + bl.rows_deleted, "backlog_mb": round(bl.in_memory_bytes / 1e6, 1)}
-        keys = {"memwal": "memwal", "memwal_2nd": "memwal_2nd", "naive": "naive", "bound": "bound", "cold": "cold_cli"}
+        keys = {"memwal": "memwal", "memwal_2nd": "memwal_2nd", "naive": "naive", "bound": "bound", "cold": "cold_cli",
+                "memwal_local": "memwal_local", "cold_local": "cold_cli_local"}
         for name, key in keys.items():
             if name in secs:
                 kv[f"{key}_s"] = secs[name]
@@ -455,6 +473,11 @@ def run_compare(args) -> None:
             kv["memwal_over_bound"] = common.ratio(secs["memwal"], secs["bound"])
         if "memwal_2nd" in secs and "bound" in secs:
             kv["memwal_2nd_over_bound"] = common.ratio(secs["memwal_2nd"], secs["bound"])
+        if "memwal" in secs and "memwal_local" in secs:
+            kv["master"] = args.spark_master
+            kv["memwal_over_memwal_local"] = common.ratio(secs["memwal"], secs["memwal_local"])
+        if "cold" in secs and "cold_local" in secs:
+            kv["cold_cli_over_cold_cli_local"] = common.ratio(secs["cold"], secs["cold_local"])
         if "cold" in secs and "naive" in secs:
             kv["naive_over_cold_cli"] = common.ratio(secs["naive"], secs["cold"])
         if "memwal" in info:
@@ -570,8 +593,12 @@ def main() -> None:
     p.add_argument("--string-bytes", type=int, default=None, help="bytes per string value (default short; --memory: 1500)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--contenders", default="memwal,memwal_2nd,naive,bound,cold",
-                   help="subset of memwal,memwal_2nd,naive,bound,cold (default: all)")
-    p.add_argument("--spark-master", default="local[*]")
+                   help="subset of memwal,memwal_2nd,naive,bound,cold,memwal_local,cold_local "
+                        "(default: the first five)")
+    p.add_argument("--spark-master", default="local[*]", help="the master of (a), (a2) and (d)")
+    p.add_argument("--start-cluster", action="store_true",
+                   help="start a standalone master and worker on 127.0.0.1 (tests/cluster.py, all cores) and "
+                        "use it as --spark-master; stopped at the end")
     p.add_argument("--max-generations", type=int, default=None,
                    help="memwal's max generations per batch (default: memwal's own, 256)")
     p.add_argument("--memory", action="store_true", help="the >= 1 GB backlog with a small budget instead")
@@ -601,11 +628,26 @@ def main() -> None:
         args.regions = min(args.regions, 4) if quick else args.regions
         args.base_rows = (args.rows * args.regions) if args.base_rows is None else args.base_rows
         args.string_bytes = args.string_bytes or 0
+    cluster = None
+    if args.start_cluster:
+        sys.path.insert(0, os.path.join(common.REPO, "tests"))
+        from cluster import StandaloneCluster
+
+        t = time.perf_counter()
+        cluster = StandaloneCluster(cores=os.cpu_count() or 2, memory="2g").start()
+        args.spark_master = cluster.master_url
+        common.say(f"standalone cluster {cluster.master_url} (1 worker, {cluster.cores} cores) up in "
+                   f"{time.perf_counter() - t:.1f}s under {cluster.root}")
     common.print_machine("merge_memory" if args.memory else "merge", args)
-    if args.memory:
-        run_memory(args)
-    else:
-        run_compare(args)
+    try:
+        if args.memory:
+            run_memory(args)
+        else:
+            run_compare(args)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+            shutil.rmtree(cluster.root, ignore_errors=True)
 
 
 if __name__ == "__main__":
