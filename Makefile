@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test ui bench soak s3-demo proto clean
+.PHONY: run test ui bench soak s3-demo spark-env proto clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "memwal needs $(PY) on PATH (set PY=...)"; exit 1; }
@@ -33,6 +33,10 @@ soak: $(STAMP)
 
 s3-demo: $(STAMP)
 	$(BIN)/python -m memwal_pipeline.s3_demo
+
+# memwal-env.tar.gz: this venv for a cluster's `spark.archives` (README "Running on a cluster").
+spark-env: $(STAMP)
+	$(BIN)/memwal spark-env memwal-env.tar.gz --force
 
 # Regenerates memwal_core/proto/memwal_pb2.py (committed) from memwal.proto.
 # grpcio-tools goes into a throwaway venv so it never becomes a runtime dependency.

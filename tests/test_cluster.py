@@ -124,3 +124,39 @@ def test_cli_maintain_on_standalone_cluster_with_no_other_setting(cluster, tmp_p
     assert all(report["steps"][s]["ok"] for s in ("merge", "index", "catchup", "gc"))
     assert base_rows(loc) == w.expected()
     assert len(set(cluster.app_dirs()) - before) == 1  # the merge ran as an application on the cluster
+
+
+# Packages the executors never import (the worker brings pyspark's own zip): left out so the
+# archive stays a few hundred MB.
+NOT_ON_EXECUTORS = ["pyspark", "dagster*", "moto", "cfnlint", "sympy", "botocore", "boto3", "sqlalchemy",
+                    "grpc", "networkx", "hypothesis", "pip", "setuptools"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MEMWAL_SOAK"), reason="packs ~0.5 GB: run with MEMWAL_SOAK=1 (make soak)")
+def test_merge_with_a_packed_environment_from_spark_archives(cluster, tmp_path):
+    """`memwal spark-env` output shipped with `spark.archives`: executors unpack it in their
+    work dir and run its Python (memwal infers `./memwal_env/bin/python` from the alias)."""
+    loc = open_store(str(tmp_path / "t"))
+    w = written(loc, seed=6)
+    archive = tmp_path / "memwal-env.tar"  # uncompressed: packing and unpacking stay fast
+    site = os.path.relpath(next(Path(sys.prefix).glob("lib/python*/site-packages")), sys.prefix)
+    excludes = [a for p in NOT_ON_EXECUTORS for a in ("--exclude", f"{site}/{p}*")]  # fnmatch: * spans /
+    p = subprocess.run([sys.executable, "-m", "memwal_pipeline.cli", "spark-env", str(archive), *excludes],
+                       env=driver_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"spark.archives: {archive}#memwal_env" in p.stdout
+
+    extra = {"conf": {**cluster.conf(), "spark.archives": f"{archive}#memwal_env"}, "s3_options": {}}
+    p = subprocess.run([sys.executable, os.path.join(PROCS, "cluster_merge.py"), cluster.master_url,
+                        loc.lance_uri, "", json.dumps(extra)],
+                       env=driver_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:] + cluster.tail()
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["merge"]["generations_merged"] > 0 and not out["merge"]["failed"]
+    assert base_rows(loc) == w.expected()
+    assert out["conf_python"] == "./memwal_env/bin/python"
+    executor_dir = cluster.work_dir / out["app_id"] / "0"
+    for task in out["probe"]:
+        assert Path(task["python"]).parent == executor_dir / "memwal_env" / "bin"
+        assert "memwal_core-" in task["memwal_core"]
