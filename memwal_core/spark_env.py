@@ -17,17 +17,20 @@ not, so for every non-local, non-Connect master the driver:
   editable checkout elsewhere, or none at all cannot change what a task does). The environment
   on the executors therefore needs only memwal's dependencies, not memwal.
 
-`pack_environment` builds the `spark.archives` file for remote executors (venv-pack).
+`pack_environment` builds the `spark.archives` file for remote executors (`memwal spark-env`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Iterable
 from urllib.parse import urlparse
 
 
@@ -103,30 +106,59 @@ def ship_package(session) -> None:
 
 def editable_files(prefix: str | os.PathLike = sys.prefix) -> list[str]:
     """A virtualenv's editable-install hooks (`pip install -e`: `__editable__*` files, old
-    `.egg-link`s), relative to it. They point at a source checkout the nodes do not have, and
-    the executors get memwal_core with the job anyway. (An old-style `.pth` holding a path
-    outside the env is refused by venv-pack itself.)"""
+    `.egg-link`s), relative to it: they point at a source checkout the nodes do not have, and
+    the executors get memwal_core with the job anyway."""
     return sorted(str(p.relative_to(prefix)) for site in Path(prefix).glob("lib/python*/site-packages")
                   for p in site.iterdir() if p.name.startswith("__editable__") or p.name.endswith(".egg-link"))
 
 
 def pack_environment(output: str | os.PathLike, prefix: str | os.PathLike = sys.prefix, *,
-                     exclude: list[str] = (), force: bool = False) -> tuple[Path, list[str]]:
-    """This virtualenv as a `spark.archives` file (venv-pack), minus editable installs and
-    files matching `exclude` (venv-pack patterns relative to the env, e.g.
-    `lib/python3.11/site-packages/dagster*`). Returns (archive, the editable files left out).
+                     exclude: Iterable[str] = (), force: bool = False) -> tuple[Path, list[str]]:
+    """A virtualenv as a `spark.archives` file (`.tar.gz`, or `.tar` uncompressed): its files
+    minus editable-install hooks, `__pycache__` and paths matching an `exclude` pattern
+    (fnmatch on the path inside the env, `*` spans `/`: `lib/python3.11/site-packages/dagster*`).
+    Returns (archive, the editable files left out).
 
-    Like any venv-pack archive it holds the packages but not the base interpreter: the nodes
-    need the same Python at the same path as `prefix`'s (or use a conda-pack archive).
+    Symlinks that leave the env (a venv's `bin/python3.X` -> the base interpreter) are stored
+    as copies of their target, the layout `python -m venv --copies` makes: Spark refuses to
+    unpack an archive whose entries point outside it ("would create entry outside of"), which
+    rules out venv-pack's archives. Inside symlinks stay, made relative. The base interpreter's
+    standard library is not packed: the nodes need the same Python at the same path as the
+    env's `pyvenv.cfg` `home` (or ship a conda-pack archive, which holds the interpreter).
     """
-    try:
-        import venv_pack
-    except ImportError:
-        raise RuntimeError("venv-pack is not installed: pip install 'memwal[cluster]'") from None
-    output = Path(output).resolve()
+    prefix = Path(prefix).absolute()
+    output = Path(output).absolute()
     if output.exists() and not force:
         raise FileExistsError(f"{output} exists (--force overwrites)")
+    if not (prefix / "pyvenv.cfg").is_file():
+        raise ValueError(f"{prefix} is not a virtualenv (no pyvenv.cfg)")
     skip = editable_files(prefix)
-    filters = [("exclude", p) for p in [*skip, *exclude]]
-    venv_pack.pack(prefix=str(prefix), output=str(output), force=force, filters=filters or None)
+    patterns = [*skip, *exclude]
+    mode = "w" if output.name.endswith(".tar") else "w:gz"
+    tmp = output.with_name(output.name + ".partial")
+    with tarfile.open(tmp, mode, **({} if mode == "w" else {"compresslevel": 1})) as tar:
+        for root, dirs, files in os.walk(prefix):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                path = Path(root) / name
+                rel = str(path.relative_to(prefix))
+                if path == tmp or any(fnmatch.fnmatch(rel, p) for p in patterns):
+                    continue
+                _add(tar, path, rel, prefix)
+    os.replace(tmp, output)
     return output, skip
+
+
+def _add(tar: tarfile.TarFile, path: Path, rel: str, prefix: Path) -> None:
+    if not path.is_symlink():
+        tar.add(path, rel, recursive=False)
+        return
+    target = path.resolve()
+    if target.is_relative_to(prefix.resolve()):
+        info = tarfile.TarInfo(rel)
+        info.type, info.linkname = tarfile.SYMTYPE, os.path.relpath(target, path.parent.resolve())
+        tar.addfile(info)
+    elif target.is_file():
+        tar.add(target, rel, recursive=False)  # dereferenced: a copy, keeping the mode
+    else:
+        raise ValueError(f"{path} links outside the virtualenv to {target}, which is not a file")

@@ -333,8 +333,8 @@ def cmd_spark_env(a) -> int:
           f"(memwal.yaml `spark.conf`, or --conf):\n"
           f"  spark.archives: {path}#{alias}\n"
           f"  spark.pyspark.python: ./{alias}/bin/python   # memwal's default when spark.archives has #{alias}\n"
-          f"The nodes need Python {sys.version.split()[0]} at {os.path.realpath(sys.executable)} "
-          "(venv-pack does not pack the interpreter).")
+          f"The nodes need Python {sys.version.split()[0]} installed at {sys.base_prefix} "
+          "(the archive holds the packages, not the standard library).")
     return 0
 
 
@@ -387,12 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("--force", action="store_true", help="rebuild even if present")
     j.set_defaults(fn=cmd_spark_archive)
 
-    e = sub.add_parser("spark-env", help="pack this virtualenv (venv-pack) for spark.archives, so remote "
-                                         "executors get pylance and memwal's other dependencies")
-    e.add_argument("output", nargs="?", default="memwal-env.tar.gz")
+    e = sub.add_parser("spark-env", help="pack this virtualenv for spark.archives, so remote executors get "
+                                         "pylance and memwal's other dependencies")
+    e.add_argument("output", nargs="?", default="memwal-env.tar.gz", help=".tar.gz, or .tar (uncompressed)")
     e.add_argument("--alias", default="memwal_env", help="directory the executors unpack it to")
     e.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
-                   help="leave out files (venv-pack pattern, e.g. 'lib/python3.11/site-packages/dagster*')")
+                   help="leave out paths inside the env (fnmatch, * spans /; e.g. "
+                        "'lib/python3.11/site-packages/dagster*')")
     e.add_argument("--force", action="store_true", help="overwrite OUTPUT")
     e.set_defaults(fn=cmd_spark_env)
 

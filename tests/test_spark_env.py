@@ -70,21 +70,41 @@ def test_package_zip_is_deterministic_and_importable_alone(tmp_path):
     assert out.stdout.strip() == str(z1 / "memwal_core" / "spark.py")
 
 
-def test_pack_environment_leaves_editable_installs_out(tmp_path):
-    pytest.importorskip("venv_pack")
+def test_pack_environment_spark_can_unpack(tmp_path):
+    """Editable hooks, excluded paths and __pycache__ left out; the interpreter symlink that
+    leaves the env stored as a copy of its target (Spark refuses entries pointing outside the
+    archive); inside symlinks kept, relative."""
     env = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
     (site,) = env.glob("lib/python*/site-packages")
-    (site / "dep").mkdir()
-    (site / "dep" / "__init__.py").write_text("X = 1\n")
+    for pkg in ("dep", "big"):
+        (site / pkg / "__pycache__").mkdir(parents=True)
+        (site / pkg / "__init__.py").write_text("X = 1\n")
+        (site / pkg / "__pycache__" / "x.pyc").write_bytes(b"\0")
     (site / "__editable__.mine-1.0.pth").write_text("import __editable___mine_finder; __editable___mine_finder.install()\n")
     (site / "__editable___mine_finder.py").write_text("def install(): pass\n")
     skipped = spark_env.editable_files(env)
     assert sorted(os.path.basename(s) for s in skipped) == ["__editable__.mine-1.0.pth", "__editable___mine_finder.py"]
-    out, left = spark_env.pack_environment(tmp_path / "env.tar.gz", env, exclude=["lib/*/site-packages/dep/*"])
+    out, left = spark_env.pack_environment(tmp_path / "env.tar.gz", env, exclude=["lib/*/site-packages/big*"])
     assert left == skipped
-    names = tarfile.open(out).getnames()
-    assert "bin/python" in names and any(n.endswith("pyvenv.cfg") for n in names)
-    assert not any("editable" in n or "/dep/" in n for n in names)
+    members = {m.name: m for m in tarfile.open(out)}
+    rel_site = str(site.relative_to(env))
+    assert f"{rel_site}/dep/__init__.py" in members and "pyvenv.cfg" in members
+    assert not any("editable" in n or "/big" in n or "__pycache__" in n for n in members)
+    for name, m in members.items():  # nothing points outside the archive
+        if m.issym():
+            assert not os.path.isabs(m.linkname)
+            target = os.path.normpath(os.path.join(os.path.dirname(name), m.linkname))
+            assert target in members or any(n.startswith(target + "/") for n in members)  # a file or a dir
+    python = members[f"bin/python{sys.version_info.major}.{sys.version_info.minor}"]
+    assert python.isfile() and python.mode & 0o111 and python.size == os.path.getsize(os.path.realpath(sys.executable))
+    # Unpacked anywhere, its python runs as that env (its own site-packages).
+    dest = tmp_path / "unpacked"
+    with tarfile.open(out) as t:
+        t.extractall(dest, filter="tar")
+    r = subprocess.run([str(dest / "bin" / "python"), "-c", "import sys, dep; print(sys.prefix, dep.__file__)"],
+                       capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(dest), str(dest / rel_site / "dep" / "__init__.py")]
     with pytest.raises(FileExistsError):
         spark_env.pack_environment(out, env)
