@@ -114,17 +114,18 @@ def editable_files(prefix: str | os.PathLike = sys.prefix) -> list[str]:
 
 def pack_environment(output: str | os.PathLike, prefix: str | os.PathLike = sys.prefix, *,
                      exclude: Iterable[str] = (), force: bool = False) -> tuple[Path, list[str]]:
-    """A virtualenv as a `spark.archives` file (`.tar.gz`, or `.tar` uncompressed): its files
-    minus editable-install hooks, `__pycache__` and paths matching an `exclude` pattern
-    (fnmatch on the path inside the env, `*` spans `/`: `lib/python3.11/site-packages/dagster*`).
-    Returns (archive, the editable files left out).
+    """A virtualenv as a `spark.archives` file (`.tar.gz`): its files minus editable-install
+    hooks, `__pycache__` and paths matching an `exclude` pattern (fnmatch on the path inside the
+    env, `*` spans `/`: `lib/python3.11/site-packages/dagster*`). Returns (archive, the editable
+    files left out).
 
-    Symlinks that leave the env (a venv's `bin/python3.X` -> the base interpreter) are stored
-    as copies of their target, the layout `python -m venv --copies` makes: Spark refuses to
-    unpack an archive whose entries point outside it ("would create entry outside of"), which
-    rules out venv-pack's archives. Inside symlinks stay, made relative. The base interpreter's
-    standard library is not packed: the nodes need the same Python at the same path as the
-    env's `pyvenv.cfg` `home` (or ship a conda-pack archive, which holds the interpreter).
+    `.tar.gz` only: Spark 4 unpacks it with the system `tar`, keeping executable bits, while a
+    `.tar` or `.zip` goes through Java code that drops them (the executors' `bin/python` would
+    not run). Symlinks that leave the env (a venv's `bin/python3.X` -> the base interpreter)
+    are stored as copies of their target, the layout `python -m venv --copies` makes, so the
+    archive has no entry pointing outside it; inside symlinks stay, made relative. The base
+    interpreter's standard library is not packed: the nodes need the same Python at the same
+    path as the env's `pyvenv.cfg` `home` (or ship a conda-pack archive, which holds it).
     """
     prefix = Path(prefix).absolute()
     output = Path(output).absolute()
@@ -134,9 +135,11 @@ def pack_environment(output: str | os.PathLike, prefix: str | os.PathLike = sys.
         raise ValueError(f"{prefix} is not a virtualenv (no pyvenv.cfg)")
     skip = editable_files(prefix)
     patterns = [*skip, *exclude]
-    mode = "w" if output.name.endswith(".tar") else "w:gz"
+    if not output.name.endswith((".tar.gz", ".tgz")):
+        raise ValueError(f"{output.name}: the archive must be a .tar.gz or .tgz (Spark keeps executable bits "
+                         "only for those)")
     tmp = output.with_name(output.name + ".partial")
-    with tarfile.open(tmp, mode, **({} if mode == "w" else {"compresslevel": 1})) as tar:
+    with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
         for root, dirs, files in os.walk(prefix):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:

@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
 
     e = sub.add_parser("spark-env", help="pack this virtualenv for spark.archives, so remote executors get "
                                          "pylance and memwal's other dependencies")
-    e.add_argument("output", nargs="?", default="memwal-env.tar.gz", help=".tar.gz, or .tar (uncompressed)")
+    e.add_argument("output", nargs="?", default="memwal-env.tar.gz", help="a .tar.gz or .tgz")
     e.add_argument("--alias", default="memwal_env", help="directory the executors unpack it to")
     e.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
                    help="leave out paths inside the env (fnmatch, * spans /; e.g. "

@@ -133,13 +133,13 @@ NOT_ON_EXECUTORS = ["pyspark", "dagster*", "moto", "cfnlint", "sympy", "botocore
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("MEMWAL_SOAK"), reason="packs ~0.5 GB: run with MEMWAL_SOAK=1 (make soak)")
+@pytest.mark.skipif(not os.environ.get("MEMWAL_SOAK"), reason="packs ~0.6 GB: run with MEMWAL_SOAK=1 (make soak)")
 def test_merge_with_a_packed_environment_from_spark_archives(cluster, tmp_path):
     """`memwal spark-env` output shipped with `spark.archives`: executors unpack it in their
     work dir and run its Python (memwal infers `./memwal_env/bin/python` from the alias)."""
     loc = open_store(str(tmp_path / "t"))
     w = written(loc, seed=6)
-    archive = tmp_path / "memwal-env.tar"  # uncompressed: packing and unpacking stay fast
+    archive = tmp_path / "memwal-env.tar.gz"
     site = os.path.relpath(next(Path(sys.prefix).glob("lib/python*/site-packages")), sys.prefix)
     excludes = [a for p in NOT_ON_EXECUTORS for a in ("--exclude", f"{site}/{p}*")]  # fnmatch: * spans /
     p = subprocess.run([sys.executable, "-m", "memwal_pipeline.cli", "spark-env", str(archive), *excludes],

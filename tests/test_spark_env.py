@@ -108,3 +108,5 @@ def test_pack_environment_spark_can_unpack(tmp_path):
     assert r.stdout.split() == [str(dest), str(dest / rel_site / "dep" / "__init__.py")]
     with pytest.raises(FileExistsError):
         spark_env.pack_environment(out, env)
+    with pytest.raises(ValueError, match="tar.gz"):
+        spark_env.pack_environment(tmp_path / "env.tar", env)
