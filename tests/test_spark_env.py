@@ -24,10 +24,18 @@ def test_cluster_masters_and_loopback():
     assert not spark_env.loopback_master("spark://127.0.0.1:7077,node2:7077")
 
 
-def test_executor_python_precedence(monkeypatch):
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+@pytest.fixture
+def environ(monkeypatch):
+    """A private copy of os.environ for the test (spark_env sets variables directly; a
+    PYSPARK_PYTHON left behind would break every later Spark session of the suite)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
+    monkeypatch.setattr(os, "environ", env)
+    return env
+
+
+def test_executor_python_precedence(environ):
     assert spark_env.executor_python({}) == sys.executable  # the driver's own, by default
-    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/py/bin/python3")
+    environ["PYSPARK_PYTHON"] = "/opt/py/bin/python3"
     assert spark_env.executor_python({}) == "/opt/py/bin/python3"
     # A shipped environment with an alias is more specific than the environment variable...
     archives = {"spark.archives": "hdfs:///envs/a.zip,s3://b/memwal-env.tar.gz#env"}
@@ -37,18 +45,16 @@ def test_executor_python_precedence(monkeypatch):
     assert spark_env.executor_python({**archives, "spark.pyspark.python": "/usr/bin/python3.11"}) == "/usr/bin/python3.11"
 
 
-def test_prepare_sets_what_pyspark_reads(monkeypatch):
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
-    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+def test_prepare_sets_what_pyspark_reads(environ):
     conf: dict[str, str] = {}
     spark_env.prepare("spark://127.0.0.1:7077", conf)
     # pyspark's SparkContext takes the executors' Python from PYSPARK_PYTHON, not from the
     # spark.pyspark.python setting; both are set.
     assert conf["spark.pyspark.python"] == os.environ["PYSPARK_PYTHON"] == sys.executable
     assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
-    monkeypatch.delenv("SPARK_LOCAL_IP")
+    del environ["SPARK_LOCAL_IP"]
     spark_env.prepare("spark://10.1.2.3:7077", {"spark.pyspark.python": "/x/python"})
-    assert os.environ["PYSPARK_PYTHON"] == "/x/python" and "SPARK_LOCAL_IP" not in os.environ
+    assert environ["PYSPARK_PYTHON"] == "/x/python" and "SPARK_LOCAL_IP" not in environ
 
 
 def test_package_zip_is_deterministic_and_importable_alone(tmp_path):
