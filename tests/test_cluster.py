@@ -1,8 +1,9 @@
-"""The merge on a real Spark standalone cluster (master + one worker from pyspark's own
-`spark-class`, loopback only): tasks run in executor JVMs whose Python and memwal_core come
-from the application (no PYSPARK_PYTHON, no PYTHONPATH on the cluster), on a local table and
-on `s3://` (moto) through a Dagster run, and no secret reaches Spark's logs. The drivers are
-subprocesses: one JVM holds one SparkContext, and this process has the suite's local one.
+"""The merge and the base-table compaction on a real Spark standalone cluster (master + one
+worker from pyspark's own `spark-class`, loopback only): tasks run in executor JVMs whose
+Python and memwal_core come from the application (no PYSPARK_PYTHON, no PYTHONPATH on the
+cluster), on a local table and on `s3://` (moto) through a Dagster run, and no secret reaches
+Spark's logs. The drivers are subprocesses: one JVM holds one SparkContext, and this process
+has the suite's local one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import lance
 import pytest
 
 from cluster import StandaloneCluster
@@ -40,9 +42,17 @@ def driver_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def written(loc, seed: int) -> demo.Workload:
-    demo.create_table(loc, sharding="bucket", num_buckets=3, base_rows=30)
-    w = demo.Workload(loc, seed=seed, key_space=300, max_memtable_rows=40)
+def written(loc, seed: int, fragmented: bool = False) -> demo.Workload:
+    """3 bucket regions and two rounds of puts, overwrites and deletes by ShardWriters;
+    `fragmented`: the base table in 30 fragments of 10 rows (something for compaction)."""
+    if fragmented:
+        data = demo.rows_table([demo.row(i, 0) for i in range(300)])
+        lance.write_dataset(data, loc.lance_uri, schema=demo.SCHEMA, max_rows_per_file=10,
+                            storage_options=loc.storage_options or None
+                            ).initialize_mem_wal(bucket_column="id", num_buckets=3)
+    else:
+        demo.create_table(loc, sharding="bucket", num_buckets=3, base_rows=30)
+    w = demo.Workload(loc, seed=seed, key_space=400, max_memtable_rows=40)
     for _ in range(2):
         w.write_round(150, overwrite=0.3, delete=0.05)
     return w
@@ -58,7 +68,7 @@ def files_under(*roots: Path) -> list[Path]:
 
 def test_merge_and_dagster_s3_run_on_standalone_cluster(cluster, tmp_path, moto_server):
     loc = open_store(str(tmp_path / "t"))
-    w = written(loc, seed=3)
+    w = written(loc, seed=3, fragmented=True)
     secret = f"cluster-secret-{uuid.uuid4().hex}"
     bucket = f"b{uuid.uuid4().hex[:12]}"
     make_s3_client(moto_server.options()).create_bucket(Bucket=bucket)
@@ -66,7 +76,8 @@ def test_merge_and_dagster_s3_run_on_standalone_cluster(cluster, tmp_path, moto_
     w3 = written(s3_loc, seed=4)
     public = {k: v for k, v in moto_server.options(secret).items() if k != "aws_secret_access_key"}
 
-    extra = {"conf": {**cluster.conf(), "spark.app.name": "memwal-cluster-test"}, "s3_options": public}
+    extra = {"conf": {**cluster.conf(), "spark.app.name": "memwal-cluster-test"}, "s3_options": public,
+             "compact": True}
     p = subprocess.run([sys.executable, os.path.join(PROCS, "cluster_merge.py"), cluster.master_url,
                         loc.lance_uri, s3_loc.lance_uri, json.dumps(extra)],
                        env=driver_env(MEMWAL_TEST_SECRET=secret), capture_output=True, text=True, timeout=300)
@@ -76,6 +87,12 @@ def test_merge_and_dagster_s3_run_on_standalone_cluster(cluster, tmp_path, moto_
     # The merge is right: the base table alone is what the writers wrote.
     assert out["merge"]["generations_merged"] > 0 and not out["merge"]["failed"]
     assert base_rows(loc) == w.expected()
+    # Then the base-table compaction (default thresholds: 30+ small fragments), its rewrites in
+    # Spark tasks on the cluster: one fragment, the same rows, merge progress kept.
+    c = out["compaction"]
+    assert c["status"] == "compacted" and c["tasks"] >= 1 and c["fragments_removed"] >= 30
+    assert c["fragments_after"] == 1 and c["progress_kept"]
+    assert len(table.open_dataset(loc).get_fragments()) == 1 and base_rows(loc) == w.expected()
     # The Dagster run on the cluster merged the s3:// table (secret from the environment).
     assert out["dagster"]["success"] and out["dagster"]["generations_merged"] > 0
     assert base_rows(s3_loc) == w3.expected()
@@ -94,7 +111,7 @@ def test_merge_and_dagster_s3_run_on_standalone_cluster(cluster, tmp_path, moto_
         assert Path(zip_path).name.startswith("memwal_core-") and inner == os.path.join("memwal_core", "__init__.py")
         assert (Path(task["cwd"]) / (zip_path + ".zip")).resolve().parent == app_dir / "0"
 
-    # Spark's event log: every task of the application (merge, probe, Dagster merge) ran on
+    # Spark's event log: every task of the application (merge, compaction, probe, Dagster merge) ran on
     # executor 0 of the worker, none on the driver.
     (log,) = [f for f in cluster.event_log_dir.iterdir() if f.name.startswith(out["app_id"])]
     events = [json.loads(line) for line in log.read_text().splitlines()]
@@ -121,7 +138,7 @@ def test_cli_maintain_on_standalone_cluster_with_no_other_setting(cluster, tmp_p
     assert p.returncode == 0, p.stderr[-3000:] + cluster.tail()
     report = json.loads(p.stdout)
     assert report["failed"] == [] and report["steps"]["merge"]["generations_merged"] > 0
-    assert all(report["steps"][s]["ok"] for s in ("merge", "index", "catchup", "gc"))
+    assert all(report["steps"][s]["ok"] for s in ("merge", "compact", "index", "catchup", "gc"))
     assert base_rows(loc) == w.expected()
     assert len(set(cluster.app_dirs()) - before) == 1  # the merge ran as an application on the cluster
 

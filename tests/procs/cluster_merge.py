@@ -1,9 +1,9 @@
 """A driver process on a standalone cluster (`spark://...`): a merge with `merge.merge` on a
-local table, a probe of where the tasks ran, and a Dagster run (materialize base_table) of an
+local table, then (with `compact`) a base-table compaction of it, a probe of where the tasks ran, and a Dagster run (materialize base_table) of an
 `s3://` table whose secret comes from an environment variable through `secrets:`. A separate
 process because one JVM holds one SparkContext, and the test session has a local one.
 
-argv: master, local table uri, s3 table uri ('' to skip), JSON {conf, s3_options (no secret)}.
+argv: master, local table uri, s3 table uri ('' to skip), JSON {conf, s3_options (no secret), compact}.
 The S3 secret is in MEMWAL_TEST_SECRET. Prints one JSON line.
 """
 
@@ -39,6 +39,16 @@ out = {"driver_pid": os.getpid(), "python": sys.executable,
 r = merge.merge(open_store(uri), session)
 secs["merge"] = time.monotonic() - t0 - secs["session"]
 out["merge"] = {"generations_merged": r.generations_merged, "failed": r.failed_regions, "commits": r.commits}
+if extra.get("compact"):
+    from memwal_core import compaction, table
+    from memwal_core.compaction import CompactionOptions
+
+    loc = open_store(uri)
+    before = table.read_memwal_state(loc).merged
+    c = compaction.compact(loc, session, CompactionOptions())
+    out["compaction"] = {"status": c.status, "tasks": c.tasks, "fragments_removed": c.fragments_removed,
+                         "fragments_after": c.health_after.fragments if c.health_after else None,
+                         "progress_kept": table.read_memwal_state(loc).merged == before}
 out["probe"] = [json.loads(x.info) for x in
                 session.range(0, 4, 1, 4).mapInArrow(probe, "info string").collect()]
 
