@@ -69,7 +69,7 @@ class StandaloneCluster:
         self.procs.append(p)
         return p
 
-    def start(self, timeout_s: float = 60.0) -> "StandaloneCluster":
+    def start(self, timeout_s: float = 120.0) -> "StandaloneCluster":
         for d in (self.work_dir, self.event_log_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.port, self.web_port, self.worker_port, self.worker_web_port = (free_port() for _ in range(4))
