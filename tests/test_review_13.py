@@ -1,0 +1,62 @@
+"""Adversarial review of the #13 fix (the wall): each test is a scenario that should hold and,
+at the time of writing, did not (see REVIEW.md). Real pylance tables, the real Spark path."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+
+from memwal_core import checks, gc, layout, merge, region, snapshot, table
+
+PK = {b"lance-schema:unenforced-primary-key": b"true"}
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata=PK),
+                    pa.field("grp", pa.int64()), pa.field("s", pa.string())])
+B0 = [0, 1, 2, 4]   # grp values in bucket 0 of 2 (pylance's bucket on int64)
+B1 = [3, 5, 6, 7]   # grp values in bucket 1 of 2
+
+
+def bucket_table(loc, column: str = "grp", num_buckets: int = 2):
+    ds = lance.write_dataset(pa.Table.from_pylist([], schema=SCHEMA), loc.lance_uri, schema=SCHEMA)
+    ds.initialize_mem_wal(bucket_column=column, num_buckets=num_buckets)
+
+
+def generation(loc, rid: str, puts: list[tuple[int, int]] = (), deletes: list[int] = ()) -> None:
+    """One flushed generation of `rid` (a writer opened and closed): puts are (id, grp)."""
+    ds = lance.dataset(loc.lance_uri)
+    with ds.mem_wal_writer(rid, max_memtable_rows=1000) as w:
+        if puts:
+            w.put(pa.Table.from_pylist([{"id": k, "grp": g, "s": f"{k}/{g}"} for k, g in puts], schema=SCHEMA))
+        if deletes:
+            w.delete(pa.table({"id": pa.array(list(deletes), pa.int64())}))
+
+
+def base(loc) -> dict[int, dict]:
+    return {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()}
+
+
+def merged(loc) -> dict[str, int]:
+    return table.read_memwal_state(loc).merged
+
+
+def test_region_value_established_in_batch_1_is_forgotten_in_batch_2(table_loc, spark):
+    """A region whose value is not known before the run (its first MAX_DERIVE_GENERATIONS
+    generations hold only deletes, on a non-key bucket column, and no snapshot exists). Batch 1
+    establishes it (bucket 0) from its first routed generation; batch 2 has no memory of that and
+    lets its first generation decide again: a generation whose rows ALL route to bucket 1 is
+    accepted. The whole-backlog check (`check_exclusivity`) does see it."""
+    bucket_table(table_loc)
+    rid = str(uuid.uuid4())
+    for k in range(snapshot.MAX_DERIVE_GENERATIONS):
+        generation(table_loc, rid, deletes=[1000 + k])           # no live rows: no value yet
+    generation(table_loc, rid, puts=[(1, 0), (2, 1)])            # bucket 0: the region's value
+    bad = region.load_latest(table_loc.store, rid).current_generation
+    generation(table_loc, rid, puts=[(3, 3), (4, 5)])            # all bucket 1: misrouted
+    assert not checks.check_exclusivity(table_loc).ok              # the check sees it (same backlog)
+    res = merge.merge(table_loc, spark, max_generations=bad - 1)  # gens 1..bad-1, then `bad` alone
+    assert res.regions[rid].wall == bad and res.regions[rid].permanent, res.regions[rid]
+    assert merged(table_loc)[rid] == bad - 1
