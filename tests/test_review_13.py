@@ -60,3 +60,25 @@ def test_region_value_established_in_batch_1_is_forgotten_in_batch_2(table_loc, 
     res = merge.merge(table_loc, spark, max_generations=bad - 1)  # gens 1..bad-1, then `bad` alone
     assert res.regions[rid].wall == bad and res.regions[rid].permanent, res.regions[rid]
     assert merged(table_loc)[rid] == bad - 1
+
+
+AGGRESSIVE_GC = gc.GcConfig(manifest_keep_versions=1, manifest_min_age_s=0, orphan_grace_s=0,
+                            base_cleanup_older_than=timedelta(0), base_cleanup_retain_versions=1)
+
+
+def test_after_gc_trims_the_first_generation_the_region_value_comes_from_an_unchecked_one(table_loc, spark):
+    """No MemWAL snapshot yet. Region A (bucket 0) merges gen 1, GC unlists and deletes it. A's
+    gen 2 routes ALL its rows to bucket 1 (region B's value). `region_values` derives A's value
+    from 'the oldest listed generation', which is now gen 2 itself, the generation being
+    checked, so it is accepted: A and B both own bucket 1."""
+    bucket_table(table_loc)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    generation(table_loc, a, puts=[(1, 0), (2, 1)])
+    generation(table_loc, b, puts=[(10, 3), (11, 5)])
+    assert not merge.merge(table_loc, spark).failed_regions
+    gc.run_gc(table_loc, AGGRESSIVE_GC)
+    assert [g.generation for g in region.load_latest(table_loc.store, a).generations] == []
+    generation(table_loc, a, puts=[(3, 3), (4, 6)])              # all bucket 1: misrouted
+    res = merge.merge(table_loc, spark)
+    assert res.regions[a].wall == 2 and res.regions[a].permanent, res.regions[a]
+    assert merged(table_loc)[a] == 1
