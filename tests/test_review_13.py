@@ -159,3 +159,35 @@ def test_control_shared_key_in_one_batch_is_refused(table_loc, spark):
     res = merge.merge(table_loc, spark)
     assert set(res.stuck_regions) == {a, b}
     assert base(table_loc) == {}
+
+
+@pytest.mark.parametrize("bucket_col", ["ten ant", "id", None])
+def test_composite_string_key_with_odd_names_and_values(table_loc, spark, bucket_col):
+    """Composite primary key (a string column whose name is not an identifier, and an int),
+    values with quotes, backslashes and unicode; puts, overwrites and deletes over several
+    batches. The base table must equal the model."""
+    schema = pa.schema([pa.field("ten ant", pa.string(), nullable=False, metadata=PK),
+                        pa.field("id", pa.int64(), nullable=False, metadata=PK), pa.field("v", pa.string())])
+    ds = lance.write_dataset(pa.Table.from_pylist([], schema=schema), table_loc.lance_uri, schema=schema)
+    if bucket_col is None:
+        ds.initialize_mem_wal(unsharded=True)
+    else:
+        ds.initialize_mem_wal(bucket_column=bucket_col, num_buckets=1)
+    rid = str(uuid.uuid4())
+    tenants = ["o'brien", "back\\slash", "ünï", "a''b", "x\\'y", "%_"]
+    model = {}
+    d = lance.dataset(table_loc.lance_uri)
+    with d.mem_wal_writer(rid, max_memtable_rows=4) as w:
+        for step in range(3):
+            for t in tenants:
+                for i in (1, 2):
+                    r = {"ten ant": t, "id": i, "v": f"{step}"}
+                    w.put(pa.Table.from_pylist([r], schema=schema))
+                    model[(t, i)] = r
+            for t in tenants[step::2]:
+                w.delete(pa.table({"ten ant": pa.array([t]), "id": pa.array([step % 2 + 1], pa.int64())}))
+                model.pop((t, step % 2 + 1), None)
+    res = merge.merge(table_loc, spark, max_generations=3)
+    assert not res.failed_regions, res.failed_regions
+    got = {(r["ten ant"], r["id"]): r for r in table.open_dataset(table_loc).to_table().to_pylist()}
+    assert got == model
