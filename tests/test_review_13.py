@@ -191,3 +191,19 @@ def test_composite_string_key_with_odd_names_and_values(table_loc, spark, bucket
     assert not res.failed_regions, res.failed_regions
     got = {(r["ten ant"], r["id"]): r for r in table.open_dataset(table_loc).to_table().to_pylist()}
     assert got == model
+
+
+def test_generation_written_before_add_columns_is_not_refused(table_loc, spark):
+    """pylance allows `add_columns` on a MemWAL table and writers carry on. A generation flushed
+    before the column was added lacks it; that is a valid generation (the column is NULL for its
+    rows), not a permanent refusal that sticks the region until 'repaired'."""
+    bucket_table(table_loc, column="id", num_buckets=1)
+    rid = str(uuid.uuid4())
+    generation(table_loc, rid, puts=[(1, 0), (2, 0)], deletes=[])
+    lance.dataset(table_loc.lance_uri).add_columns(pa.schema([pa.field("extra", pa.int64())]))
+    s2 = lance.dataset(table_loc.lance_uri).schema
+    with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as w:
+        w.put(pa.Table.from_pylist([{"id": 3, "grp": 0, "s": "c", "extra": 5}], schema=s2))
+    res = merge.merge(table_loc, spark)
+    assert not res.failed_regions, res.failed_regions
+    assert {k: r["extra"] for k, r in base(table_loc).items()} == {1: None, 2: None, 3: 5}
