@@ -259,3 +259,28 @@ def test_snapshot_build_over_an_unreadable_previous_snapshot_rederives_values(ta
         return  # refusing to build over an unreadable previous snapshot is a fine answer
     values = snapshot.snapshot_field_values(snapshot.read_snapshot(table_loc))
     assert values.get(a) in (None, {"bucket": 0}), values.get(a)
+
+
+@pytest.mark.parametrize("typ,keys", [(pa.uint64(), [2**63 + 5, 2**64 - 1, 7]), (pa.binary(), [b"\x00'", b"\xff\\", b"a"]),
+                                      (pa.large_string(), ["a'", "b\\", "c"]), (pa.int8(), [-128, 127, 0]),
+                                      (pa.large_binary(), [b"\x00'", b"\xff", b"z"])])
+def test_delete_of_every_key_type_pylance_allows(table_loc, spark, typ, keys):
+    """pylance accepts int/uint/bool/string/binary primary keys; a delete of each must merge
+    (the delete predicate is SQL text: literals must parse and compare with the column type)."""
+    schema = pa.schema([pa.field("k", typ, nullable=False, metadata=PK), pa.field("s", pa.string())])
+    ds = lance.write_dataset(pa.Table.from_pylist([], schema=schema), table_loc.lance_uri, schema=schema)
+    try:
+        ds.initialize_mem_wal(unsharded=True)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"pylance: {e}")
+    rid = str(uuid.uuid4())
+    with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as w:
+        w.put(pa.Table.from_pylist([{"k": k, "s": "v1"} for k in keys], schema=schema))
+    assert not merge.merge(table_loc, spark).failed_regions
+    with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as w:
+        w.delete(pa.table({"k": pa.array(keys[:2], typ)}))
+        w.put(pa.Table.from_pylist([{"k": keys[2], "s": "v2"}], schema=schema))
+    res = merge.merge(table_loc, spark)
+    assert not res.failed_regions, res.failed_regions
+    got = {r["k"]: r["s"] for r in table.open_dataset(table_loc).to_table().to_pylist()}
+    assert got == {keys[2]: "v2"}
