@@ -284,3 +284,34 @@ def test_delete_of_every_key_type_pylance_allows(table_loc, spark, typ, keys):
     assert not res.failed_regions, res.failed_regions
     got = {r["k"]: r["s"] for r in table.open_dataset(table_loc).to_table().to_pylist()}
     assert got == {keys[2]: "v2"}
+
+
+def test_gc_keeps_the_unlisted_generation_behind_a_permanent_wall(table_loc, spark):
+    """A malformed manifest: generations 1, 2, 4 listed, 3's directory exists but is unlisted (a
+    lost manifest update). The merger walls the region at 3 (permanent, 'repair it'). The repair
+    needs generation 3's data, but GC sees an unlisted directory below current_generation, older
+    than the grace period: an orphan, deleted. 'GC deletes nothing of that region at or above
+    the wall.'"""
+    bucket_table(table_loc, column="id", num_buckets=1)
+    rid = str(uuid.uuid4())
+    for k in range(2):
+        generation(table_loc, rid, puts=[(k, 0)])
+    assert not merge.merge(table_loc, spark).failed_regions
+    for k in range(2, 4):
+        generation(table_loc, rid, puts=[(k, 0)])
+    latest = region.load_latest(table_loc.store, rid)
+    g3 = next(g for g in latest.generations if g.generation == 3)
+
+    def drop3(m) -> bool:
+        for i in reversed(range(len(m.flushed_generations))):
+            if m.flushed_generations[i].generation == 3:
+                del m.flushed_generations[i]
+        return True
+
+    region.commit_next(table_loc.store, latest, drop3)
+    res = merge.merge(table_loc, spark)
+    assert res.regions[rid].wall == 3 and res.regions[rid].permanent, res.regions[rid]
+    assert merged(table_loc)[rid] == 2
+    gc.run_gc(table_loc, AGGRESSIVE_GC)
+    d = os.path.join(table_loc.lance_uri, layout.generation_dir(rid, g3.path, 3))
+    assert os.path.isdir(d), "GC deleted generation 3, the data the repair needs"
