@@ -315,3 +315,29 @@ def test_gc_keeps_the_unlisted_generation_behind_a_permanent_wall(table_loc, spa
     gc.run_gc(table_loc, AGGRESSIVE_GC)
     d = os.path.join(table_loc.lance_uri, layout.generation_dir(rid, g3.path, 3))
     assert os.path.isdir(d), "GC deleted generation 3, the data the repair needs"
+
+
+def test_a_wall_another_merger_merged_past_is_not_reported_as_a_failure(table_loc, spark):
+    """Merger X (one generation per batch) hits an unreadable gen 2 in batch 2: transient wall.
+    Before X's batch 3 the directory is back and merger Y merges the whole region. X's result
+    still reports the region as failed at generation 2, although progress is past it: an
+    operator (or the merge_lag check reading the result) is told a merged region is broken."""
+    bucket_table(table_loc, column="id", num_buckets=1)
+    rid = str(uuid.uuid4())
+    for k in range(3):
+        generation(table_loc, rid, puts=[(k, 0)])
+    g2 = next(g for g in region.load_latest(table_loc.store, rid).generations if g.generation == 2)
+    d = os.path.join(table_loc.lance_uri, layout.generation_dir(rid, g2.path, 2))
+    calls = []
+
+    def interleave(msg: str) -> None:
+        calls.append(msg)
+        if len(calls) == 2:
+            os.rename(d, d + ".away")
+        if len(calls) == 3:
+            os.rename(d + ".away", d)
+            assert not merge.merge(table_loc, spark).failed_regions   # merger Y
+    plan = merge.plan_merge(table_loc, max_generations=1)
+    res = merge.execute_merge(table_loc, plan, spark, progress=interleave)
+    assert merged(table_loc)[rid] == 3
+    assert rid not in res.failed_regions, res.regions[rid]
