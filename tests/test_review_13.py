@@ -341,3 +341,16 @@ def test_a_wall_another_merger_merged_past_is_not_reported_as_a_failure(table_lo
     res = merge.execute_merge(table_loc, plan, spark, progress=interleave)
     assert merged(table_loc)[rid] == 3
     assert rid not in res.failed_regions, res.regions[rid]
+
+
+def test_a_misrouted_tombstone_deletes_another_regions_newer_put(table_loc, spark):
+    """Bucket on a non-key column: a tombstone is not routed (it carries only its key), 'it is
+    checked by its key' (#13), but only inside one batch. The application deletes key 9 through
+    region A (wrong region), then puts key 9 (grp 3) through region B, its owner. One generation
+    per batch: B's put merges first (B sorts first), then A's older delete removes it."""
+    bucket_table(table_loc)
+    a, b = "ffffffff-0000-4000-8000-000000000000", "00000000-0000-4000-8000-000000000000"
+    generation(table_loc, a, puts=[(1, 0)], deletes=[9])         # older: delete of key 9 (misrouted)
+    generation(table_loc, b, puts=[(9, 3)])                      # newer: put of key 9 (its owner)
+    res = merge.merge(table_loc, spark, max_generations=1)
+    assert 9 in base(table_loc) or {a, b} <= set(res.failed_regions), (res.failed_regions, base(table_loc))
