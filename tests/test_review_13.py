@@ -354,3 +354,19 @@ def test_a_misrouted_tombstone_deletes_another_regions_newer_put(table_loc, spar
     generation(table_loc, b, puts=[(9, 3)])                      # newer: put of key 9 (its owner)
     res = merge.merge(table_loc, spark, max_generations=1)
     assert 9 in base(table_loc) or {a, b} <= set(res.failed_regions), (res.failed_regions, base(table_loc))
+
+
+def test_generation_written_before_drop_columns_is_not_refused(table_loc, spark):
+    """pylance allows `drop_columns` on a MemWAL table (not the key, not the bucket column) and
+    writers carry on with the new schema. A generation flushed before the drop has the extra
+    column: the dropped data is meant to go; refusing it permanently sticks the region forever."""
+    bucket_table(table_loc, column="id", num_buckets=1)
+    rid = str(uuid.uuid4())
+    generation(table_loc, rid, puts=[(1, 0), (2, 0)])
+    lance.dataset(table_loc.lance_uri).drop_columns(["grp"])
+    s2 = lance.dataset(table_loc.lance_uri).schema
+    with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as w:
+        w.put(pa.Table.from_pylist([{"id": 3, "s": "c"}], schema=s2))
+    res = merge.merge(table_loc, spark)
+    assert not res.failed_regions, res.failed_regions
+    assert sorted(base(table_loc)) == [1, 2, 3]
