@@ -370,3 +370,28 @@ def test_generation_written_before_drop_columns_is_not_refused(table_loc, spark)
     res = merge.merge(table_loc, spark)
     assert not res.failed_regions, res.failed_regions
     assert sorted(base(table_loc)) == [1, 2, 3]
+
+
+def test_snapshot_built_before_the_first_merge_records_unverified_values(table_loc, spark):
+    """The index builder (run on its own schedule, often before the first merge) derives region
+    values from pending, never-checked generations and records them as authoritative. Regions A
+    and B both route all their rows to bucket 1 (A is misrouted). Without a snapshot the merger
+    refuses the second region to claim bucket 1; with one, both 'recorded' values are trusted
+    and both regions merge: two regions own one bucket."""
+    bucket_table(table_loc)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    generation(table_loc, a, puts=[(1, 3), (2, 5)])
+    generation(table_loc, b, puts=[(10, 6), (11, 7)])
+    snapshot.build_snapshot(table_loc)
+    res = merge.merge(table_loc, spark)
+    assert set(res.stuck_regions) & {a, b}, (res.failed_regions, merged(table_loc))
+
+
+def test_control_without_snapshot_the_second_claim_on_a_value_is_refused(table_loc, spark):
+    """Control for the test above (holds on c0b37b5)."""
+    bucket_table(table_loc)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    generation(table_loc, a, puts=[(1, 3), (2, 5)])
+    generation(table_loc, b, puts=[(10, 6), (11, 7)])
+    res = merge.merge(table_loc, spark)
+    assert len(set(res.stuck_regions) & {a, b}) == 1, res.failed_regions
