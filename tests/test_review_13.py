@@ -395,3 +395,20 @@ def test_control_without_snapshot_the_second_claim_on_a_value_is_refused(table_l
     generation(table_loc, b, puts=[(10, 6), (11, 7)])
     res = merge.merge(table_loc, spark)
     assert len(set(res.stuck_regions) & {a, b}) == 1, res.failed_regions
+
+
+def test_a_stuck_region_is_visible_to_the_merge_lag_check(table_loc, spark):
+    """#13: a permanent refusal makes 'the merge_lag check go to ERROR'. The check
+    (memwal_pipeline/checks.py) passes when the oldest pending age is within the SLO and
+    `status.table_status(...).failed_regions` is empty, with severity WARN; the status reads
+    manifests only, so a region behind a permanent wall (misrouted generation, refused as such
+    by the merge that just ran) is not failed there: the check stays green until the SLO age."""
+    from memwal_core import status
+
+    bucket_table(table_loc)
+    rid = str(uuid.uuid4())
+    generation(table_loc, rid, puts=[(1, 0), (2, 1)])
+    generation(table_loc, rid, puts=[(3, 3), (4, 5)])            # misrouted: permanent wall
+    res = merge.merge(table_loc, spark)
+    assert rid in res.stuck_regions
+    assert rid in status.table_status(table_loc).failed_regions
