@@ -16,8 +16,13 @@ from memwal_core import checks, gc, layout, merge, region, snapshot, table
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata=PK),
                     pa.field("grp", pa.int64()), pa.field("s", pa.string())])
-B0 = [0, 1, 2, 4]   # grp values in bucket 0 of 2 (pylance's bucket on int64)
-B1 = [3, 5, 6, 7]   # grp values in bucket 1 of 2
+# pylance's bucket(grp, 2) on int64: grp 0, 1, 2, 4 -> bucket 0; grp 3, 5, 6, 7 -> bucket 1
+
+
+def OPEN(finding: str):
+    """An open finding of REVIEW.md: fails today (strict xfail, so the suite stays green and a fix
+    shows up as XPASS -> remove the marker). See the failure itself with `--runxfail`."""
+    return pytest.mark.xfail(strict=True, reason=f"REVIEW.md {finding}: open")
 
 
 def bucket_table(loc, column: str = "grp", num_buckets: int = 2):
@@ -66,6 +71,7 @@ AGGRESSIVE_GC = gc.GcConfig(manifest_keep_versions=1, manifest_min_age_s=0, orph
                             base_cleanup_older_than=timedelta(0), base_cleanup_retain_versions=1)
 
 
+@OPEN("F2")
 def test_after_gc_trims_the_first_generation_the_region_value_comes_from_an_unchecked_one(table_loc, spark):
     """No MemWAL snapshot yet. Region A (bucket 0) merges gen 1, GC unlists and deletes it. A's
     gen 2 routes ALL its rows to bucket 1 (region B's value). `region_values` derives A's value
@@ -128,6 +134,7 @@ def _moved_key(loc) -> tuple[str, str]:
     return a, b
 
 
+@OPEN("F3a")
 def test_shared_key_detection_depends_on_batching(table_loc, spark):
     """The same backlog: one batch -> both regions refused (shared key); one generation per
     batch -> A then B merged, key 1 silently resolved by batch order."""
@@ -138,6 +145,7 @@ def test_shared_key_detection_depends_on_batching(table_loc, spark):
     assert set(res.failed_regions) == {a, b}, (res.failed_regions, base(table_loc))
 
 
+@OPEN("F3b")
 def test_a_wall_reorders_regions_and_an_older_row_overwrites_a_newer_one(table_loc, spark):
     """Region A's generation is unreadable during run 1 (a transient wall), B merges; run 2 merges
     A: key 1's older version (A) overwrites the newer one (B). In one batch this is refused."""
@@ -234,6 +242,7 @@ def test_unreadable_snapshot_is_taken_as_no_snapshot(table_loc, spark):
     assert merged(table_loc)[a] == 1
 
 
+@OPEN("F5 (builder)")
 def test_snapshot_build_over_an_unreadable_previous_snapshot_rederives_values(table_loc, spark):
     """The snapshot builder reuses the previous snapshot's region values ('a region's value never
     changes') and keeps the previous rows of regions it cannot load. If the previous snapshot is
@@ -286,6 +295,7 @@ def test_delete_of_every_key_type_pylance_allows(table_loc, spark, typ, keys):
     assert got == {keys[2]: "v2"}
 
 
+@OPEN("F6")
 def test_gc_keeps_the_unlisted_generation_behind_a_permanent_wall(table_loc, spark):
     """A malformed manifest: generations 1, 2, 4 listed, 3's directory exists but is unlisted (a
     lost manifest update). The merger walls the region at 3 (permanent, 'repair it'). The repair
@@ -317,6 +327,7 @@ def test_gc_keeps_the_unlisted_generation_behind_a_permanent_wall(table_loc, spa
     assert os.path.isdir(d), "GC deleted generation 3, the data the repair needs"
 
 
+@OPEN("F7")
 def test_a_wall_another_merger_merged_past_is_not_reported_as_a_failure(table_loc, spark):
     """Merger X (one generation per batch) hits an unreadable gen 2 in batch 2: transient wall.
     Before X's batch 3 the directory is back and merger Y merges the whole region. X's result
@@ -343,6 +354,7 @@ def test_a_wall_another_merger_merged_past_is_not_reported_as_a_failure(table_lo
     assert rid not in res.failed_regions, res.regions[rid]
 
 
+@OPEN("F3c")
 def test_a_misrouted_tombstone_deletes_another_regions_newer_put(table_loc, spark):
     """Bucket on a non-key column: a tombstone is not routed (it carries only its key), 'it is
     checked by its key' (#13), but only inside one batch. The application deletes key 9 through
@@ -356,6 +368,7 @@ def test_a_misrouted_tombstone_deletes_another_regions_newer_put(table_loc, spar
     assert 9 in base(table_loc) or {a, b} <= set(res.failed_regions), (res.failed_regions, base(table_loc))
 
 
+@OPEN("F8")
 def test_generation_written_before_drop_columns_is_not_refused(table_loc, spark):
     """pylance allows `drop_columns` on a MemWAL table (not the key, not the bucket column) and
     writers carry on with the new schema. A generation flushed before the drop has the extra
@@ -372,6 +385,7 @@ def test_generation_written_before_drop_columns_is_not_refused(table_loc, spark)
     assert sorted(base(table_loc)) == [1, 2, 3]
 
 
+@OPEN("F9")
 def test_snapshot_built_before_the_first_merge_records_unverified_values(table_loc, spark):
     """The index builder (run on its own schedule, often before the first merge) derives region
     values from pending, never-checked generations and records them as authoritative. Regions A
@@ -397,6 +411,7 @@ def test_control_without_snapshot_the_second_claim_on_a_value_is_refused(table_l
     assert len(set(res.stuck_regions) & {a, b}) == 1, res.failed_regions
 
 
+@OPEN("F10")
 def test_a_stuck_region_is_visible_to_the_merge_lag_check(table_loc, spark):
     """#13: a permanent refusal makes 'the merge_lag check go to ERROR'. The check
     (memwal_pipeline/checks.py) passes when the oldest pending age is within the SLO and
