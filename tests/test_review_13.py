@@ -427,3 +427,27 @@ def test_a_stuck_region_is_visible_to_the_merge_lag_check(table_loc, spark):
     res = merge.merge(table_loc, spark)
     assert rid in res.stuck_regions
     assert rid in status.table_status(table_loc).failed_regions
+
+
+def test_gc_and_another_merger_between_plan_and_execute(table_loc, spark):
+    """X plans 4 generations of two regions (one per batch); before X's first batch, merger Y
+    merges everything and GC deletes and unlists the merged generations. X must skip them all:
+    no wall, no error, progress unchanged, base equal to Y's result."""
+    bucket_table(table_loc)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    for k in range(2):
+        generation(table_loc, a, puts=[(k, 0)], deletes=[100 + k])
+        generation(table_loc, b, puts=[(10 + k, 3)])
+    plan = merge.plan_merge(table_loc, max_generations=1)
+    done = []
+
+    def interleave(msg: str) -> None:
+        if not done:
+            done.append(merge.merge(table_loc, spark))
+            gc.run_gc(table_loc, AGGRESSIVE_GC)
+    res = merge.execute_merge(table_loc, plan, spark, progress=interleave)
+    assert not done[0].failed_regions
+    assert not res.failed_regions, res.failed_regions
+    assert res.generations_merged == 0
+    assert merged(table_loc) == {a: 2, b: 2}
+    assert sorted(base(table_loc)) == [0, 1, 10, 11]
