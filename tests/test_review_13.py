@@ -451,3 +451,26 @@ def test_gc_and_another_merger_between_plan_and_execute(table_loc, spark):
     assert res.generations_merged == 0
     assert merged(table_loc) == {a: 2, b: 2}
     assert sorted(base(table_loc)) == [0, 1, 10, 11]
+
+
+@OPEN("F11")
+def test_gc_does_not_collect_a_reset_regions_new_generations(table_loc, spark):
+    """A region merged to 3 is reset (its directory wiped, the same UUID reused by a new writer:
+    generations restart at 1). The merger refuses it ('merging (and GC) would treat new generations
+    as merged', permanent). GC must refuse it too, but its limit is merged progress (3): the new,
+    never-merged gen 1 is deleted and unlisted."""
+    import shutil
+
+    bucket_table(table_loc, column="id", num_buckets=1)
+    rid = str(uuid.uuid4())
+    for k in range(3):
+        generation(table_loc, rid, puts=[(k, 0)])
+    assert not merge.merge(table_loc, spark).failed_regions
+    assert merged(table_loc)[rid] == 3
+    shutil.rmtree(os.path.join(table_loc.lance_uri, layout.region_dir(rid)))
+    generation(table_loc, rid, puts=[(50, 0)])                   # new data, generation 1 again
+    res = merge.merge(table_loc, spark)
+    assert res.regions[rid].permanent and "reset" in res.regions[rid].error, res.regions[rid]
+    gc.run_gc(table_loc, AGGRESSIVE_GC)
+    m = region.load_latest(table_loc.store, rid)
+    assert [g.generation for g in m.generations] == [1], "GC unlisted the reset region's unmerged generation"
