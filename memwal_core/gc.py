@@ -331,6 +331,11 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
         why = str(e).removeprefix(f"region {rid}: ")  # layout names the region already
         rp.error = f"region {rid}: corrupt manifest version {m.version}: {why}; nothing collected here"
         return rp
+    try:  # what the merger refuses, GC leaves alone: progress says nothing true about it
+        region.pending_generations(m, ctx.merged.get(rid, 0))
+    except region.MalformedRegion as e:
+        rp.error = f"region {rid}: corrupt manifest version {m.version}: {e.detail}; nothing collected here"
+        return rp
     limit, bounds = _limit(ctx, rid)
     rp.limit = limit
 

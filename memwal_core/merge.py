@@ -147,8 +147,13 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
         try:
             pending = [PlannedGeneration(rid, g.generation, layout.validate_generation_path(g.path, g.generation),
                                          _generation_bytes(loc, rid, g), g.physical_rows)
-                       for g in pending_generations(m, done)]
-        except (layout.UnsafePath, MalformedRegion) as e:
+                       for g in region.pending_generations(m, done)]
+        except region.MalformedRegion as e:
+            walls[rid] = Wall(done + 1, f"region {rid}: corrupt manifest version {m.version}: {e.detail}",
+                              permanent=True)
+            log.error("%s", walls[rid].reason)
+            continue
+        except layout.UnsafePath as e:
             walls[rid] = Wall(done + 1, f"region {rid}: corrupt manifest version {m.version}: {e}", permanent=True)
             log.error("%s", walls[rid].reason)
             continue
@@ -160,38 +165,6 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
             queues[rid] = pending
     return MergePlan(loc.lance_uri, state.table_version, merged,
                      _batches(queues, budget_bytes, max_generations), walls, budget_bytes, max_generations)
-
-
-class MalformedRegion(MergeError):
-    """A region manifest whose generations cannot be merged in order as listed."""
-
-
-def pending_generations(m: region.RegionManifest, merged: int) -> list[region.Generation]:
-    """The generations of `m` above merged progress, checked to be mergeable in order.
-
-    The spec's writers flush generations 1, 2, 3, ... and list each one; progress `merged`
-    claims every generation up to it. So what is listed above progress must be exactly
-    merged+1, merged+2, ... below `current_generation`. Anything else (a gap, a number listed
-    twice, progress ahead of what the region ever flushed: a reset directory or a reused
-    UUID) means merging as listed could skip or shadow a write: refused.
-    """
-    numbers = [g.generation for g in m.generations]
-    twice = sorted(n for n, c in Counter(numbers).items() if c > 1)
-    if twice:
-        raise MalformedRegion(f"generation(s) {twice} are listed more than once")
-    if merged and merged >= m.current_generation:
-        raise MalformedRegion(f"recorded merge progress {merged} is at or past the region's "
-                              f"current_generation {m.current_generation}: the region was reset or its "
-                              "UUID reused; merging (and GC) would treat new generations as merged")
-    pending = [g for g in m.generations if g.generation > merged]
-    for want, g in zip(range(merged + 1, merged + 1 + len(pending)), pending):
-        if g.generation != want:
-            raise MalformedRegion(f"generation {want} is not listed but {g.generation} is (merged progress "
-                                  f"{merged}): generations above progress must be contiguous")
-    if pending and pending[-1].generation >= m.current_generation:
-        raise MalformedRegion(f"generation {pending[-1].generation} is listed but current_generation is "
-                              f"{m.current_generation}")
-    return pending
 
 
 def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: int) -> list[MergeBatch]:

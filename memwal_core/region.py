@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -30,6 +31,7 @@ class RegionError(Exception):
     def __init__(self, region_id: str, message: str):
         super().__init__(f"region {region_id}: {message}")
         self.region_id = region_id
+        self.detail = message
 
 
 class CorruptManifest(RegionError):
@@ -42,6 +44,10 @@ class MissingManifest(RegionError):
 
 class CommitRaceLost(RegionError):
     pass
+
+
+class MalformedRegion(CorruptManifest):
+    """A manifest whose generations cannot be merged (or collected) in order as listed."""
 
 
 class ManifestGap(CorruptManifest):
@@ -272,3 +278,32 @@ def region_uuid_bytes(region_id: str) -> bytes:
 
 def region_id_str(raw: bytes) -> str:
     return _uuid_str(raw)
+
+
+def pending_generations(m: RegionManifest, merged: int) -> list[Generation]:
+    """The generations of `m` above merge progress `merged`, checked to be mergeable in order.
+
+    The spec's writers flush generations 1, 2, 3, ... and list each one; progress claims every
+    generation up to it. So what is listed above progress must be exactly merged+1, merged+2, ...
+    below `current_generation`. Anything else (a gap, a number listed twice, progress ahead of
+    what the region ever flushed: a reset directory or a reused UUID) means merging as listed
+    could skip or shadow a write, and collecting by progress could delete a generation nobody
+    merged: `MalformedRegion`. The merger refuses such a region and GC collects nothing in it.
+    """
+    numbers = [g.generation for g in m.generations]
+    twice = sorted(n for n, c in Counter(numbers).items() if c > 1)
+    if twice:
+        raise MalformedRegion(m.region_id, f"generation(s) {twice} are listed more than once")
+    if merged and merged >= m.current_generation:
+        raise MalformedRegion(m.region_id, f"recorded merge progress {merged} is at or past the region's "
+                                           f"current_generation {m.current_generation}: the region was reset "
+                                           "or its UUID reused; merging (and GC) would treat new generations as merged")
+    pending = [g for g in m.generations if g.generation > merged]
+    for want, g in zip(range(merged + 1, merged + 1 + len(pending)), pending):
+        if g.generation != want:
+            raise MalformedRegion(m.region_id, f"generation {want} is not listed but {g.generation} is (merged "
+                                               f"progress {merged}): generations above progress must be contiguous")
+    if pending and pending[-1].generation >= m.current_generation:
+        raise MalformedRegion(m.region_id, f"generation {pending[-1].generation} is listed but current_generation "
+                                           f"is {m.current_generation}")
+    return pending

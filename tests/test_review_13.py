@@ -295,7 +295,6 @@ def test_delete_of_every_key_type_pylance_allows(table_loc, spark, typ, keys):
     assert got == {keys[2]: "v2"}
 
 
-@OPEN("F6")
 def test_gc_keeps_the_unlisted_generation_behind_a_permanent_wall(table_loc, spark):
     """A malformed manifest: generations 1, 2, 4 listed, 3's directory exists but is unlisted (a
     lost manifest update). The merger walls the region at 3 (permanent, 'repair it'). The repair
@@ -453,7 +452,6 @@ def test_gc_and_another_merger_between_plan_and_execute(table_loc, spark):
     assert sorted(base(table_loc)) == [0, 1, 10, 11]
 
 
-@OPEN("F11")
 def test_gc_does_not_collect_a_reset_regions_new_generations(table_loc, spark):
     """A region merged to 3 is reset (its directory wiped, the same UUID reused by a new writer:
     generations restart at 1). The merger refuses it ('merging (and GC) would treat new generations
