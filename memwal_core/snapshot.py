@@ -23,7 +23,9 @@ Region field values: pylance 14 never fills `region_field_entries`, so a value i
 the manifest when it is there, else derived from the region's rows (the lowest flushed
 generation with live rows, read through Lance, evaluated with `memwal_core.routing`); rows that
 disagree give no value and a reported problem. `_region_field_source` records where each row's
-values came from: 'manifest', 'derived:gen_N', 'derived:unsharded' (no rows needed),
+values came from: 'manifest', 'derived:gen_N' (a merged generation), 'provisional:gen_N' (one
+not merged yet: shown to readers, not trusted by the merger, derived again by the next build),
+'derived:unsharded' (no rows needed),
 'none' (manual region, spec 0: no fields) or 'unknown'. Values derived by an earlier build are
 reused from the previous snapshot (a region's value never changes), so repeated builds do not
 re-read generations.
@@ -171,11 +173,14 @@ def _single_value(arr: pa.Array | pa.ChunkedArray) -> tuple[bool, Any]:
 
 
 def derive_region_fields(loc: TableLocation, spec: routing.RegionSpec, lance_schema: Any,
-                         pk: list[str], m: region.RegionManifest, *, upto: int | None = None) -> FieldValues:
+                         pk: list[str], m: region.RegionManifest, *, upto: int | None = None,
+                         merged: int | None = None) -> FieldValues:
     """Region field values of one region, from its manifest or derived from its rows.
 
     `upto`: derive only from generations at or below it (the merger passes merge progress:
-    generations it already accepted, never the ones it is about to check)."""
+    generations it already accepted, never the ones it is about to check). `merged`: the
+    region's merge progress; a value from a generation above it is 'provisional:gen_N' (shown
+    to readers, never trusted by the merger or pinned for later builds), else 'derived:gen_N'."""
     if not spec.fields:
         return FieldValues({}, "none")
     types = {f.field_id: result_arrow_type(f.result_type) for f in spec.fields}
@@ -230,7 +235,8 @@ def derive_region_fields(loc: TableLocation, spec: routing.RegionSpec, lance_sch
                    f"({'; '.join(disagree)}): misrouted rows")
             log.warning("region %s: %s", m.region_id, msg)
             return FieldValues({}, "unknown", msg)
-        return FieldValues(values, f"derived:gen_{g.generation}")
+        kind = "provisional" if merged is not None and g.generation > merged else "derived"
+        return FieldValues(values, f"{kind}:gen_{g.generation}")
     why = "; ".join(problems) if problems else "no flushed generation with rows yet"
     return FieldValues({}, "unknown", None if not problems else why)
 
@@ -372,17 +378,18 @@ def read_snapshot(loc: TableLocation, state: table.MemWalState | None = None) ->
         raise SnapshotError(f"table {loc.lance_uri}: region snapshot {key} is unreadable: {e}") from None
 
 
-def snapshot_field_values(tbl: pa.Table) -> dict[str, dict[str, Any]]:
+def snapshot_field_values(tbl: pa.Table, *, authoritative: bool = False) -> dict[str, dict[str, Any]]:
     """Region id -> {field id: value} for the snapshot rows whose value is known.
 
-    Suitable as the merger's `expected_values`; rows with source 'unknown' are left out.
+    Rows with source 'unknown' are left out; with `authoritative`, 'provisional' ones too (a
+    value read from a generation that was not merged yet, which is what the merger checks).
     """
     field_cols = [c for c in tbl.column_names if c.startswith(REGION_FIELD_PREFIX)]
     has_source = SOURCE_COLUMN in tbl.column_names
     out: dict[str, dict[str, Any]] = {}
     for r in tbl.select(["region_id"] + field_cols + ([SOURCE_COLUMN] if has_source else [])).to_pylist():
         src = r.get(SOURCE_COLUMN) if has_source else None
-        if src in ("unknown", "none"):
+        if src in ("unknown", "none") or (authoritative and (src or "").startswith("provisional")):
             continue
         vals = {c[len(REGION_FIELD_PREFIX):]: r[c] for c in field_cols if r[c] is not None}
         if vals or src:
@@ -396,7 +403,7 @@ def recorded_values(loc: TableLocation, state: table.MemWalState) -> dict[str, d
     Raises `SnapshotError` when a snapshot exists but cannot be read: "no snapshot" would
     silently weaken every routing check that relies on the recorded values."""
     try:
-        return snapshot_field_values(read_snapshot(loc, state))
+        return snapshot_field_values(read_snapshot(loc, state), authoritative=True)
     except SnapshotNotFound:
         return {}
 
@@ -537,7 +544,8 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
             fv = reuse[rid][1]
         elif derive_fields:
             try:
-                fv = derive_region_fields(loc, specs[spec_id], lance_schema, pk, m)
+                fv = derive_region_fields(loc, specs[spec_id], lance_schema, pk, m,
+                                          merged=state.merged.get(rid, 0))
             except Exception as e:  # noqa: BLE001 - a value we cannot derive is not fatal
                 fv = FieldValues({}, "unknown", f"{type(e).__name__}: {e}")
         else:
@@ -663,7 +671,8 @@ def _revalue(loc: TableLocation, r: RegionRow, specs: dict[int, routing.RegionSp
         pk = table.primary_key(ds)
     except table.NoPrimaryKey:
         pk = []
-    return derive_region_fields(loc, specs[spec_id], ds.lance_schema, pk, r.manifest)
+    return derive_region_fields(loc, specs[spec_id], ds.lance_schema, pk, r.manifest,
+                                merged=table.read_memwal_state(loc, ds.version).merged.get(r.manifest.region_id, 0))
 
 
 def _delete_quietly(loc: TableLocation, key: str) -> None:

@@ -242,7 +242,6 @@ def test_unreadable_snapshot_is_taken_as_no_snapshot(table_loc, spark):
     assert merged(table_loc)[a] == 1
 
 
-@OPEN("F5 (builder)")
 def test_snapshot_build_over_an_unreadable_previous_snapshot_rederives_values(table_loc, spark):
     """The snapshot builder reuses the previous snapshot's region values ('a region's value never
     changes') and keeps the previous rows of regions it cannot load. If the previous snapshot is
@@ -266,7 +265,9 @@ def test_snapshot_build_over_an_unreadable_previous_snapshot_rederives_values(ta
         snapshot.build_snapshot(table_loc, inline_threshold=0)
     except snapshot.SnapshotError:
         return  # refusing to build over an unreadable previous snapshot is a fine answer
-    values = snapshot.snapshot_field_values(snapshot.read_snapshot(table_loc))
+    # Fixed by provisional values: a value read from a generation that is not merged is shown to
+    # readers but is not authoritative (the merger checks that generation against other regions).
+    values = snapshot.snapshot_field_values(snapshot.read_snapshot(table_loc), authoritative=True)
     assert values.get(a) in (None, {"bucket": 0}), values.get(a)
 
 
@@ -384,7 +385,6 @@ def test_generation_written_before_drop_columns_is_not_refused(table_loc, spark)
     assert sorted(base(table_loc)) == [1, 2, 3]
 
 
-@OPEN("F9")
 def test_snapshot_built_before_the_first_merge_records_unverified_values(table_loc, spark):
     """The index builder (run on its own schedule, often before the first merge) derives region
     values from pending, never-checked generations and records them as authoritative. Regions A
