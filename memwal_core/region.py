@@ -50,6 +50,10 @@ class MalformedRegion(CorruptManifest):
     """A manifest whose generations cannot be merged (or collected) in order as listed."""
 
 
+class SealedRegion(RegionError):
+    """The region is sealed: no writer claims it again, and memwal commits nothing on it."""
+
+
 class ManifestGap(CorruptManifest):
     """A later manifest version exists past a missing one: the loaded "latest" is stale."""
 
@@ -78,6 +82,16 @@ class RegionManifest:
     @property
     def current_generation(self) -> int:
         return self.message.current_generation
+
+    @property
+    def sealed(self) -> bool:
+        """Status SEALED: writers refuse to claim the region, so nothing new will be flushed."""
+        return self.message.status == pb.SEALED
+
+    @property
+    def top_generation(self) -> int:
+        """The newest flushed generation the manifest lists (0: none)."""
+        return max((g.generation for g in self.message.flushed_generations), default=0)
 
     @property
     def generations(self) -> list[Generation]:
@@ -171,15 +185,21 @@ def load_version(store: ObjectStore, region_id: str, version: int) -> RegionMani
 
 def probe_latest_version(store: ObjectStore, region_id: str, start: int | None = None, *,
                          start_exists: bool = False) -> int:
-    """Latest existing manifest version by existence probes from `start` (or the hint, or 1).
+    """Latest existing manifest version by existence probes from `start` (or the hint).
 
     `start_exists=True` (a version seen before, e.g. a sensor cursor) skips re-probing `start`
-    itself, so an unchanged region costs exactly one request. Only when the start version is missing (a garbage or stale hint after old versions
-    were garbage-collected, or a hand-damaged region) does it fall back to listing the
-    manifest directory, with a warning.
+    itself, so an unchanged region costs exactly one request. The manifest directory is listed
+    (one bounded request: retention keeps it short) only when probing could return a stale
+    version: the start version is missing (collected by GC, or a garbage or stale hint), or
+    there is no usable `version_hint.json` to start from — probing from version 1 would stop
+    at the first gap (a torn GC delete leaves old versions behind) and silently read an old
+    manifest as the latest.
     """
     if start is None:
-        start, start_exists = read_version_hint(store, region_id) or 1, False
+        hint = read_version_hint(store, region_id)
+        if hint is None:
+            return _latest_by_listing(store, region_id, None)
+        start, start_exists = hint, False
     if not start_exists and not store.exists(layout.manifest_key(region_id, start)):
         return _latest_by_listing(store, region_id, start)
     v = start
@@ -188,15 +208,37 @@ def probe_latest_version(store: ObjectStore, region_id: str, start: int | None =
     return v
 
 
-def _latest_by_listing(store: ObjectStore, region_id: str, start: int) -> int:
-    versions = [v for v in (layout.parse_bitrev(o.key.rsplit("/", 1)[-1])
-                            for o in store.list(layout.manifest_dir(region_id))
-                            if o.key.endswith(layout.MANIFEST_SUFFIX)) if v]
+def verified_latest_version(store: ObjectStore, region_id: str, known: int = 0) -> int:
+    """Latest version without trusting a remembered one: for a reader whose `known` version
+    may have been collected since it was seen (a sensor after downtime).
+
+    Starts at max(hint, known) when that version still exists (probing forward), else lists
+    the manifest directory; with no usable hint it lists too, since `known` alone may sit
+    below a gap. Costs a GET and a HEAD (plus the forward probes) when the hint is good.
+    """
+    hint = read_version_hint(store, region_id)
+    if hint is None:
+        return _latest_by_listing(store, region_id, None)
+    return probe_latest_version(store, region_id, max(hint, known))
+
+
+def listed_versions(store: ObjectStore, region_id: str) -> list[int]:
+    """Every manifest version on disk, ascending (one listing of the manifest directory)."""
+    return sorted(v for v in (layout.parse_bitrev(o.key.rsplit("/", 1)[-1])
+                              for o in store.list(layout.manifest_dir(region_id))
+                              if o.key.endswith(layout.MANIFEST_SUFFIX)) if v)
+
+
+def _latest_by_listing(store: ObjectStore, region_id: str, start: int | None) -> int:
+    versions = listed_versions(store, region_id)
     if not versions:
         raise MissingManifest(region_id, f"no manifest under {layout.manifest_dir(region_id)}/")
-    latest = max(versions)
-    log.warning("region %s: manifest version %d not found; found latest version %d by listing",
-                region_id, start, latest)
+    latest = versions[-1]
+    if start is None:  # no usable hint: normal after a crash before the hint write; say it quietly
+        log.info("region %s: no usable version hint; found latest version %d by listing", region_id, latest)
+    else:
+        log.warning("region %s: manifest version %d not found; found latest version %d by listing",
+                    region_id, start, latest)
     return latest
 
 
@@ -231,9 +273,14 @@ def commit_next(store: ObjectStore, current: RegionManifest, mutate: Mutation, *
 
     On a lost race the latest manifest is reloaded and `mutate` re-applied, so fields written
     by the winner (a writer's flush, its epoch) are kept. Returns the committed manifest, or
-    None when `mutate` found nothing to change. Never touches `writer_epoch`.
+    None when `mutate` found nothing to change. Never touches `writer_epoch`. Refuses
+    (`SealedRegion`) to commit on a sealed region: whoever sealed it expects that version to
+    stay the last one, so a caller that must not act on the old version (GC's trim) stops too.
     """
     for _ in range(max_attempts):
+        if current.sealed:
+            raise SealedRegion(current.region_id, f"sealed at manifest version {current.version}; "
+                                                  "memwal commits no new manifest version on a sealed region")
         msg = pb.RegionManifest()
         msg.CopyFrom(current.message)
         if not mutate(msg):

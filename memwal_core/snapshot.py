@@ -488,6 +488,8 @@ def refresh_hint(loc: TableLocation, m: region.RegionManifest, *,
     Returns (latest manifest known, (old, new) if committed, error if the best-effort commit
     failed). Only `wal_entry_position_last_seen` changes, and only upwards.
     """
+    if m.sealed:
+        return m, None, None  # sealed: its last version stays the last one (writers never come back)
     old = m.message.wal_entry_position_last_seen
     try:
         observed = wal.probe_tail(loc.store, m.region_id, old + 1)

@@ -50,6 +50,10 @@ class TableConfig:
     merge_lag_slo_seconds: float = 600.0
     catchup_gap_slo_generations: int = 10
     sensor_interval_seconds: int = 30
+    # Merge requests per region while its progress stays put (backoff doubling from the
+    # interval, capped); then the region is reported stuck instead of retried forever.
+    merge_attempts: int = 6
+    merge_retry_max_backoff_seconds: float = 3600.0
     maintenance_cron: str = "0 * * * *"
     # Base-table compaction thresholds and per-run bounds (`compaction:` in memwal.yaml).
     compaction: CompactionOptions = field(default_factory=CompactionOptions)
@@ -100,6 +104,9 @@ def _table(raw: dict[str, Any], where: str) -> TableConfig:
         merge_lag_slo_seconds=float(slo.get("merge_lag_seconds", 600)),
         catchup_gap_slo_generations=int(slo.get("catchup_gap_generations", 10)),
         sensor_interval_seconds=int((raw.get("sensor") or {}).get("interval_seconds", 30)),
+        merge_attempts=int((raw.get("sensor") or {}).get("merge_attempts", d["merge_attempts"].default)),
+        merge_retry_max_backoff_seconds=float((raw.get("sensor") or {}).get(
+            "max_backoff_seconds", d["merge_retry_max_backoff_seconds"].default)),
         maintenance_cron=str((raw.get("schedule") or {}).get("maintenance_cron", "0 * * * *")),
         compaction=compaction,
     )

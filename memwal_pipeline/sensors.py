@@ -1,35 +1,47 @@
-"""The manifest sensor: one per table, cheap on unchanged regions, jobs in dependency order.
+"""The manifest sensor: one per table, cheap on unchanged regions, nothing left waiting.
 
-Cursor (JSON): manifest version per region, plus the storage id of the last base_table
-materialization that maintenance was requested for. A tick:
-1. lists `_mem_wal/` (one request) to find new regions, which become partitions
-   (returned as dynamic-partition requests);
-2. HEAD-probes each known region at cursor version + 1 (one request per unchanged region; no
-   listing of manifest directories);
-3. for regions whose manifest moved, reads it and the merged progress, records an observation
-   of `region_generations`, and requests **one** merge run for all regions with new flushed
-   generations: one region's partition (run_key `region:generation`), or the partition range
-   from the first to the last of several (run_key: their `region:generation` pairs), so a tick
-   never launches the same merge twice and a busy table is merged in one Spark job per tick.
-   A region whose merge run is still queued is left to that run: it plans when it starts, so
-   it takes the new generation along (runs never pile up, however fast writers flush);
-4. when no merge is being requested, no maintenance run is queued, and base_table
-   materialized since the last maintenance request, requests the maintenance job
-   (memwal_index -> index_catchup -> garbage), whose run_key is that materialization, so
-   maintenance follows merges exactly once.
+Per-region state (manifest version, newest generation, attempts) lives in the instance's
+key-value store (`liveness.SensorState`); the cursor holds an epoch, the maintenance watermark
+and a digest, so each tick stores well under 2 KB whatever the number of regions. A tick:
+1. lists `_mem_wal/` (one request) to find new regions, which become partitions; with no
+   region at all it checks that the table exists (a missing table is an error, not an idle
+   table);
+2. HEAD-probes each known region at its last version + 1 (one request per unchanged region).
+   A cursor version can be collected by GC while the sensor is away, and then "version + 1 is
+   missing" says nothing: after downtime (no tick for 3 intervals, or no state) every region
+   is re-probed from its version hint (listing its manifest directory only when the hint is
+   unusable or names a collected version), and a rotating 1/`VERIFY_EVERY` slice of regions
+   is re-checked that way every tick, so one tick after downtime converges and a burst of
+   commits between two ticks cannot hide a region for more than `VERIFY_EVERY` ticks;
+3. reads regions whose manifest moved, records an observation of `region_generations`;
+4. reconciles: every region with generations above its merged progress and no merge run
+   queued, starting or running over its partition gets a request, within the retry policy
+   (`liveness.RetryPolicy`: attempts counted while progress stays put, doubling backoff, a
+   cap after which the region is *stuck*: logged, observed, no more automatic runs). All
+   requests of a tick form **one** run (the partition, or the range from the first to the
+   last region); run keys carry each region's generation, progress and attempt, so Dagster's
+   run-key dedupe never swallows a retry;
+5. retires sealed regions once merged and caught up (their partitions are deleted, unless a
+   run still covers them);
+6. when no merge is requested, no maintenance run is queued, and base_table materialized since
+   the last maintenance request, requests the maintenance job (run_key: that materialization).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from dagster import (
     AssetObservation,
     DagsterRunStatus,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
+    MetadataValue,
     RunRequest,
     RunsFilter,
     SensorEvaluationContext,
@@ -41,16 +53,48 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from memwal_core import region, status
-from memwal_core.table import read_memwal_state
+from memwal_core.table import TableError, open_dataset, read_memwal_state
 
+from . import liveness
 from .assets import TableKeys, region_metadata
 from .config import TableConfig
 
+VERIFY_EVERY = 16       # ticks per full rotation of hint re-checks
+DOWNTIME_INTERVALS = 3  # no tick for this many intervals: re-check every region
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+             DagsterRunStatus.STARTED]
 
-def _probe(store, rids: list[str], known: dict[str, int]) -> dict[str, int | Exception]:
+
+class SensorError(RuntimeError):
+    """The sensor cannot watch the table at all (shown as a failed tick)."""
+
+
+@dataclass
+class Cursor:
+    epoch: str
+    maintained_after: int = 0
+    digest: str = ""
+
+    @classmethod
+    def parse(cls, raw: str | None) -> "Cursor":
+        data = json.loads(raw) if raw else {}
+        # A cursor of the old format (one version per region) starts a fresh state: the first
+        # tick re-probes every region from its hint, which is also what a reset cursor means.
+        return cls(data.get("epoch") or uuid.uuid4().hex[:8], int(data.get("maintained_after", 0)),
+                   data.get("state", ""))
+
+    def dump(self) -> str:
+        return json.dumps({"epoch": self.epoch, "maintained_after": self.maintained_after, "state": self.digest},
+                          sort_keys=True)
+
+
+def _probe(store, rids: list[str], state: liveness.SensorState, verify: set[str]) -> dict[str, int | Exception]:
     def one(rid: str) -> int | Exception:
+        st = state.get(rid)
         try:
-            return region.probe_latest_version(store, rid, known.get(rid), start_exists=rid in known)
+            if st is None or rid in verify:
+                return region.verified_latest_version(store, rid, st.version if st else 0)
+            return region.probe_latest_version(store, rid, st.version, start_exists=True)
         except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
             return e
 
@@ -60,17 +104,21 @@ def _probe(store, rids: list[str], known: dict[str, int]) -> dict[str, int | Exc
         return dict(zip(rids, pool.map(one, rids)))
 
 
+def _runs(instance, job_name: str, statuses: list) -> list:
+    return instance.get_runs(filters=RunsFilter(job_name=job_name, statuses=statuses))
+
+
 def _queued_runs(instance, job_name: str) -> list:
     """Runs of `job_name` that are queued and not yet started (one indexed query)."""
-    return instance.get_runs(filters=RunsFilter(job_name=job_name,
-                                                statuses=[DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED]))
+    return _runs(instance, job_name, [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED])
 
 
-def _queued_merge_regions(instance, merge_job_name: str, order: list[str], pos: dict[str, int]) -> set[str]:
-    """Regions that a queued, not yet started merge run will merge (its partition or range);
-    `pos` is each region's index in the partition `order`."""
+def _in_flight_merge_regions(instance, merge_job_name: str, order: list[str], pos: dict[str, int]) -> set[str]:
+    """Regions a queued, starting or running merge run covers (its partition or range); `pos`
+    is each region's index in the partition `order`. A range whose first or last partition was
+    deleted covers nothing: Dagster cannot launch it, so its regions are requested again."""
     covered: set[str] = set()
-    for run in _queued_runs(instance, merge_job_name):
+    for run in _runs(instance, merge_job_name, IN_FLIGHT):
         one = run.tags.get("dagster/partition") or run.tags.get("memwal/region")
         lo, hi = run.tags.get(ASSET_PARTITION_RANGE_START_TAG), run.tags.get(ASSET_PARTITION_RANGE_END_TAG)
         if one:
@@ -80,99 +128,200 @@ def _queued_merge_regions(instance, merge_job_name: str, order: list[str], pos: 
     return covered
 
 
-def _merge_request(cfg: TableConfig, job_name: str, merges: list[tuple[str, int]], pos: dict[str, int]) -> RunRequest:
+@dataclass(frozen=True)
+class _Merge:
+    region_id: str
+    top: int       # newest flushed generation
+    merged: int    # progress when requested
+    attempt: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.region_id}:{self.top}@{self.merged}#{self.attempt}"
+
+
+def _merge_request(cfg: TableConfig, job_name: str, merges: list[_Merge], pos: dict[str, int],
+                   epoch: str) -> RunRequest:
     """One run for every region that needs a merge this tick.
 
-    One region: its partition, run_key `region:generation`. Several: one run over the range of
-    partitions from the first to the last of them (a range may include regions with nothing
-    to merge, which cost a plan and nothing else), so a busy table is merged in one Spark job
-    and as few commits as the budget allows, instead of one queued run per region; its
-    run_key lists the `region:generation` pairs (digested past a few).
+    One region: its partition. Several: one run over the range of partitions from the first
+    to the last of them (a range may include regions with nothing to merge, which cost a plan
+    and nothing else), so a busy table is merged in one Spark job and as few commits as the
+    budget allows, instead of one queued run per region. The run_key names each region's
+    `region:generation@merged#attempt` (digested past a few) and the state epoch: a retry is a
+    new key, so Dagster's run-key dedupe never swallows it.
     """
     tags = {"memwal/table": cfg.name}
     if len(merges) == 1:
-        rid, top = merges[0]
-        return RunRequest(run_key=f"{rid}:{top}", job_name=job_name, partition_key=rid,
-                          tags={**tags, "memwal/region": rid, "memwal/generation": str(top)})
-    merges = sorted(merges, key=lambda m: pos[m[0]])
-    pairs = [f"{rid}:{top}" for rid, top in merges]
+        m = merges[0]
+        return RunRequest(run_key=f"{m.key}/{epoch}", job_name=job_name, partition_key=m.region_id,
+                          tags={**tags, "memwal/region": m.region_id, "memwal/generation": str(m.top),
+                                "memwal/attempt": str(m.attempt)})
+    merges = sorted(merges, key=lambda m: pos[m.region_id])
+    pairs = [m.key for m in merges]
     run_key = ",".join(pairs) if len(pairs) <= 4 else (
         f"{pairs[0]},...({len(pairs)} regions) {hashlib.sha1(','.join(pairs).encode()).hexdigest()[:16]}")
-    return RunRequest(run_key=run_key, job_name=job_name,
+    return RunRequest(run_key=f"{run_key}/{epoch}", job_name=job_name,
                       tags={**tags, "memwal/regions": str(len(merges)),
-                            ASSET_PARTITION_RANGE_START_TAG: merges[0][0], ASSET_PARTITION_RANGE_END_TAG: merges[-1][0]})
+                            "memwal/attempt": str(max(m.attempt for m in merges)),
+                            ASSET_PARTITION_RANGE_START_TAG: merges[0].region_id,
+                            ASSET_PARTITION_RANGE_END_TAG: merges[-1].region_id})
+
+
+def _caught_up(mstate, indexes: list[str], rid: str, generation: int) -> bool:
+    """Every index gating GC covers `generation` of the region (absent: not caught up)."""
+    catchup = mstate.catchup
+    return all(catchup.get(name, {}).get(rid, 0) >= generation for name in mstate.gating_indexes(indexes))
 
 
 def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions: DynamicPartitionsDefinition,
-                  merge_job_name: str, maintenance_job_name: str, loc) -> SensorResult | SkipReason:
+                  merge_job_name: str, maintenance_job_name: str, loc, now: float | None = None
+                  ) -> SensorResult | SkipReason:
+    now = time.time() if now is None else now
     keys = TableKeys(cfg.name)
-    cursor = json.loads(context.cursor) if context.cursor else {}
-    known: dict[str, int] = cursor.get("versions", {})
+    cursor = Cursor.parse(context.cursor)
+    state = liveness.SensorState.load(context.instance, cfg.name, cursor.epoch)
+    policy = liveness.RetryPolicy(float(cfg.sensor_interval_seconds), cfg.merge_attempts,
+                                  cfg.merge_retry_max_backoff_seconds)
     listing = region.list_regions(loc.store)
     for name, reason in listing.skipped:
         context.log.warning(f"{cfg.name}: skipping _mem_wal/{name}: {reason}")
+    if not listing.region_ids:
+        try:  # no region at all: make sure there is a table, or say that there is none
+            open_dataset(loc)
+        except TableError as e:
+            raise SensorError(f"{cfg.name}: {e}") from None
+    state.forget([rid for rid in list(state.regions) if rid not in set(listing.region_ids)])
+    active = [rid for rid in listing.region_ids if not (state.get(rid) and state.get(rid).retired)]
     partition_order = list(context.instance.get_dynamic_partitions(partitions.name))  # insertion order
     existing = set(partition_order)
-    new_partitions = [rid for rid in listing.region_ids if rid not in existing]
+    new_partitions = [rid for rid in active if rid not in existing]
 
-    latest = _probe(loc.store, listing.region_ids, known)
-    changed = {rid: v for rid, v in latest.items() if not isinstance(v, Exception) and v != known.get(rid)}
-    for rid, err in latest.items():
-        if isinstance(err, Exception):
-            context.log.error(f"{cfg.name}: region {rid}: {err}")
+    downtime = state.last_tick is None or now - state.last_tick > DOWNTIME_INTERVALS * cfg.sensor_interval_seconds
+    verify = set(active) if downtime else {rid for rid in active
+                                           if liveness.verify_this_tick(rid, state.ticks, VERIFY_EVERY)}
+    if downtime and state.last_tick is not None:
+        context.log.info(f"{cfg.name}: no tick for {now - state.last_tick:.0f} s: re-checking every region's "
+                         "latest manifest version (old versions may have been collected meanwhile)")
+    latest = _probe(loc.store, active, state, verify)
+    failed = {rid for rid, v in latest.items() if isinstance(v, Exception)}
+    for rid in sorted(failed):
+        context.log.error(f"{cfg.name}: region {rid}: {latest[rid]}")
+    changed = {rid: v for rid, v in latest.items()
+               if rid not in failed and (state.get(rid) is None or v != state.get(rid).version)}
 
-    run_requests: list[RunRequest] = []
     events = []
+    need_state = bool(changed) or any(
+        st.pending or (st.sealed and not st.retired) for rid, st in state.regions.items() if rid in latest)
+    mstate = read_memwal_state(loc) if need_state else None
     if changed:
-        merged = read_memwal_state(loc).merged
+        merged = mstate.merged
 
         def load(item: tuple[str, int]):
             rid, version = item
             try:
-                return status.region_status(loc, region.load_version(loc.store, rid, version), merged.get(rid, 0))
+                m = region.load_version(loc.store, rid, version)
+                return m, status.region_status(loc, m, merged.get(rid, 0))
             except Exception as e:  # noqa: BLE001 - reported, the others proceed
                 return e
 
         with ThreadPoolExecutor(max_workers=min(16, len(changed))) as pool:
             loaded = list(pool.map(load, sorted(changed.items())))
-        order = [*partition_order, *new_partitions]
-        pos = {rid: i for i, rid in enumerate(order)}
-        waiting = _queued_merge_regions(context.instance, merge_job_name, order, pos)
-        merges: list[tuple[str, int]] = []
-        for (rid, version), st in zip(sorted(changed.items()), loaded):
-            if isinstance(st, Exception):
-                context.log.error(f"{cfg.name}: region {rid}: {st}")
+        for (rid, version), got in zip(sorted(changed.items()), loaded):
+            if isinstance(got, Exception):
+                context.log.error(f"{cfg.name}: region {rid}: {got}")
+                failed.add(rid)
                 continue
-            known[rid] = version
+            m, st = got
+            rs = state.put(rid)
+            rs.version, rs.top, rs.sealed = version, m.top_generation, m.sealed
             events.append(AssetObservation(asset_key=keys.asset("region_generations"), partition=rid,
                                            metadata=region_metadata(st)))
-            if st.pending_generations and rid in waiting:
-                # A run of this region that has not started yet plans when it starts, so it
-                # merges this generation too: another run would only queue up behind it.
-                context.log.info(f"{cfg.name}: region {rid}: generation {st.pending_generations[-1]} "
-                                 "left to the merge run already queued")
-            elif st.pending_generations:
-                merges.append((rid, st.pending_generations[-1]))
-        if merges:
-            run_requests.append(_merge_request(cfg, merge_job_name, merges, pos))
 
-    maint_after = cursor.get("maintained_after", 0)
+    order = [*partition_order, *new_partitions]
+    pos = {rid: i for i, rid in enumerate(order)}
+    merges: list[_Merge] = []
+    retire: list[str] = []
+    if mstate is not None:
+        in_flight = _in_flight_merge_regions(context.instance, merge_job_name, order, pos)
+        merged = mstate.merged
+        indexes: list[str] | None = None  # base-table index names, read once if a sealed region needs them
+        for rid in active:
+            rs = state.get(rid)
+            if rs is None or rid in failed:
+                continue
+            done = merged.get(rid, 0)
+            liveness.observe_progress(rs, done)
+            if rs.top <= done:
+                if rs.sealed and rid not in in_flight:
+                    if indexes is None:
+                        indexes = [i["name"] for i in open_dataset(loc, mstate.table_version).list_indices()]
+                    if _caught_up(mstate, indexes, rid, rs.top):
+                        retire.append(rid)
+                continue
+            decision = policy.decide(rs, now, rid in in_flight)
+            if decision == liveness.IN_FLIGHT:
+                if rid in changed:
+                    # A run that has not started yet plans when it starts and takes this
+                    # generation along; a running one is followed by a request once it ends.
+                    context.log.info(f"{cfg.name}: region {rid}: generation {rs.top} left to the merge run "
+                                     "in flight")
+            elif decision == liveness.REQUEST:
+                rs.attempts += 1
+                rs.last_request = now
+                merges.append(_Merge(rid, rs.top, done, rs.attempts))
+                if rs.attempts > 1:
+                    context.log.warning(f"{cfg.name}: region {rid}: generations {done + 1}..{rs.top} still "
+                                        f"unmerged after {rs.attempts - 1} merge run(s); requesting attempt "
+                                        f"{rs.attempts} of {policy.max_attempts}")
+            elif decision == liveness.STUCK and not rs.stuck_since:
+                rs.stuck_since = now
+                msg = (f"region {rid} is stuck at generation {done + 1}: {rs.attempts} merge runs made no "
+                       "progress; no more automatic merge runs until its progress moves (see the merge "
+                       "run logs, repair, then materialize its base_table partition)")
+                context.log.error(f"{cfg.name}: {msg}")
+                events.append(AssetObservation(asset_key=keys.asset("region_generations"), partition=rid,
+                                               metadata={"stuck": MetadataValue.bool(True),
+                                                         "stuck_generation": MetadataValue.int(done + 1),
+                                                         "failed_attempts": MetadataValue.int(rs.attempts),
+                                                         "reason": MetadataValue.text(msg)}))
+    stuck = state.stuck()
+    if stuck:
+        context.log.warning(f"{cfg.name}: {len(stuck)} region(s) stuck: " + ", ".join(
+            f"{rid} at generation {s['generation']}" for rid, s in list(stuck.items())[:5]))
+
+    dynamic = []
+    if retire:
+        for rid in retire:
+            state.get(rid).retired = True
+            context.log.info(f"{cfg.name}: region {rid} is sealed, fully merged and caught up: retiring its "
+                             "partition")
+        gone = [rid for rid in retire if rid in existing]
+        new_partitions = [rid for rid in new_partitions if rid not in set(retire)]
+        if gone:
+            dynamic.append(partitions.build_delete_request(gone))
+    if new_partitions:
+        dynamic.insert(0, partitions.build_add_request(new_partitions))
+
+    run_requests: list[RunRequest] = []
+    if merges:
+        run_requests.append(_merge_request(cfg, merge_job_name, merges, pos, cursor.epoch))
+
     if not run_requests and not _queued_runs(context.instance, maintenance_job_name):
         records = context.instance.fetch_materializations(keys.asset("base_table"), limit=1).records
-        if records and records[0].storage_id > maint_after:
-            maint_after = records[0].storage_id
-            run_requests.append(RunRequest(run_key=f"maintenance:{maint_after}", job_name=maintenance_job_name,
-                                           tags={"memwal/table": cfg.name}))
+        if records and records[0].storage_id > cursor.maintained_after:
+            cursor.maintained_after = records[0].storage_id
+            run_requests.append(RunRequest(run_key=f"maintenance:{cursor.maintained_after}",
+                                           job_name=maintenance_job_name, tags={"memwal/table": cfg.name}))
 
-    new_cursor = json.dumps({"versions": known, "maintained_after": maint_after}, sort_keys=True)
-    if not (run_requests or events or new_partitions) and new_cursor == (context.cursor or ""):
-        return SkipReason(f"{cfg.name}: {len(listing.region_ids)} regions unchanged")
-    return SensorResult(
-        run_requests=run_requests,
-        dynamic_partitions_requests=[partitions.build_add_request(new_partitions)] if new_partitions else [],
-        asset_events=events,
-        cursor=new_cursor,
-    )
+    state.save(now)
+    cursor.digest = state.digest()
+    new_cursor = cursor.dump()
+    if not (run_requests or events or dynamic) and new_cursor == (context.cursor or ""):
+        return SkipReason(f"{cfg.name}: {len(active)} regions unchanged ({len(verify)} re-checked against "
+                          "their version hint)")
+    return SensorResult(run_requests=run_requests, dynamic_partitions_requests=dynamic, asset_events=events,
+                        cursor=new_cursor)
 
 
 def build_sensor(cfg: TableConfig, partitions: DynamicPartitionsDefinition, merge_job, maintenance_job):

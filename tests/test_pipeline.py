@@ -53,28 +53,33 @@ def cfg_for(loc, name="t", **kw) -> TableConfig:
                        cleanup_base_versions_older_than_seconds=0, **kw)
 
 
-def tick(defs, td, instance, cursor=None, through_dagster=None):
+def tick(defs, td, instance, cursor=None, through_dagster=None, now=None):
     """One sensor evaluation, applied to the instance the way the sensor daemon applies it.
 
-    Ticks that add partitions call the sensor's body directly (Dagster's test-time
+    Ticks that add or delete partitions call the sensor's body directly (Dagster's test-time
     `evaluate_tick` resolves partition keys before applying the partitions the same result
-    adds, which the daemon does not); other ticks go through the sensor definition.
+    adds, which the daemon does not); so do ticks at a given time `now`; other ticks go
+    through the sensor definition.
     """
     ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=td.resources)
     known = set(instance.get_dynamic_partitions(td.partitions.name))
     listed = set(region.list_regions(td.resources[f"{td.cfg.name}_table"].location().store).region_ids)
     if through_dagster is None:
-        through_dagster = listed <= known
+        through_dagster = listed <= known and now is None
     if through_dagster:
         with partition_loading_context(dynamic_partitions_store=instance):
             data = defs.get_sensor_def(td.sensor.name).evaluate_tick(ctx)
     else:
         loc = td.resources[f"{td.cfg.name}_table"].location()
-        data = evaluate_tick(ctx, td.cfg, td.partitions, td.merge_job.name, td.maintenance_job.name, loc)
+        data = evaluate_tick(ctx, td.cfg, td.partitions, td.merge_job.name, td.maintenance_job.name, loc, now=now)
         if isinstance(data, SkipReason):
             return _Skip(data.skip_message), cursor
     for req in data.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        if hasattr(req, "partition_keys") and type(req).__name__.startswith("Delete"):
+            for key in req.partition_keys:
+                instance.delete_dynamic_partition(req.partitions_def_name, key)
+        else:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
     for ev in data.asset_events or []:
         instance.report_runless_asset_event(ev)
     return data, (data.cursor if data.cursor is not None else cursor)
@@ -173,13 +178,18 @@ def test_sensor_partitions_requests_and_quiet_ticks(table_loc, instance, spark):
     assert reqs[0].tags[ASSET_PARTITION_RANGE_START_TAG] == order[0]
     assert reqs[0].tags[ASSET_PARTITION_RANGE_END_TAG] == order[-1]
     tops = {rid: max(g.generation for g in region.load_latest(table_loc.store, rid).generations) for rid in order}
-    assert reqs[0].run_key == ",".join(f"{rid}:{tops[rid]}" for rid in order)
+    # run_key: each region's region:generation@merged#attempt, and the sensor state's epoch.
+    epoch = json.loads(cursor)["epoch"]
+    assert reqs[0].run_key == ",".join(f"{rid}:{tops[rid]}@0#1" for rid in order) + f"/{epoch}"
     # Observations of region_generations were recorded per partition.
     obs = instance.fetch_observations(AssetKey(["t", "region_generations"]), limit=10).records
     assert len(obs) == 3
-    # An unchanged tick: no requests, one HEAD per region, no listing of manifest directories.
-    loc_stats = td.resources["t_table"]
+    # The run is executed; the next tick requests maintenance after it, the one after nothing.
+    job = defs.resolve_job_def(reqs[0].job_name)
+    assert job.execute_in_process(instance=instance, tags=reqs[0].tags).success
     result2, cursor2 = tick(defs, td, instance, cursor)
+    assert [r.job_name for r in run_requests(result2)] == ["t_maintenance"]
+    result2, cursor2 = tick(defs, td, instance, cursor2)
     assert run_requests(result2) == [] and result2.skip_message
     # A new generation in one region: exactly one new merge request, for that region.
     victim = sorted(w.regions.items())[0]
@@ -190,8 +200,8 @@ def test_sensor_partitions_requests_and_quiet_ticks(table_loc, instance, spark):
     reqs3 = run_requests(result3)
     assert [r.partition_key for r in reqs3] == [victim[1]]
     top = max(g.generation for g in region.load_latest(table_loc.store, victim[1]).generations)
-    assert reqs3[0].run_key == f"{victim[1]}:{top}"
-    assert loc_stats is not None
+    merged = table.read_memwal_state(table_loc).merged[victim[1]]
+    assert reqs3[0].run_key == f"{victim[1]}:{top}@{merged}#1/{epoch}"
 
     # That run is queued, not started, when the writer flushes again: it will plan when it
     # starts and take the new generation along, so no second run is queued behind it.
@@ -209,11 +219,17 @@ def test_sensor_partitions_requests_and_quiet_ticks(table_loc, instance, spark):
     flush(8)
     result4, cursor4 = tick(defs, td, instance, cursor3)
     assert [r for r in run_requests(result4) if r.job_name == "t_merge"] == []
-    # Once it has started (or ended), a newer generation gets its own run again.
+    # The queued run is cancelled: the region is requested again (attempt 2, a new run_key)
+    # once the backoff after the first request (one interval) has passed, not before.
     instance.report_run_canceled(queued)
     top5 = flush(9)
-    result5, _ = tick(defs, td, instance, cursor4)
-    assert [(r.partition_key, r.run_key) for r in run_requests(result5)] == [(victim[1], f"{victim[1]}:{top5}")]
+    result5, cursor5 = tick(defs, td, instance, cursor4)
+    assert [r for r in run_requests(result5) if r.job_name == "t_merge"] == []
+    import time as _time
+
+    result6, _ = tick(defs, td, instance, cursor5, now=_time.time() + td.cfg.sensor_interval_seconds + 1)
+    assert [(r.partition_key, r.run_key) for r in run_requests(result6) if r.job_name == "t_merge"] == [
+        (victim[1], f"{victim[1]}:{top5}@{merged}#2/{epoch}")]
 
 
 def test_sensor_tick_cost_on_unchanged_regions(table_loc, instance):
@@ -224,11 +240,23 @@ def test_sensor_tick_cost_on_unchanged_regions(table_loc, instance):
     _, cursor = tick(defs, td, instance)
     loc = td.resources["t_table"].location()
     ctx = build_sensor_context(instance=instance, cursor=cursor, resources=td.resources)
-    result = evaluate_tick(ctx, cfg, td.partitions, "t_merge", "t_maintenance", loc)
-    assert isinstance(result, SkipReason)
-    assert loc.store.stats["list"] == 1  # `_mem_wal/` only
-    assert loc.store.stats["head"] == 4  # one probe per region
-    assert loc.store.stats["get"] == 0
+    # Ticks after the first: one HEAD per region, plus a GET of the version hint (and a HEAD
+    # of the version it names) for the rotating slice of regions re-checked this tick.
+    from memwal_pipeline import liveness
+    from memwal_pipeline.sensors import VERIFY_EVERY
+
+    rids = region.list_regions(loc.store).region_ids
+    for _ in range(3):
+        n = liveness.SensorState.load(instance, cfg.name, json.loads(cursor)["epoch"]).ticks
+        checked = sum(liveness.verify_this_tick(r, n, VERIFY_EVERY) for r in rids)
+        loc.store.stats.clear()
+        result = evaluate_tick(ctx, cfg, td.partitions, "t_merge", "t_maintenance", loc)
+        assert isinstance(result, SkipReason)
+        assert loc.store.stats["list"] == 1  # `_mem_wal/` only
+        assert loc.store.stats["head"] == 4 + checked  # one probe per region
+        # + the table manifest's MemWAL index: every region has unmerged generations, so the
+        # tick reconciles them against merged progress (a table with nothing pending skips it).
+        assert loc.store.stats["get"] == checked + 1
 
 
 def test_sensor_reports_corrupt_region_and_continues(table_loc, instance):
