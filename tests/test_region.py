@@ -96,16 +96,34 @@ def test_load_latest_normal_path_does_not_list(pylance_region):
     assert store.stats["head"] == 2  # the hinted version exists, the next one does not
 
 
-def test_load_latest_without_hint_probes_from_1(pylance_region, caplog):
+def test_load_latest_without_hint_lists(pylance_region, caplog):
+    """No hint: one listing of the manifest directory, not probes from version 1, which would
+    stop at the first gap (#18.16)."""
     loc, rid, _ = pylance_region
     latest = max(manifest_versions_on_disk(loc, rid))
     os.unlink(os.path.join(loc.store.root, layout.version_hint_key(rid)))
     store = LocalStore(loc.store.root)
     with caplog.at_level(logging.WARNING, logger="memwal"):
         assert region.load_latest(store, rid).version == latest
-    assert store.stats["list"] == 0
-    assert store.stats["head"] == latest + 1
+    assert store.stats["list"] == 1
+    assert store.stats["head"] == 0
     assert not caplog.records  # a missing hint is normal, not worth a warning
+
+
+def test_load_latest_without_hint_sees_past_a_gap(pylance_region):
+    """#18.16: hint missing, version 1 left behind by a torn GC delete, 2..k-1 gone: probing
+    from 1 would read version 1 as the latest (a silently stale read); listing finds k."""
+    loc, rid, _ = pylance_region
+    latest = max(manifest_versions_on_disk(loc, rid))
+    loc.store.delete_many([layout.manifest_key(rid, v) for v in range(2, latest)])
+    loc.store.delete_many([layout.version_hint_key(rid)])
+    assert manifest_versions_on_disk(loc, rid) == [1, latest]
+    assert region.load_latest(loc.store, rid).version == latest
+    assert region.verified_latest_version(loc.store, rid, 1) == latest
+    # A hint that names an existing version is trusted (the normal path: no listing).
+    loc.store.put(layout.version_hint_key(rid), json.dumps({"version": latest}).encode())
+    store = LocalStore(loc.store.root)
+    assert region.verified_latest_version(store, rid, 1) == latest and store.stats["list"] == 0
 
 
 def test_load_latest_with_stale_hint(pylance_region):
@@ -132,7 +150,7 @@ def test_load_latest_with_garbage_hint(pylance_region, caplog, garbage):
     store = LocalStore(loc.store.root)
     with caplog.at_level(logging.WARNING, logger="memwal.region"):
         assert region.load_latest(store, rid).version == latest
-    assert store.stats["list"] == 0
+    assert store.stats["list"] == 1  # an unusable hint: the latest comes from the listing
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and rid in warnings[0] and "version_hint.json" in warnings[0]
     assert snapshot_files(loc.store.root) == before  # reading never repairs or deletes
@@ -165,7 +183,7 @@ def test_load_latest_after_old_versions_deleted(pylance_region, caplog, hint):
         loc.store.put(hint_key, b"{{{")
     before = snapshot_files(loc.store.root)
     store = LocalStore(loc.store.root)
-    with caplog.at_level(logging.WARNING, logger="memwal.region"):
+    with caplog.at_level(logging.INFO, logger="memwal.region"):
         m = region.load_latest(store, rid)
     assert m.version == latest and m.message.version == latest
     assert store.stats["list"] == 1
