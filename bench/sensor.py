@@ -6,6 +6,10 @@ Setup (not timed): a real base table with MemWAL initialized (`demo.create_table
 each with one flushed generation. The sensor's first tick adds every region as a dynamic
 partition and builds its cursor (not timed: a one-off).
 
+The regions' generations are then recorded as merged in the MemWAL index (one guarded
+details replacement: the sensor only reads progress), so steady state is a table whose
+regions are caught up, as in production.
+
 Timed, steady state, `--ticks` times each, `memwal_pipeline.sensors.evaluate_tick` with a
 context built like tests/test_pipeline.py (`build_sensor_context` on an ephemeral instance
 that already has the partitions, and the previous tick's cursor):
@@ -21,12 +25,17 @@ counts per tick come from the store's counters (`loc.store.stats`, reset before 
 
 usage: python bench/sensor.py [--regions 1000] [--changed 10] [--ticks 5] [--stores local,s3] [--quick]
 Prints `RESULT sensor store=... case=... regions=N sensor_ms=... naive_par_ms=... naive_seq_ms=...
-ratio=min(naive)/sensor sensor_requests=... naive_requests=...` per store and case.
+ratio=min(naive)/sensor sensor_requests=... naive_requests=... tick_bytes=... kv_bytes=...` per store
+and case. Storage per tick (#18.2): `tick_bytes` is what Dagster keeps in the tick's history row
+beyond its fixed fields (cursor + skip reason + run keys, max over the ticks); `kv_bytes` is what
+the tick rewrites in place in the instance's key-value rows (per-region state; no growth);
+`old_cursor_bytes` is the previous design's cursor (one version per region, stored per tick).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -39,7 +48,7 @@ import common  # noqa: E402
 
 from dagster import DagsterInstance, SkipReason, build_sensor_context  # noqa: E402
 
-from memwal_core import demo, layout, region  # noqa: E402
+from memwal_core import demo, layout, region, table  # noqa: E402
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
 from memwal_core.store import open_store  # noqa: E402
 from memwal_pipeline.config import TableConfig  # noqa: E402
@@ -90,6 +99,25 @@ class Regions:
         return out
 
 
+def mark_merged(loc, regs: "Regions") -> None:
+    """Record every region's generations as merged (setup only: the sensor reads progress)."""
+    read = table.read_memwal_state(loc)
+    details = pb.MemWalIndexDetails()
+    details.CopyFrom(read.details)
+    del details.merged_generations[:]
+    for rid in regs.ids:
+        e = details.merged_generations.add(generation=regs.version[rid])
+        e.region_id.uuid = uuid.UUID(rid).bytes
+    table.guarded_replace_details(loc, read, details)
+
+
+def tick_bytes(res, cursor: str | None) -> int:
+    """The variable part of a tick's history row: cursor, skip reason, run keys."""
+    if isinstance(res, SkipReason):
+        return len(cursor or "") + len(res.skip_message or "")
+    return len(res.cursor or "") + sum(len(r.run_key or "") for r in res.run_requests or [])
+
+
 def naive_tick(loc, previous: dict[str, int], parallel: bool) -> tuple[dict[str, int], list[str]]:
     """What a user writes: load every region's latest manifest, compare with the last tick."""
     ids = region.list_regions(loc.store).region_ids
@@ -112,18 +140,32 @@ def bench_store(name: str, loc, args) -> list[dict]:
     demo.create_table(loc, sharding="bucket", num_buckets=NUM_BUCKETS, base_rows=10)
     regs = Regions(loc, args.regions)
     regs.create()
+    mark_merged(loc, regs)
     common.say(f"[{name}] setup: base table + {args.regions} region manifests in {time.perf_counter() - t:.1f}s")
     cfg = TableConfig(name="t", uri=loc.lance_uri, storage_options=dict(loc.storage_options), spark_master="local[2]")
     td = table_definitions(cfg)
     out = []
     with DagsterInstance.ephemeral() as instance:
+        kv_written = [0]
+        real_set = instance.run_storage.set_cursor_values
+
+        def counting_set(pairs):
+            kv_written[0] += sum(len(k) + len(v) for k, v in pairs.items())
+            return real_set(pairs)
+
+        instance.run_storage.set_cursor_values = counting_set
+        sizes: dict[str, list[int]] = {"tick": [], "kv": []}
+
         def sensor_tick(cursor):
             ctx = build_sensor_context(instance=instance, cursor=cursor, resources=td.resources)
             loc.store.stats.clear()
+            kv_written[0] = 0
             t0 = time.perf_counter()
             res = evaluate_tick(ctx, cfg, td.partitions, td.merge_job.name, td.maintenance_job.name, loc)
             secs = time.perf_counter() - t0
             stats = dict(loc.store.stats)
+            sizes["tick"].append(tick_bytes(res, cursor))
+            sizes["kv"].append(kv_written[0])
             if isinstance(res, SkipReason):
                 return secs, stats, cursor, []
             for req in res.dynamic_partitions_requests or []:
@@ -143,6 +185,8 @@ def bench_store(name: str, loc, args) -> list[dict]:
         # Steady state: the instance has the partitions, the cursor every version.
         naive_versions = dict(regs.version)
         for case, k in (("unchanged", 0), ("changed", args.changed)):
+            sizes["tick"].clear()
+            sizes["kv"].clear()
             s_times, n_par, n_seq = [], [], []
             s_req: dict = {}
             n_req: dict = {}
@@ -177,7 +221,10 @@ def bench_store(name: str, loc, args) -> list[dict]:
                    "ratio_seq": common.ratio(common.median(n_seq), common.median(s_times)),
                    "sensor_requests": sum(s_req.values()), "naive_requests": sum(n_req.values()),
                    "sensor_req": "/".join(f"{k}:{v}" for k, v in sorted(s_req.items())),
-                   "naive_req": "/".join(f"{k}:{v}" for k, v in sorted(n_req.items()))}
+                   "naive_req": "/".join(f"{k}:{v}" for k, v in sorted(n_req.items())),
+                   "tick_bytes": max(sizes["tick"]), "kv_bytes": max(sizes["kv"]),
+                   "old_cursor_bytes": len(json.dumps({"versions": regs.version, "maintained_after": 0},
+                                                      sort_keys=True))}
             common.say(f"[{name}] {case}: sensor {[round(x * 1e3) for x in s_times]} ms, naive (16 threads) "
                        f"{[round(x * 1e3) for x in n_par]} ms, naive (loop) {[round(x * 1e3) for x in n_seq]} ms")
             common.result("sensor", **row)

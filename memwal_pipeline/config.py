@@ -54,6 +54,9 @@ class TableConfig:
     # interval, capped); then the region is reported stuck instead of retried forever.
     merge_attempts: int = 6
     merge_retry_max_backoff_seconds: float = 3600.0
+    # A merge run still STARTED after this long is failed by run monitoring (its worker may
+    # have been killed: the default run launcher cannot tell), freeing the pool for a retry.
+    merge_max_runtime_seconds: float = 3600.0
     maintenance_cron: str = "0 * * * *"
     # Base-table compaction thresholds and per-run bounds (`compaction:` in memwal.yaml).
     compaction: CompactionOptions = field(default_factory=CompactionOptions)
@@ -107,6 +110,8 @@ def _table(raw: dict[str, Any], where: str) -> TableConfig:
         merge_attempts=int((raw.get("sensor") or {}).get("merge_attempts", d["merge_attempts"].default)),
         merge_retry_max_backoff_seconds=float((raw.get("sensor") or {}).get(
             "max_backoff_seconds", d["merge_retry_max_backoff_seconds"].default)),
+        merge_max_runtime_seconds=float((raw.get("sensor") or {}).get(
+            "merge_max_runtime_seconds", d["merge_max_runtime_seconds"].default)),
         maintenance_cron=str((raw.get("schedule") or {}).get("maintenance_cron", "0 * * * *")),
         compaction=compaction,
     )

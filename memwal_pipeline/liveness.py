@@ -112,15 +112,13 @@ class SensorState:
         return {rid: {"generation": st.base + 1, "attempts": st.attempts, "since": int(st.stuck_since)}
                 for rid, st in sorted(self.regions.items()) if st.stuck_since and not st.retired}
 
-    def digest(self) -> str:
+    def save(self, now: float) -> str:
+        """Write the rows that changed and the tick record; returns a digest of the state."""
+        all_rows = self._rows()
         h = hashlib.sha1()
-        for k, v in sorted(self._rows().items()):
+        for k, v in sorted(all_rows.items()):
             h.update(k.encode() + b"=" + v.encode() + b";")
-        return h.hexdigest()[:16]
-
-    def save(self, now: float) -> int:
-        """Write the changed rows and the tick record; returns how many rows were written."""
-        rows = {k: v for k, v in self._rows().items() if self._stored.get(k) != v}
+        rows = {k: v for k, v in all_rows.items() if self._stored.get(k) != v}
         rows[self._key("tick")] = json.dumps({"t": round(now, 3), "n": self.ticks + 1})
         stuck = json.dumps(self.stuck(), separators=(",", ":"), sort_keys=True)
         if self._stored.get(_stuck_key(self.table), "{}") != stuck:
@@ -133,7 +131,7 @@ class SensorState:
             if part:
                 self.instance.run_storage.set_cursor_values(part)
         self._stored.update(rows)
-        return len(rows)
+        return h.hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------

@@ -50,7 +50,11 @@ from dagster import (
     sensor,
 )
 
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    MAX_RUNTIME_SECONDS_TAG,
+)
 
 from memwal_core import region, status
 from memwal_core.table import TableError, open_dataset, read_memwal_state
@@ -151,7 +155,9 @@ def _merge_request(cfg: TableConfig, job_name: str, merges: list[_Merge], pos: d
     `region:generation@merged#attempt` (digested past a few) and the state epoch: a retry is a
     new key, so Dagster's run-key dedupe never swallows it.
     """
-    tags = {"memwal/table": cfg.name}
+    # Run monitoring fails a run that outlives this; with the default run launcher it is the
+    # only way a run whose worker was killed (OOM, SIGKILL, host loss) stops holding the pool.
+    tags = {"memwal/table": cfg.name, MAX_RUNTIME_SECONDS_TAG: str(int(cfg.merge_max_runtime_seconds))}
     if len(merges) == 1:
         m = merges[0]
         return RunRequest(run_key=f"{m.key}/{epoch}", job_name=job_name, partition_key=m.region_id,
@@ -191,7 +197,8 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
             open_dataset(loc)
         except TableError as e:
             raise SensorError(f"{cfg.name}: {e}") from None
-    state.forget([rid for rid in list(state.regions) if rid not in set(listing.region_ids)])
+    listed = set(listing.region_ids)
+    state.forget([rid for rid in state.regions if rid not in listed])
     active = [rid for rid in listing.region_ids if not (state.get(rid) and state.get(rid).retired)]
     partition_order = list(context.instance.get_dynamic_partitions(partitions.name))  # insertion order
     existing = set(partition_order)
@@ -214,8 +221,8 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
     need_state = bool(changed) or any(
         st.pending or (st.sealed and not st.retired) for rid, st in state.regions.items() if rid in latest)
     mstate = read_memwal_state(loc) if need_state else None
+    merged = mstate.merged if mstate is not None else {}  # a property that decodes: read once
     if changed:
-        merged = mstate.merged
 
         def load(item: tuple[str, int]):
             rid, version = item
@@ -244,7 +251,6 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
     retire: list[str] = []
     if mstate is not None:
         in_flight = _in_flight_merge_regions(context.instance, merge_job_name, order, pos)
-        merged = mstate.merged
         indexes: list[str] | None = None  # base-table index names, read once if a sealed region needs them
         for rid in active:
             rs = state.get(rid)
@@ -314,8 +320,7 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
             run_requests.append(RunRequest(run_key=f"maintenance:{cursor.maintained_after}",
                                            job_name=maintenance_job_name, tags={"memwal/table": cfg.name}))
 
-    state.save(now)
-    cursor.digest = state.digest()
+    cursor.digest = state.save(now)
     new_cursor = cursor.dump()
     if not (run_requests or events or dynamic) and new_cursor == (context.cursor or ""):
         return SkipReason(f"{cfg.name}: {len(active)} regions unchanged ({len(verify)} re-checked against "
