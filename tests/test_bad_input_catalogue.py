@@ -14,6 +14,7 @@ docs/reliability.md.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -259,7 +260,7 @@ def build_table_a(root: str) -> TableA:
     g2 = next(g for g in m.generations if g.generation == 2)
     shutil.rmtree(os.path.join(root, layout.generation_dir(rids["missing_generation"], g2.path, 2)))
     bad["missing_generation"] = 2
-    # Manifests: truncated, garbage, and a version gap (the one before the latest deleted, no hint).
+    # Manifests: truncated, garbage, and a version gap (the one before the latest deleted, a stale hint).
     for case in ("truncated_manifest", "garbage_manifest"):
         rid = rids[case]
         key = os.path.join(root, layout.manifest_key(rid, region.load_latest(loc.store, rid).version))
@@ -269,7 +270,9 @@ def build_table_a(root: str) -> TableA:
     rid = rids["version_gap"]
     latest = region.load_latest(loc.store, rid).version
     os.unlink(os.path.join(root, layout.manifest_key(rid, latest - 1)))
-    os.unlink(os.path.join(root, layout.version_hint_key(rid)))
+    # A stale hint naming a version below the gap (with no usable hint, loading lists the
+    # directory and finds the real latest: #18.16).
+    loc.store.put(layout.version_hint_key(rid), json.dumps({"version": latest - 2}).encode())
     # Version hints: garbage, and stale (points at version 1).
     loc.store.put(layout.version_hint_key(rids["garbage_hint"]), b"{broken")
     loc.store.put(layout.version_hint_key(rids["stale_hint"]), b'{"version": 1}')
@@ -605,7 +608,7 @@ def test_s3_server_disappears_mid_run(runs):
 # ------------------------------------------------------------------------- version gap (library)
 
 def test_version_gap_gc_alone_does_not_act_on_the_stale_view(tmp_path):
-    """Versions 1..6 and 8 on disk, no hint: probing stops at 6. GC run on its own (no index
+    """Versions 1..6 and 8 on disk, the hint says 6: probing stops at 6. GC run on its own (no index
     builder before it) must not commit its trim as version 7 *under* version 8 and then delete
     generations that version 8 still lists (what it did before `region._refuse_gap`)."""
     root = str(tmp_path / "gap")
@@ -623,7 +626,11 @@ def test_version_gap_gc_alone_does_not_act_on_the_stale_view(tmp_path):
      .mark_sstables_as_compacted([CompactedSsTable(rid, 2)]).execute(src))
     os.unlink(os.path.join(root, layout.manifest_key(rid, 7)))
     os.unlink(os.path.join(root, layout.version_hint_key(rid)))
-    assert region.load_latest(loc.store, rid).version == 6  # the probe stops at the gap
+    # No usable hint: the manifest directory is listed, which sees past the gap (#18.16) ...
+    assert region.load_latest(loc.store, rid).version == 8
+    # ... but a stale hint below the gap is trusted, and probing from it stops at the gap.
+    loc.store.put(layout.version_hint_key(rid), json.dumps({"version": 6}).encode())
+    assert region.load_latest(loc.store, rid).version == 6
     before = tree(root)
     from datetime import timedelta
 
