@@ -81,13 +81,18 @@ class SensorState:
         keys = {st._key(i) for i in range(SHARDS)} | {st._key("tick"), _stuck_key(table)}
         st._stored = dict(instance.run_storage.get_cursor_values(keys))
         for key, raw in st._stored.items():
-            data = json.loads(raw)
             if key == _stuck_key(table):
                 continue
-            if key.endswith("/tick"):
-                st.last_tick, st.ticks = float(data["t"]), int(data["n"])
-            else:
-                st.regions.update({rid: RegionState.decode(v) for rid, v in data.items()})
+            try:
+                data = json.loads(raw)
+                if key.endswith("/tick"):
+                    st.last_tick, st.ticks = float(data["t"]), int(data["n"])
+                else:
+                    st.regions.update({rid: RegionState.decode(v) for rid, v in data.items()})
+            except (ValueError, TypeError, KeyError, AttributeError):
+                # A damaged row only costs a re-check: its regions are probed as new (from
+                # their hints) and their retry counts start over; the row is rewritten.
+                continue
         return st
 
     def get(self, region_id: str) -> RegionState | None:

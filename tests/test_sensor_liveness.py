@@ -117,6 +117,19 @@ def test_sensor_without_downtime_converges_within_a_verify_rotation(table_loc, i
     assert seen[-1] == latest, seen
 
 
+def test_damaged_state_rows_cost_a_recheck_not_the_sensor(table_loc, instance):
+    w, cfg, td, defs = setup(table_loc, regions=2)
+    t = time.time()
+    _, cursor = tick(defs, td, instance, now=t)
+    st = state_of(instance, cursor)
+    keys = {st._key(liveness.shard_of(rid)) for rid in st.regions} | {st._key("tick")}
+    instance.run_storage.set_cursor_values({k: "{not json" for k in keys})
+    data, cursor = tick(defs, td, instance, cursor, now=t + 1)
+    after = state_of(instance, cursor)
+    assert {rid: s.version for rid, s in after.regions.items()} == {rid: s.version for rid, s in st.regions.items()}
+    assert after.last_tick == pytest.approx(t + 1, abs=0.01)
+
+
 # ------------------------------------------------------------------------------ #14.2
 def test_cancelled_and_failed_merge_runs_are_requested_again_until_the_cap(table_loc, instance):
     w, cfg, td, defs = setup(table_loc, regions=2, merge_attempts=3)
