@@ -100,14 +100,14 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=300)
     p.add_argument("--flush-every", type=float, default=5.0)
     p.add_argument("--sensor-interval", type=int, default=5)
-    p.add_argument("--max-runtime", type=int, default=60)
+    p.add_argument("--max-runtime", type=int, default=120)
     p.add_argument("--workdir", default=None)
     p.add_argument("--keep", action="store_true")
     args = p.parse_args()
     common.print_machine("liveness_e2e", args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below
 
-    from dagster import DagsterInstance, DagsterRunStatus
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
     root = common.workdir("liveness", args.workdir)
     port = common.free_port()
@@ -198,8 +198,23 @@ def main() -> None:
                 if writer_done and now > args.duration + args.drain:
                     break
                 time.sleep(0.5)
+            # Let the runs in flight end (the last merge reports, maintenance follows) before
+            # the daemon is stopped, so the run statuses below are final.
+            deadline = time.time() + 180
+            while time.time() < deadline and (merge_runs(instance, [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED])
+                                              or instance.get_runs(filters=RunsFilter(statuses=[
+                                                  DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING,
+                                                  DagsterRunStatus.STARTED]))):
+                time.sleep(1)
             runs = instance.get_runs()
             statuses = [r.status for r in runs]
+            for rec in sorted(instance.get_run_records(), key=lambda r: r.create_timestamp):
+                run = rec.dagster_run
+                why = [e.message for e in instance.all_logs(run.run_id)
+                       if e.dagster_event and e.dagster_event.event_type_value in ("PIPELINE_FAILURE", "PIPELINE_CANCELED")]
+                common.say(f"run {run.run_id[:8]} {run.job_name} attempt={run.tags.get('memwal/attempt', '-')} "
+                           f"{run.status.value} created t={rec.create_timestamp.timestamp() - t0:.0f}s"
+                           + (f": {why[0][:120]}" if why else ""))
         with open(wlog + ".model") as f:
             model = {int(k): v for k, v in json.load(f).items()}
         got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
