@@ -4,7 +4,7 @@ Per mode, on a fresh table (bucket-sharded, `--regions` regions, MemWAL initiali
   * `dagster-daemon run` on a throwaway DAGSTER_HOME (SQLite, the repo's pools and run
     monitoring) and a throwaway MEMWAL_CONFIG naming the table, with the manifest sensor every
     `--sensor-interval` s: the daemon evaluates the sensor, queues the merge runs it requests
-    (run_key region:generation, pool limit 1) and the maintenance runs that follow (MemWAL
+    (one per tick, run keys `region:generation@merged#attempt`, pool limit 1) and the maintenance runs that follow (MemWAL
     index, catch-up, GC), and launches each as its own run process — exactly as deployed;
   * a writer process (pylance `ShardWriter`s via `demo.Workload`) that every `--flush-every` s
     writes `--rows` operations (puts, overwrites, deletes) spread over all regions and closes

@@ -55,7 +55,7 @@ class TableConfig:
     merge_attempts: int = 6
     merge_retry_max_backoff_seconds: float = 3600.0
     # A merge run still STARTED after this long is failed by run monitoring (its worker may
-    # have been killed: the default run launcher cannot tell), freeing the pool for a retry.
+    # have died with the code server: the default run launcher cannot tell), freeing the pool.
     merge_max_runtime_seconds: float = 3600.0
     maintenance_cron: str = "0 * * * *"
     # Base-table compaction thresholds and per-run bounds (`compaction:` in memwal.yaml).

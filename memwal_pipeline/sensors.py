@@ -156,7 +156,8 @@ def _merge_request(cfg: TableConfig, job_name: str, merges: list[_Merge], pos: d
     new key, so Dagster's run-key dedupe never swallows it.
     """
     # Run monitoring fails a run that outlives this; with the default run launcher it is the
-    # only way a run whose worker was killed (OOM, SIGKILL, host loss) stops holding the pool.
+    # only way a run whose worker died with its code server (daemon killed, host lost) stops
+    # holding the pool; a worker killed alone is failed by the code server at once.
     tags = {"memwal/table": cfg.name, MAX_RUNTIME_SECONDS_TAG: str(int(cfg.merge_max_runtime_seconds))}
     if len(merges) == 1:
         m = merges[0]
