@@ -341,6 +341,9 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
 
     # 1. generations
     for g, gdir in listed:
+        if m.sealed:  # no manifest version may be written on a sealed region, so no trim either
+            rp.kept["generation:sealed"] += 1
+            continue
         if g.generation <= limit and g.generation < m.current_generation:
             objs = _list_dir(ctx.loc, gdir, rdir)
             rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs),
