@@ -386,9 +386,20 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     return rp
 
 
+def _listed_positions(loc: TableLocation, directory: str, suffix: str, region_dir: str) -> list[int]:
+    """Positions (WAL) or versions (manifests) of the `{bitrev}{suffix}` objects in `directory`."""
+    out = []
+    for o in _list_dir(loc, directory, region_dir):
+        name = o.key.rsplit("/", 1)[-1]
+        if name.endswith(suffix) and (n := layout.parse_bitrev(name[: -len(suffix)])):
+            out.append(n)
+    return out
+
+
 def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: int,
               kept_listed: set[int]) -> None:
     store, rid = ctx.loc.store, rp.region_id
+    rdir = layout.region_dir(rid)
     replay_after = m.message.replay_after_wal_entry_position
     hint = max(replay_after, m.message.wal_entry_position_last_seen)
 
@@ -444,10 +455,7 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
                     lo = mid + 1
             rp.kept["wal:current_epoch"] += cut - lo + 1
             p = lo - 1
-    while p >= 1:
-        e = meta(p)
-        if e is None:
-            break  # earlier runs deleted everything below here but sentinels
+    def classify(p: int, e: wal.WalEntryMeta) -> None:
         if e.writer_epoch < 0:
             rp.kept["wal:unreadable"] += 1
         elif e.fence_sentinel or e.generation is None:
@@ -461,7 +469,20 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
             rp.items.append(GcItem(WAL, rid, key, e.size,
                                    f"covered (<= {replay_after}) entry of deleted generation {e.generation}",
                                    (key,), p))
+
+    while p >= 1:
+        e = meta(p)
+        if e is None:
+            break  # a hole: earlier runs deleted from here down (see below)
+        classify(p, e)
         p -= 1
+    if p > 1:
+        # Below the hole, a run whose delete batch failed for some keys (S3 DeleteObjects
+        # answers per key) left survivors: list the directory once and classify what is
+        # there (sentinels and other kept entries are classified again, and kept again).
+        for q in sorted(_listed_positions(ctx.loc, layout.wal_dir(rid), layout.WAL_SUFFIX, rdir), reverse=True):
+            if q < p and (e := meta(q)) is not None:
+                classify(q, e)
 
 
 def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -> None:
@@ -476,9 +497,20 @@ def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -
     while v >= 1:
         info = store.head(layout.manifest_key(rid, v))
         if info is None:
-            break  # earlier runs deleted a prefix: nothing older is left
+            break  # a hole: earlier runs deleted from here down
         existing.append((v, info))
         v -= 1
+    if v > 1:
+        # A run whose delete batch failed for some keys left survivors below the hole: one
+        # listing of the (small: retained and young versions) manifest directory finds them.
+        mdir = layout.manifest_dir(rid)
+        for o in _list_dir(ctx.loc, mdir, layout.region_dir(rid)):
+            name = o.key.rsplit("/", 1)[-1]
+            n = layout.parse_bitrev(name[: -len(layout.MANIFEST_SUFFIX)]) \
+                if name.endswith(layout.MANIFEST_SUFFIX) else None
+            if n and n < v:
+                existing.append((n, o))
+        existing.sort(key=lambda x: -x[0])
     existing.reverse()  # oldest first: delete a prefix only, so the rest stays contiguous
     lowest_kept = latest
     for i, (v, info) in enumerate(existing):
