@@ -23,11 +23,14 @@ the optional base-table version cleanup. Per region:
      derives its next position from the highest existing file; with the tail gone it would
      reuse covered positions, and its entries there would never be replayed;
    - by default every entry of the region's current `writer_epoch` (`keep_current_epoch_wal`).
-   The scan walks down from the cut to the first missing position (earlier runs left only
-   sentinels below it), skipping the current epoch's contiguous run by bisection.
+   The scan walks down from the cut to the first missing position, skipping the current
+   epoch's contiguous run by bisection; below that hole earlier runs left only kept entries,
+   unless a delete batch failed for some of its keys (S3 DeleteObjects answers per key): so at
+   a hole the WAL directory is listed once and what is below it classified the same way.
 3. **Region manifest versions** below the newest `manifest_keep_versions` and older than
    `manifest_min_age_s`, a prefix only (the versions left stay contiguous up to the latest),
-   never the latest. `version_hint.json` is rewritten to the latest version first when it is
+   never the latest (a hole in the versions below the kept ones is handled like the WAL's, by
+   one listing of the small manifest directory). `version_hint.json` is rewritten to the latest version first when it is
    missing or points outside the versions that stay.
 4. **Orphan directories** `*_gen_*` in the region directory that the latest manifest does not
    list, whose generation is below its `current_generation` (a flush in progress writes its
