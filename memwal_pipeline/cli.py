@@ -226,10 +226,11 @@ def _asdict(obj) -> Any:
 
 def _open_table(uri: str, options: dict[str, str]):
     """The table's location, once its base table opens: otherwise one line (not one per step)."""
-    from memwal_core import table
+    from memwal_core import region, table
     from memwal_core.store import open_store
 
     loc = open_store(uri, options)
+    region.list_regions(loc.store)  # first: memwal's store names S3 errors (403, endpoint) clearly
     try:
         table.open_dataset(loc)
     except Exception as e:  # noqa: BLE001 - Lance's errors carry Rust source locations
