@@ -381,9 +381,10 @@ def cmd_demo(a) -> int:
 
     spark.prestart(a.spark_master)  # the JVM starts while the writers write
     _say(f"writing a demo table at {path}: {a.regions} bucket regions, ~{a.rows} operations per round")
-    demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=a.rows // 2, btree_index=True)
-    with open(os.path.join(path, DEMO_MARKER), "w") as f:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, DEMO_MARKER), "w") as f:  # first: an interrupted demo is still ours
         f.write("written by `memwal demo`; `memwal demo --path` may replace this directory\n")
+    demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=a.rows // 2, btree_index=True)
     w = demo.Workload(loc, seed=42, key_space=max(10, a.rows), max_memtable_rows=max(100, a.rows // a.regions))
     for _ in range(3):
         w.write_round(a.rows, overwrite=0.3, delete=0.03)
@@ -540,8 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line unless --verbose
         if a.verbose:
             raise
-        msg = str(e).strip().splitlines()
-        _say(f"error: {msg[0] if msg else type(e).__name__}")
+        _say(f"error: {_one_line(str(e)) or type(e).__name__}")
         return 1
 
 

@@ -107,6 +107,17 @@ def test_demo_refuses_a_directory_it_did_not_write(tmp_path, capsys):
     assert f.read_text() == "x"
 
 
+def test_demo_marks_its_table_and_replaces_it_on_the_next_run(tmp_path):
+    path = tmp_path / "demo"
+    for _ in range(2):
+        p = _cli("demo", "--path", str(path), "--regions", "2", "--rows", "40", "--spark-master", "local[1]",
+                 timeout=400)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "LSM read equals what the writers wrote: yes" in p.stdout
+        assert (path / cli.DEMO_MARKER).is_file()
+    assert "removing the previous demo table" in p.stderr
+
+
 def test_demo_path_replaces_only_previous_demo_tables(tmp_path):
     # Marked by a previous `memwal demo`: replaced.
     marked = tmp_path / "marked"
