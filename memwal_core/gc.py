@@ -139,6 +139,7 @@ class RegionGcPlan:
     trim: list[tuple[int, str]] = field(default_factory=list)  # (generation, path) to unlist
     hint: int | None = None  # version_hint.json as read
     lowest_kept_version: int = 0
+    leftover_scan: bool = False  # a marker said an earlier delete may have left survivors
     error: str | None = None
 
     def by_kind(self, kind: str) -> list[GcItem]:
@@ -309,6 +310,7 @@ class _Context:
     catchup: dict[str, dict[str, int]]
     gating: list[str]
     retention: _Retention
+    pending: set[str] = field(default_factory=set)  # regions with a GC intent marker
 
 
 def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
@@ -326,7 +328,7 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     store, cfg = ctx.loc.store, ctx.config
     rdir = layout.region_dir(rid)
     rp = RegionGcPlan(rid, m.version, m.writer_epoch, m.current_generation,
-                      m.message.replay_after_wal_entry_position)
+                      m.message.replay_after_wal_entry_position, leftover_scan=rid in ctx.pending)
     # Validate every listed path before anything else: a corrupt manifest deletes nothing.
     try:
         listed = [(g, layout.generation_dir(rid, g.path, g.generation)) for g in m.generations]
@@ -479,7 +481,7 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
             break  # a hole: earlier runs deleted from here down (see below)
         classify(p, e)
         p -= 1
-    if p > 1:
+    if p > 1 and rp.leftover_scan:
         # Below the hole, a run whose delete batch failed for some keys (S3 DeleteObjects
         # answers per key) left survivors: list the directory once and classify what is
         # there (sentinels and other kept entries are classified again, and kept again).
@@ -503,7 +505,7 @@ def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -
             break  # a hole: earlier runs deleted from here down
         existing.append((v, info))
         v -= 1
-    if v > 1:
+    if v > 1 and rp.leftover_scan:
         # A run whose delete batch failed for some keys left survivors below the hole: one
         # listing of the (small: retained and young versions) manifest directory finds them.
         mdir = layout.manifest_dir(rid)
@@ -530,6 +532,16 @@ def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -
     rp.lowest_kept_version = min(lowest_kept, latest)
 
 
+def _pending(loc: TableLocation) -> set[str]:
+    """Regions whose last WAL/manifest delete did not finish (one listing for the table)."""
+    out = set()
+    for o in loc.store.list(layout.GC_PENDING_DIR):
+        name = o.key.rsplit("/", 1)[-1]
+        if layout.is_region_id(name) and o.key == layout.gc_pending_key(name):
+            out.add(name)
+    return out
+
+
 def plan_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[str] | None = None,
             now: float | None = None) -> GcPlan:
     """What GC would delete, and why; reads only (a dry run)."""
@@ -545,7 +557,7 @@ def plan_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list
     # in between can only make the limits computed above conservative.
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
-    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention)
+    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc))
     plans: dict[str, RegionGcPlan] = {}
     errors: dict[str, str] = {}
 
@@ -635,18 +647,25 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
                 log.info("region %s: manifest version %d drops generations %s", rid, committed.version,
                          [g for g, _ in rp.trim])
             faults.point(CRASH_AFTER_MANIFEST_COMMIT)
-        # WAL entries lowest first: if a batch fails, what is left is contiguous below the cut,
-        # so the next run's downward scan reaches it before any hole.
+        # WAL entries and manifest versions are found by walking positions down to the first
+        # missing one. A delete that fails part-way (S3 DeleteObjects answers per key; a crash)
+        # can leave survivors below such a hole: the intent marker, written before and removed
+        # once everything went, makes the next plan look below the holes (one listing each).
         wal_items = sorted(rp.by_kind(WAL), key=lambda i: i.number)
+        manifests = rp.by_kind(MANIFEST)
+        marker = layout.gc_pending_key(rid)
+        if wal_items or manifests:
+            store.put(marker, f"GC of region {rid} deleting WAL entries / manifest versions\n".encode())
         _delete(loc, rp.by_kind(GENERATION) + wal_items, out)
 
-        manifests = rp.by_kind(MANIFEST)
         if manifests:
             latest = region.probe_latest_version(store, rid, rp.manifest_version)
             hint = region.read_version_hint(store, rid)
             if hint is None or hint < rp.lowest_kept_version or hint > latest:
                 region.write_version_hint(store, rid, latest)
             _delete(loc, manifests, out)
+        if wal_items or manifests or rp.leftover_scan:
+            store.delete_many([marker])
 
         orphans = rp.by_kind(ORPHAN)
         if orphans:
@@ -670,7 +689,7 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
     """Delete exactly what `plan` lists (orphans re-checked against the latest manifest)."""
     t0 = time.monotonic()
     result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.errors))
-    todo = [rp for rp in plan.regions.values() if not rp.error and (rp.items or rp.trim)]
+    todo = [rp for rp in plan.regions.values() if not rp.error and (rp.items or rp.trim or rp.leftover_scan)]
     workers = max(1, min(plan.config.max_workers, len(todo) or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for rp, out in zip(todo, pool.map(lambda r: _execute_region(loc, r), todo)):

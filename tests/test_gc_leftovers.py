@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 import shutil
 import uuid
 from datetime import timedelta
@@ -20,6 +22,7 @@ import pyarrow as pa
 from memwal_core import demo, gc, layout, merge, reader, region, status, table
 from memwal_core.lance_mem_wal import merged_markers
 from memwal_core.store import make_s3_client, open_store
+from s3proxy import S3Proxy
 
 FAST = gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_grace_s=0,
                    base_cleanup_older_than=timedelta(0), keep_current_epoch_wal=False)
@@ -29,52 +32,77 @@ def _as_dict(t: pa.Table) -> dict:
     return {r["id"]: r for r in t.to_pylist()}
 
 
-def test_survivors_of_a_partly_failed_delete_batch_are_collected_later(s3_table_loc, spark):
-    """On moto: GC deletes a batch, S3 keeps some of its keys (planted back exactly as a
-    DeleteObjects answer with per-key errors leaves them: below keys that were deleted);
-    the next run plans and deletes them."""
-    loc = s3_table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
-    w = demo.Workload(loc, seed=7, key_space=200, max_memtable_rows=20)
-    for _ in range(3):
-        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    assert not merge.merge(loc, spark).failed_regions
-    w.write_round(20, puts_per_batch=10)
+def test_survivors_of_a_partly_failed_delete_batch_are_collected_later(moto_server, s3_bucket, spark):
+    """On moto behind the fault-injecting proxy: S3 answers GC's DeleteObjects with per-key
+    errors for some keys (which stay on the server) below keys it deleted; that run reports the
+    region; the next run plans those survivors and deletes them."""
+    bucket, options = s3_bucket
+    raw = make_s3_client(options)
+    with S3Proxy(moto_server.endpoint) as proxy:
+        loc = open_store(f"s3://{bucket}/t", {**options, "aws_endpoint": proxy.endpoint})
+        demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
+        w = demo.Workload(loc, seed=7, key_space=200, max_memtable_rows=20)
+        for _ in range(3):
+            w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+        assert not merge.merge(loc, spark).failed_regions
+        w.write_round(20, puts_per_batch=10)
 
-    gc.cleanup_base_versions(loc, FAST)
-    plan = gc.plan_gc(loc, FAST)
-    assert not plan.errors
-    survivors: dict[str, bytes] = {}
-    for kind in (gc.WAL, gc.MANIFEST):
-        items = sorted((i for i in plan.items if i.kind == kind), key=lambda i: (i.region_id, i.number))
-        by_region: dict[str, list[gc.GcItem]] = {}
-        for i in items:
-            by_region.setdefault(i.region_id, []).append(i)
-        deep = [lst for lst in by_region.values() if len(lst) >= 3]
-        assert deep, f"the workload must give GC several {kind} items in a region"
-        for lst in deep:
-            # The lowest and a middle one survive; the ones above them are deleted (the hole).
-            for i in (lst[0], lst[len(lst) // 2]):
-                survivors[i.keys[0]] = loc.store.get(i.keys[0])
-    res = gc.execute_gc(loc, plan)
-    assert not res.region_errors
-    assert not any(loc.store.exists(k) for k in survivors)
-    for key, data in survivors.items():  # what the failed part of the batch left
-        loc.store.put(key, data)
+        gc.cleanup_base_versions(loc, FAST)
+        plan = gc.plan_gc(loc, FAST)
+        assert not plan.errors and not plan.regions[next(iter(plan.regions))].leftover_scan
+        survivors: dict[str, bytes] = {}  # full S3 key -> bytes
+        hit_regions = set()
+        for kind in (gc.WAL, gc.MANIFEST):
+            by_region: dict[str, list[gc.GcItem]] = {}
+            for i in sorted((i for i in plan.items if i.kind == kind), key=lambda i: i.number):
+                by_region.setdefault(i.region_id, []).append(i)
+            deep = {rid: lst for rid, lst in by_region.items() if len(lst) >= 3}
+            assert deep, f"the workload must give GC several {kind} items in a region"
+            for rid, lst in deep.items():
+                hit_regions.add(rid)
+                for i in (lst[0], lst[len(lst) // 2]):  # below keys of the same batch that go
+                    full = f"t/{i.keys[0]}"
+                    survivors[full] = raw.get_object(Bucket=bucket, Key=full)["Body"].read()
 
-    again = gc.plan_gc(loc, FAST)
-    assert not again.errors
-    planned = {k for i in again.items for k in i.keys}
-    assert set(survivors) <= planned, sorted(set(survivors) - planned)
-    res = gc.execute_gc(loc, again)
-    assert not res.region_errors
-    assert not any(loc.store.exists(k) for k in survivors)
-    # Nothing a reader or writer needs went with them.
-    assert _as_dict(reader.lsm_table(loc)) == w.expected()
-    w.write_round(20, puts_per_batch=10)
-    assert _as_dict(reader.lsm_table(loc)) == w.expected()
-    # A third run with nothing left over plans no WAL entry or manifest twice.
-    assert not {k for i in gc.plan_gc(loc, FAST).items for k in i.keys} & set(survivors)
+        def refuse_some(_req, body: bytes, payload: bytes) -> bytes | None:
+            keys = [html.unescape(k) for k in re.findall(r"<Key>(.*?)</Key>", body.decode())]
+            failed = [k for k in keys if k in survivors]
+            if not failed:
+                return None
+            for k in failed:  # the server kept them
+                raw.put_object(Bucket=bucket, Key=k, Body=survivors[k])
+            errors = "".join(f"<Error><Key>{html.escape(k)}</Key><Code>InternalError</Code>"
+                             "<Message>We encountered an internal error. Please try again.</Message></Error>"
+                             for k in failed)
+            return (b'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult '
+                    b'xmlns="http://s3.amazonaws.com/doc/2006-03-01/">' + errors.encode() + b"</DeleteResult>")
+
+        proxy.after(lambda r: r.kind == "delete_batch", refuse_some, count=1000)
+        res = gc.execute_gc(loc, plan)
+        proxy.clear_faults()
+        assert set(res.region_errors) == hit_regions, res.region_errors
+        assert all("delete_objects failed" in e for e in res.region_errors.values())
+        assert all(raw.head_object(Bucket=bucket, Key=k) for k in survivors)
+        # Keys above the survivors in the same batches did go: the walks meet a hole first.
+        assert proxy.count("delete_batch") >= 1
+
+        again = gc.plan_gc(loc, FAST)
+        assert not again.errors
+        assert {rid for rid, rp in again.regions.items() if rp.leftover_scan} == hit_regions
+        planned = {f"t/{k}" for i in again.items for k in i.keys}
+        assert set(survivors) <= planned, sorted(set(survivors) - planned)
+        res = gc.execute_gc(loc, again)
+        assert not res.region_errors
+        left = {o["Key"] for o in raw.list_objects_v2(Bucket=bucket, Prefix="t/").get("Contents", [])}
+        assert not set(survivors) & left
+        assert not [k for k in left if k.startswith(f"t/{layout.GC_PENDING_DIR}/")], "intent markers left"
+        # Nothing a reader or writer needs went with them.
+        assert _as_dict(reader.lsm_table(loc)) == w.expected()
+        w.write_round(20, puts_per_batch=10)
+        assert _as_dict(reader.lsm_table(loc)) == w.expected()
+        third = gc.plan_gc(loc, FAST)
+        assert not any(rp.leftover_scan for rp in third.regions.values())
+        assert not {f"t/{k}" for i in third.items for k in i.keys} & set(survivors)
 
 
 def test_percent_encoded_s3_prefix_means_what_lance_means(s3_bucket):
