@@ -25,12 +25,14 @@ the optional base-table version cleanup. Per region:
    - by default every entry of the region's current `writer_epoch` (`keep_current_epoch_wal`).
    The scan walks down from the cut to the first missing position, skipping the current
    epoch's contiguous run by bisection; below that hole earlier runs left only kept entries,
-   unless a delete batch failed for some of its keys (S3 DeleteObjects answers per key): so at
-   a hole the WAL directory is listed once and what is below it classified the same way.
+   unless a delete failed part-way (S3 DeleteObjects answers per key; a crash). Such a delete
+   leaves GC's intent marker `_memwal/gc_pending/{region}` (written before a region's WAL and
+   manifest deletes, removed once they all went); for a marked region the WAL directory is
+   listed once and what lies below the hole classified the same way.
 3. **Region manifest versions** below the newest `manifest_keep_versions` and older than
    `manifest_min_age_s`, a prefix only (the versions left stay contiguous up to the latest),
-   never the latest (a hole in the versions below the kept ones is handled like the WAL's, by
-   one listing of the small manifest directory). `version_hint.json` is rewritten to the latest version first when it is
+   never the latest (for a marked region, versions below a hole are found by one listing of
+   the manifest directory). `version_hint.json` is rewritten to the latest version first when it is
    missing or points outside the versions that stay.
 4. **Orphan directories** `*_gen_*` in the region directory that the latest manifest does not
    list, whose generation is below its `current_generation` (a flush in progress writes its
@@ -48,7 +50,8 @@ Safety: every key comes from `layout` (generation paths are validated) and must 
 its region directory; a region whose manifest lists an unsafe path is reported corrupt and
 nothing in it is touched; a region whose manifest cannot be read is skipped with an error.
 Planning uses gets and existence probes; the only listings are the region directories (one
-per region, for orphans), the directories about to be deleted (their keys) and the base
+per region, for orphans), the directories about to be deleted (their keys), GC's intent
+markers (one per table), the WAL and manifest directories of marked regions, and the base
 table's `_versions` (`ds.versions()`, through Lance).
 """
 

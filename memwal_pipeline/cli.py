@@ -326,7 +326,7 @@ def cmd_status(a) -> int:
 
 DEMO_MARKER = ".memwal-demo"
 # What a table written by an older `memwal demo` (before the marker) holds, and nothing else.
-_DEMO_ENTRIES = {"_versions", "_mem_wal", "data", "_indices", "_transactions", "_deletions"}
+_DEMO_ENTRIES = {"_versions", "_mem_wal", "_memwal", "data", "_indices", "_transactions", "_deletions"}
 
 
 def _clear_demo_path(path: str, *, force: bool) -> None:
