@@ -261,9 +261,12 @@ def cmd_maintain(a) -> int:
     if "merge" in steps and not a.dry_run:
         # Before Dagster's imports and set-up (~4 s), so the JVM start and the first job's worker
         # start-up (~11 s cold on 2 cores) overlap them.
-        from memwal_core import spark
+        from memwal_core import jvm_archive, spark
 
         if _has_pending(loc):
+            if not cfg.spark_master.startswith("sc://") and jvm_archive.java_binary() is None:
+                # Otherwise the JVM launch fails twice (prestart, then the merge), trace each time.
+                raise CliError("no java found (JAVA_HOME or PATH): the merge runs on Spark, which needs Java 17")
             spark.prestart(cfg.spark_master)
     if a.dry_run:
         plan = dry_run(cfg)

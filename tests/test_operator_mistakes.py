@@ -264,6 +264,20 @@ def test_bad_spark_master_is_one_line_and_starts_no_jvm(tmp_path):
     assert tree(root) == before
 
 
+def test_merge_without_java_is_one_line(tmp_path):
+    root = str(tmp_path / "t")
+    _small_table(root)
+    before = tree(root)
+    env = {k: v for k, v in _env().items() if k != "JAVA_HOME"}
+    env["PATH"] = str(tmp_path)  # no java here (the interpreter is called by its full path)
+    p = subprocess.run([sys.executable, "-m", "memwal_pipeline.cli", "maintain", root], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no java found" in lines[0], p.stderr
+    assert tree(root) == before
+
+
 def test_maintain_of_a_missing_table_is_one_line(tmp_path):
     p = _cli("maintain", str(tmp_path / "nonexistent"))
     assert p.returncode == 1
