@@ -79,6 +79,25 @@ class _SignalWatch:
         self._w.close()
 
 
+def _stop_spark() -> None:
+    """After an interrupt: cancel the session's jobs and stop it before the interpreter exits.
+
+    Left to the exit, the JVM's scheduler finishes an abandoned task after Python's accumulator
+    server is gone and logs that as a Java stack trace under the one-line message."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return
+    try:
+        sc.cancelAllJobs()
+        sc.stop()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+
+
 def _options(pairs: list[str]) -> dict[str, str]:
     out = {}
     for p in pairs or []:
@@ -138,8 +157,12 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
                 tags = {ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]}
             _say(f"[{cfg.name}] {step} ...")
             t0 = time.monotonic()
-            result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
-                                 resources=td.resources, tags=tags, run_config=run_config, raise_on_error=False)
+            try:
+                result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
+                                     resources=td.resources, tags=tags, run_config=run_config,
+                                     raise_on_error=False)
+            except KeyboardInterrupt:  # outside Dagster's own handling (set-up, tear-down)
+                raise Interrupted(signal.SIGINT, step) from None
             took = time.monotonic() - t0
             if watch.fired():
                 raise Interrupted(watch.signum, step)
@@ -535,11 +558,13 @@ def main(argv: list[str] | None = None) -> int:
         return a.fn(a)
     except KeyboardInterrupt:
         _say(f"error: {Interrupted(signal.SIGINT, None)}")
+        _stop_spark()
         return 128 + signal.SIGINT
     except Interrupted as e:
         if a.verbose:
             raise
         _say(f"error: {e}")
+        _stop_spark()
         return 128 + e.signum
     except Exception as e:  # noqa: BLE001 - one clear line unless --verbose
         if a.verbose:

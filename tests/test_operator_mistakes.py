@@ -86,6 +86,7 @@ def test_ctrl_c_stops_maintain_runs_nothing_more_and_exits_130(tmp_path):
     errors = _error_lines(rest)
     assert len(errors) == 1 and "interrupted during merge" in errors[0], rest[-3000:]
     _clean(errors[0])
+    assert "\tat " not in rest and "Traceback" not in rest, rest[-3000:]  # no Java or Python trace
     assert lance.dataset(root).version == version  # nothing committed after ^C
     assert tree(os.path.join(root, "_mem_wal")) == before
 
