@@ -81,7 +81,7 @@ def test_ctrl_c_stops_maintain_runs_nothing_more_and_exits_130(tmp_path):
             proc.wait()
     stderr = "".join(seen) + rest
     assert rc == 130, stderr[-3000:]
-    for step in ("index", "catchup", "gc"):
+    for step in ("compact", "index", "catchup", "gc"):
         assert f"] {step} ..." not in stderr, stderr[-3000:]
     errors = _error_lines(rest)
     assert len(errors) == 1 and "interrupted during merge" in errors[0], rest[-3000:]
