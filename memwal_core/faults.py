@@ -1,7 +1,8 @@
 """Crash points for the reliability suites: a process exits hard where a test says.
 
 `MEMWAL_CRASH_AT=<name>` makes `point(name)` call `os._exit(137)`, like a kill -9 at that
-line (no cleanup, no flush). `MEMWAL_CRASH_AFTER_OPS=<k>` makes the process exit right
+line (no cleanup, no flush); `MEMWAL_PAUSE_AT=<name>` makes it print `memwal paused at <name>`
+to stderr and sleep there (a test interrupts the process at a known line). `MEMWAL_CRASH_AFTER_OPS=<k>` makes the process exit right
 before its k-th *write*: `open_store` then wraps the store in a `CrashingStore`, which counts
 `put`, `put_if_absent` and `delete_many`, and the Lance commit points (`commit_lock`,
 `op`) count too. `MEMWAL_CRASH_TORN=1` makes a `delete_many` of two keys or more that is the
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import Callable, Iterable
 
 EXIT_CODE = 137
@@ -27,6 +29,11 @@ _ops: list[str] = []
 def point(name: str) -> None:
     if os.environ.get("MEMWAL_CRASH_AT") == name:
         os._exit(EXIT_CODE)
+    if os.environ.get("MEMWAL_PAUSE_AT") == name:
+        os.write(2, f"memwal paused at {name}\n".encode())
+        deadline = time.monotonic() + float(os.environ.get("MEMWAL_PAUSE_SECONDS", "60"))
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _crash_after() -> int | None:

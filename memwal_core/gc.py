@@ -23,11 +23,16 @@ the optional base-table version cleanup. Per region:
      derives its next position from the highest existing file; with the tail gone it would
      reuse covered positions, and its entries there would never be replayed;
    - by default every entry of the region's current `writer_epoch` (`keep_current_epoch_wal`).
-   The scan walks down from the cut to the first missing position (earlier runs left only
-   sentinels below it), skipping the current epoch's contiguous run by bisection.
+   The scan walks down from the cut to the first missing position, skipping the current
+   epoch's contiguous run by bisection; below that hole earlier runs left only kept entries,
+   unless a delete failed part-way (S3 DeleteObjects answers per key; a crash). Such a delete
+   leaves GC's intent marker `_memwal/gc_pending/{region}` (written before a region's WAL and
+   manifest deletes, removed once they all went); for a marked region the WAL directory is
+   listed once and what lies below the hole classified the same way.
 3. **Region manifest versions** below the newest `manifest_keep_versions` and older than
    `manifest_min_age_s`, a prefix only (the versions left stay contiguous up to the latest),
-   never the latest. `version_hint.json` is rewritten to the latest version first when it is
+   never the latest (for a marked region, versions below a hole are found by one listing of
+   the manifest directory). `version_hint.json` is rewritten to the latest version first when it is
    missing or points outside the versions that stay.
 4. **Orphan directories** `*_gen_*` in the region directory that the latest manifest does not
    list, whose generation is below its `current_generation` (a flush in progress writes its
@@ -45,7 +50,8 @@ Safety: every key comes from `layout` (generation paths are validated) and must 
 its region directory; a region whose manifest lists an unsafe path is reported corrupt and
 nothing in it is touched; a region whose manifest cannot be read is skipped with an error.
 Planning uses gets and existence probes; the only listings are the region directories (one
-per region, for orphans), the directories about to be deleted (their keys) and the base
+per region, for orphans), the directories about to be deleted (their keys), GC's intent
+markers (one per table), the WAL and manifest directories of marked regions, and the base
 table's `_versions` (`ds.versions()`, through Lance).
 """
 
@@ -136,6 +142,7 @@ class RegionGcPlan:
     trim: list[tuple[int, str]] = field(default_factory=list)  # (generation, path) to unlist
     hint: int | None = None  # version_hint.json as read
     lowest_kept_version: int = 0
+    leftover_scan: bool = False  # a marker said an earlier delete may have left survivors
     error: str | None = None
 
     def by_kind(self, kind: str) -> list[GcItem]:
@@ -306,6 +313,7 @@ class _Context:
     catchup: dict[str, dict[str, int]]
     gating: list[str]
     retention: _Retention
+    pending: set[str] = field(default_factory=set)  # regions with a GC intent marker
 
 
 def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
@@ -323,7 +331,7 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     store, cfg = ctx.loc.store, ctx.config
     rdir = layout.region_dir(rid)
     rp = RegionGcPlan(rid, m.version, m.writer_epoch, m.current_generation,
-                      m.message.replay_after_wal_entry_position)
+                      m.message.replay_after_wal_entry_position, leftover_scan=rid in ctx.pending)
     # Validate every listed path before anything else: a corrupt manifest deletes nothing.
     try:
         listed = [(g, layout.generation_dir(rid, g.path, g.generation)) for g in m.generations]
@@ -389,9 +397,20 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     return rp
 
 
+def _listed_positions(loc: TableLocation, directory: str, suffix: str, region_dir: str) -> list[int]:
+    """Positions (WAL) or versions (manifests) of the `{bitrev}{suffix}` objects in `directory`."""
+    out = []
+    for o in _list_dir(loc, directory, region_dir):
+        name = o.key.rsplit("/", 1)[-1]
+        if name.endswith(suffix) and (n := layout.parse_bitrev(name[: -len(suffix)])):
+            out.append(n)
+    return out
+
+
 def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: int,
               kept_listed: set[int]) -> None:
     store, rid = ctx.loc.store, rp.region_id
+    rdir = layout.region_dir(rid)
     replay_after = m.message.replay_after_wal_entry_position
     hint = max(replay_after, m.message.wal_entry_position_last_seen)
 
@@ -447,10 +466,7 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
                     lo = mid + 1
             rp.kept["wal:current_epoch"] += cut - lo + 1
             p = lo - 1
-    while p >= 1:
-        e = meta(p)
-        if e is None:
-            break  # earlier runs deleted everything below here but sentinels
+    def classify(p: int, e: wal.WalEntryMeta) -> None:
         if e.writer_epoch < 0:
             rp.kept["wal:unreadable"] += 1
         elif e.fence_sentinel or e.generation is None:
@@ -464,7 +480,20 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
             rp.items.append(GcItem(WAL, rid, key, e.size,
                                    f"covered (<= {replay_after}) entry of deleted generation {e.generation}",
                                    (key,), p))
+
+    while p >= 1:
+        e = meta(p)
+        if e is None:
+            break  # a hole: earlier runs deleted from here down (see below)
+        classify(p, e)
         p -= 1
+    if p > 1 and rp.leftover_scan:
+        # Below the hole, a run whose delete batch failed for some keys (S3 DeleteObjects
+        # answers per key) left survivors: list the directory once and classify what is
+        # there (sentinels and other kept entries are classified again, and kept again).
+        for q in sorted(_listed_positions(ctx.loc, layout.wal_dir(rid), layout.WAL_SUFFIX, rdir), reverse=True):
+            if q < p and (e := meta(q)) is not None:
+                classify(q, e)
 
 
 def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -> None:
@@ -479,9 +508,20 @@ def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -
     while v >= 1:
         info = store.head(layout.manifest_key(rid, v))
         if info is None:
-            break  # earlier runs deleted a prefix: nothing older is left
+            break  # a hole: earlier runs deleted from here down
         existing.append((v, info))
         v -= 1
+    if v > 1 and rp.leftover_scan:
+        # A run whose delete batch failed for some keys left survivors below the hole: one
+        # listing of the (small: retained and young versions) manifest directory finds them.
+        mdir = layout.manifest_dir(rid)
+        for o in _list_dir(ctx.loc, mdir, layout.region_dir(rid)):
+            name = o.key.rsplit("/", 1)[-1]
+            n = layout.parse_bitrev(name[: -len(layout.MANIFEST_SUFFIX)]) \
+                if name.endswith(layout.MANIFEST_SUFFIX) else None
+            if n and n < v:
+                existing.append((n, o))
+        existing.sort(key=lambda x: -x[0])
     existing.reverse()  # oldest first: delete a prefix only, so the rest stays contiguous
     lowest_kept = latest
     for i, (v, info) in enumerate(existing):
@@ -496,6 +536,16 @@ def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -
     else:
         lowest_kept = max(1, first_candidate + 1)
     rp.lowest_kept_version = min(lowest_kept, latest)
+
+
+def _pending(loc: TableLocation) -> set[str]:
+    """Regions whose last WAL/manifest delete did not finish (one listing for the table)."""
+    out = set()
+    for o in loc.store.list(layout.GC_PENDING_DIR):
+        name = o.key.rsplit("/", 1)[-1]
+        if layout.is_region_id(name) and o.key == layout.gc_pending_key(name):
+            out.add(name)
+    return out
 
 
 def plan_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[str] | None = None,
@@ -513,7 +563,7 @@ def plan_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list
     # in between can only make the limits computed above conservative.
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
-    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention)
+    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc))
     plans: dict[str, RegionGcPlan] = {}
     errors: dict[str, str] = {}
 
@@ -603,18 +653,25 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
                 log.info("region %s: manifest version %d drops generations %s", rid, committed.version,
                          [g for g, _ in rp.trim])
             faults.point(CRASH_AFTER_MANIFEST_COMMIT)
-        # WAL entries lowest first: if a batch fails, what is left is contiguous below the cut,
-        # so the next run's downward scan reaches it before any hole.
+        # WAL entries and manifest versions are found by walking positions down to the first
+        # missing one. A delete that fails part-way (S3 DeleteObjects answers per key; a crash)
+        # can leave survivors below such a hole: the intent marker, written before and removed
+        # once everything went, makes the next plan look below the holes (one listing each).
         wal_items = sorted(rp.by_kind(WAL), key=lambda i: i.number)
+        manifests = rp.by_kind(MANIFEST)
+        marker = layout.gc_pending_key(rid)
+        if wal_items or manifests:
+            store.put(marker, f"GC of region {rid} deleting WAL entries / manifest versions\n".encode())
         _delete(loc, rp.by_kind(GENERATION) + wal_items, out)
 
-        manifests = rp.by_kind(MANIFEST)
         if manifests:
             latest = region.probe_latest_version(store, rid, rp.manifest_version)
             hint = region.read_version_hint(store, rid)
             if hint is None or hint < rp.lowest_kept_version or hint > latest:
                 region.write_version_hint(store, rid, latest)
             _delete(loc, manifests, out)
+        if wal_items or manifests or rp.leftover_scan:
+            store.delete_many([marker])
 
         orphans = rp.by_kind(ORPHAN)
         if orphans:
@@ -638,7 +695,7 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
     """Delete exactly what `plan` lists (orphans re-checked against the latest manifest)."""
     t0 = time.monotonic()
     result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.errors))
-    todo = [rp for rp in plan.regions.values() if not rp.error and (rp.items or rp.trim)]
+    todo = [rp for rp in plan.regions.values() if not rp.error and (rp.items or rp.trim or rp.leftover_scan)]
     workers = max(1, min(plan.config.max_workers, len(todo) or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for rp, out in zip(todo, pool.map(lambda r: _execute_region(loc, r), todo)):

@@ -14,6 +14,9 @@ MEM_WAL_DIR = "_mem_wal"
 MANIFEST_SUFFIX = ".binpb"
 WAL_SUFFIX = ".arrow"
 VERSION_HINT = "version_hint.json"
+# memwal's own bookkeeping, beside Lance's directories and outside pylance's `_mem_wal/`.
+MEMWAL_DIR = "_memwal"
+GC_PENDING_DIR = f"{MEMWAL_DIR}/gc_pending"
 
 _GEN_DIR = re.compile(r"^[0-9a-f]{8}_gen_([1-9][0-9]*)$")
 _ORPHAN_CANDIDATE = re.compile(r"^.+_gen_([0-9]+)$")
@@ -60,6 +63,14 @@ def manifest_key(region_id: str, version: int) -> str:
 
 def version_hint_key(region_id: str) -> str:
     return f"{manifest_dir(region_id)}/{VERSION_HINT}"
+
+
+def gc_pending_key(region_id: str) -> str:
+    """GC's intent marker for a region: present while (or after) a delete of its WAL entries or
+    manifest versions is under way or failed part-way."""
+    if not is_region_id(region_id):
+        raise UnsafePath(f"not a region id (UUID): {region_id!r}")
+    return f"{GC_PENDING_DIR}/{region_id}"
 
 
 def wal_dir(region_id: str) -> str:

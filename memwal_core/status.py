@@ -81,6 +81,11 @@ def region_status(loc: TableLocation, m: region.RegionManifest, merged: int, now
     st = RegionStatus(m.region_id, m.version, m.writer_epoch, m.current_generation,
                       [g.generation for g in m.generations], merged, [g.generation for g in pending],
                       sum(g.physical_rows for g in pending), sum(g.in_memory_bytes for g in pending))
+    try:  # what the merger refuses and GC leaves alone (e.g. a reset region) is an error here too
+        region.pending_generations(m, merged)
+    except region.MalformedRegion as e:
+        st.error = str(e)
+        return st
     if pending and with_age:
         try:
             t = generation_flush_time(loc, m.region_id, pending[0])

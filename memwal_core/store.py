@@ -14,7 +14,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Protocol
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from . import faults
 
@@ -384,8 +384,11 @@ def _open_store(uri: str, storage_options: Mapping[str, str] | None) -> TableLoc
     if parsed.scheme in ("s3", "s3a"):
         if not parsed.netloc:
             raise ValueError(f"S3 URI without a bucket: {uri}")
-        prefix = parsed.path.strip("/")
-        lance_uri = f"s3://{parsed.netloc}/{prefix}".rstrip("/")
+        # Lance (object_store) percent-decodes the URI's path: `a%20b` is the key prefix `a b`
+        # (`%2F` a `/`, `+` itself). The store decodes it the same way; Lance keeps the URI as given.
+        raw_prefix = parsed.path.strip("/")
+        prefix = unquote(raw_prefix).strip("/")
+        lance_uri = f"s3://{parsed.netloc}/{raw_prefix}".rstrip("/")
         lance_options = dict(options)
         endpoint = _opt(options, "aws_endpoint")
         if endpoint and endpoint.startswith("http://"):

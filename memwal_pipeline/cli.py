@@ -1,7 +1,9 @@
 """`memwal`: demo, maintain and status, running the same Dagster definitions in process.
 
 Errors are one clear line naming the region (a traceback only with --verbose); the exit
-status is non-zero when any step failed.
+status is non-zero when any step failed. Ctrl-C (SIGINT) or SIGTERM stops the pass: the step
+under way is abandoned (its commits are atomic: either in or not), no later step runs, and the
+exit status is 128 + the signal number (130 for Ctrl-C).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import logging
 import os
 import re
 import shutil
+import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -23,6 +27,75 @@ ASSET_OF_STEP = {"merge": "base_table", "compact": "base_compaction", "index": "
 
 class CliError(Exception):
     pass
+
+
+class Interrupted(Exception):
+    """The operator interrupted the pass (Ctrl-C, SIGTERM): stop, run nothing more."""
+
+    def __init__(self, signum: int, step: str | None):
+        self.signum, self.step = signum, step
+        where = f" during {step}" if step else ""
+        super().__init__(f"interrupted{where} ({signal.Signals(signum).name}): stopped, no later step was run; "
+                         "what committed before stays (every commit is atomic); run it again to continue")
+
+
+class _SignalWatch:
+    """Notices SIGINT/SIGTERM even while Dagster has replaced their handlers.
+
+    Dagster turns a Ctrl-C inside a step into a step failure and restores the handlers after
+    the run, so the CLI cannot see it from the result alone. The interpreter also writes the
+    number of every signal it handles to the wakeup fd, whoever's handler runs: read it after
+    each step. (Main thread only; elsewhere it sees nothing and the handlers stay as they are.)
+    """
+
+    WATCHED = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self) -> "_SignalWatch":
+        self.signum: int | None = None
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        try:
+            self._old = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+        except ValueError:  # not the main thread
+            self._old = None
+        return self
+
+    def fired(self) -> int | None:
+        while self.signum is None:
+            try:
+                data = self._r.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                break
+            self.signum = next((b for b in data if b in self.WATCHED), None)
+        return self.signum
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.set_wakeup_fd(self._old)
+        self._r.close()
+        self._w.close()
+
+
+def _stop_spark() -> None:
+    """After an interrupt: cancel the session's jobs and stop it before the interpreter exits.
+
+    Left to the exit, the JVM's scheduler finishes an abandoned task after Python's accumulator
+    server is gone and logs that as a Java stack trace under the one-line message."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return
+    try:
+        sc.cancelAllJobs()
+        sc.stop()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
@@ -63,7 +136,7 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
     loc = td.resources[f"{cfg.name}_table"].process_config_and_initialize().location()
     report: dict[str, Any] = {"table": cfg.uri, "steps": {}, "failed": []}
     run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if verbose else "CRITICAL"}}}}
-    with DagsterInstance.ephemeral() as instance:
+    with DagsterInstance.ephemeral() as instance, _SignalWatch() as watch:
         listing = region.list_regions(loc.store)
         for name, reason in listing.skipped:
             _say(f"warning: skipping _mem_wal/{name}: {reason}")
@@ -84,9 +157,15 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
                 tags = {ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]}
             _say(f"[{cfg.name}] {step} ...")
             t0 = time.monotonic()
-            result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
-                                 resources=td.resources, tags=tags, run_config=run_config, raise_on_error=False)
+            try:
+                result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
+                                     resources=td.resources, tags=tags, run_config=run_config,
+                                     raise_on_error=False)
+            except KeyboardInterrupt:  # outside Dagster's own handling (set-up, tear-down)
+                raise Interrupted(signal.SIGINT, step) from None
             took = time.monotonic() - t0
+            if watch.fired():
+                raise Interrupted(watch.signum, step)
             if not result.success:
                 err = _first_failure(result)
                 report["steps"][step] = {"ok": False, "error": err, "seconds": took}
@@ -168,6 +247,26 @@ def _asdict(obj) -> Any:
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
 
 
+def _open_table(uri: str, options: dict[str, str]):
+    """The table's location, once its base table opens: otherwise one line (not one per step)."""
+    from memwal_core import region, table
+    from memwal_core.store import open_store
+
+    loc = open_store(uri, options)
+    region.list_regions(loc.store)  # first: memwal's store names S3 errors (403, endpoint) clearly
+    try:
+        table.open_dataset(loc)
+    except Exception as e:  # noqa: BLE001 - Lance's errors carry Rust source locations
+        raise CliError(_one_line(str(e))) from None
+    return loc
+
+
+def _one_line(msg: str) -> str:
+    """The first line of an error, without the Rust source locations Lance appends."""
+    first = (msg.strip().splitlines() or [""])[0]
+    return re.sub(r",\s*/\S+\.rs:\d+:\d+", "", first).strip()
+
+
 def cmd_maintain(a) -> int:
     from .config import single_table
 
@@ -175,19 +274,23 @@ def cmd_maintain(a) -> int:
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise CliError(f"--only: unknown step(s) {unknown}; choose from {','.join(STEPS)}")
-    if "merge" in steps and not a.dry_run:
-        # Before Dagster's imports and set-up (~4 s), so the JVM start and the first job's worker
-        # start-up (~11 s cold on 2 cores) overlap them.
-        from memwal_core import spark
-        from memwal_core.store import open_store
-
-        if _has_pending(open_store(a.uri, _options(a.storage_option))):
-            spark.prestart(a.spark_master)
+    # Checked first: a bad option is one line, before any JVM starts or any step runs.
     from memwal_core.compaction import CompactionOptions
 
     cfg = single_table(a.uri, _options(a.storage_option), spark_master=a.spark_master,
                        base_versions_older_than=a.base_versions_older_than,
                        compaction=CompactionOptions(retrain_vector_indexes=a.retrain_vector_indexes))
+    loc = _open_table(cfg.uri, cfg.storage_options)
+    if "merge" in steps and not a.dry_run:
+        # Before Dagster's imports and set-up (~4 s), so the JVM start and the first job's worker
+        # start-up (~11 s cold on 2 cores) overlap them.
+        from memwal_core import jvm_archive, spark
+
+        if _has_pending(loc):
+            if not cfg.spark_master.startswith("sc://") and jvm_archive.java_binary() is None:
+                # Otherwise the JVM launch fails twice (prestart, then the merge), trace each time.
+                raise CliError("no java found (JAVA_HOME or PATH): the merge runs on Spark, which needs Java 17")
+            spark.prestart(cfg.spark_master)
     if a.dry_run:
         plan = dry_run(cfg)
         print(json.dumps(plan, indent=2, default=str) if a.json else _format_plan(plan))
@@ -247,21 +350,66 @@ def cmd_status(a) -> int:
 # demo
 
 
+DEMO_MARKER = ".memwal-demo"
+# What a table written by an older `memwal demo` (before the marker) holds, and nothing else.
+_DEMO_ENTRIES = {"_versions", "_mem_wal", "_memwal", "data", "_indices", "_transactions", "_deletions"}
+
+
+def _clear_demo_path(path: str, *, force: bool) -> None:
+    """Make room for the demo at `path`, deleting only what a previous demo wrote there.
+
+    A missing or empty directory is used as is; a directory with the demo's marker (or an older
+    demo table: Lance's directories only, the demo's schema) is replaced; anything else is
+    refused unless --force.
+    """
+    if not os.path.lexists(path):
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        entries = set(os.listdir(path))
+        if not entries:
+            return
+        if DEMO_MARKER in entries or force or _looks_like_old_demo(path, entries):
+            _say(f"removing the previous demo table at {path}")
+            shutil.rmtree(path)
+            return
+    elif force:
+        _say(f"removing {path}")
+        os.remove(path)
+        return
+    raise CliError(f"{path} exists and is not a table `memwal demo` wrote: not touching it "
+                   "(choose another --path, or --force to replace it)")
+
+
+def _looks_like_old_demo(path: str, entries: set[str]) -> bool:
+    if not entries <= _DEMO_ENTRIES or "_mem_wal" not in entries:
+        return False
+    try:
+        import lance
+
+        from memwal_core import demo
+
+        return lance.dataset(path).schema.remove_metadata() == demo.SCHEMA.remove_metadata()
+    except Exception:  # noqa: BLE001 - not a readable demo table: not ours to delete
+        return False
+
+
 def cmd_demo(a) -> int:
     from memwal_core import demo, reader
     from memwal_core.store import open_store
 
-    from .config import single_table
+    from .config import check_spark_master, single_table
 
+    check_spark_master(a.spark_master, "--spark-master")
     path = os.path.abspath(a.path)
-    if os.path.exists(path):
-        _say(f"removing the previous demo table at {path}")
-        shutil.rmtree(path)
+    _clear_demo_path(path, force=a.force)
     loc = open_store(path)
     from memwal_core import spark
 
     spark.prestart(a.spark_master)  # the JVM starts while the writers write
     _say(f"writing a demo table at {path}: {a.regions} bucket regions, ~{a.rows} operations per round")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, DEMO_MARKER), "w") as f:  # first: an interrupted demo is still ours
+        f.write("written by `memwal demo`; `memwal demo --path` may replace this directory\n")
     demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=a.rows // 2, btree_index=True)
     w = demo.Workload(loc, seed=42, key_space=max(10, a.rows), max_memtable_rows=max(100, a.rows // a.regions))
     for _ in range(3):
@@ -351,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--regions", type=int, default=4)
     d.add_argument("--rows", type=int, default=400)
     d.add_argument("--spark-master", default="local[*]")
+    d.add_argument("--force", action="store_true",
+                   help="replace --path even if it is not a previous demo table")
     d.set_defaults(fn=cmd_demo)
 
     m = sub.add_parser("maintain", help="one full maintenance pass over a MemWAL table")
@@ -358,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--storage-option", action="append", metavar="K=V", default=[])
     m.add_argument("--spark-master", default="local[*]")
     m.add_argument("--only", help=f"comma-separated subset of {','.join(STEPS)}")
-    m.add_argument("--base-versions-older-than", type=float, metavar="SECONDS",
+    m.add_argument("--base-versions-older-than", metavar="SECONDS",  # checked by config.seconds: one line
                    help="let GC first clean up base-table versions older than this (Lance's "
                         "cleanup_old_versions); generations a retained version needs are always kept")
     m.add_argument("--retrain-vector-indexes", action="store_true",
@@ -407,12 +557,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return a.fn(a)
     except KeyboardInterrupt:
-        return 130
+        _say(f"error: {Interrupted(signal.SIGINT, None)}")
+        _stop_spark()
+        return 128 + signal.SIGINT
+    except Interrupted as e:
+        if a.verbose:
+            raise
+        _say(f"error: {e}")
+        _stop_spark()
+        return 128 + e.signum
     except Exception as e:  # noqa: BLE001 - one clear line unless --verbose
         if a.verbose:
             raise
-        msg = str(e).strip().splitlines()
-        _say(f"error: {msg[0] if msg else type(e).__name__}")
+        _say(f"error: {_one_line(str(e)) or type(e).__name__}")
         return 1
 
 

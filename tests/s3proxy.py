@@ -13,7 +13,10 @@ boto3 (memwal's store) and Lance's Rust object_store. Every request is forwarded
 - `cut_after(predicate)`: forward the first request matching `predicate`, answer it, then go
   down: "the server died right after this request" at a precise point of a run;
 - `before(predicate, action)`: run `action` (e.g. plant an object on the server) right before
-  the first matching request is forwarded: another writer winning a race at an exact moment.
+  the first matching request is forwarded: another writer winning a race at an exact moment;
+- `after(predicate, action, count)`: run `action(request, body, payload)` right after the
+  server answered a matching request (up to `count` of them); a returned `bytes` replaces the
+  answer's body (e.g. a DeleteObjects answer with per-key errors for keys put back on the server).
 
 Kinds (path-style addressing): `list` (GET on a bucket), `get`, `head`, `put`,
 `put_if_absent` (PUT with `If-None-Match`), `delete`, `delete_batch` (POST ?delete),
@@ -102,6 +105,7 @@ class S3Proxy:
         self._faults: list[_Fault] = []
         self._cut: Callable[[Request], bool] | None = None
         self._before: list[tuple[Callable[[Request], bool], Callable[[Request], None]]] = []
+        self._after: list[list] = []  # [predicate, action, remaining]
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -182,12 +186,20 @@ class S3Proxy:
             self._faults.clear()
             self._cut = None
             self._before.clear()
+            self._after.clear()
 
     def before(self, predicate: Callable[[Request], bool], action: Callable[[Request], None]) -> None:
         """Run `action(request)` once, right before forwarding the first request matching
         `predicate` (e.g. another writer's commit landing between a client's read and its write)."""
         with self._lock:
             self._before.append((predicate, action))
+
+    def after(self, predicate: Callable[[Request], bool],
+              action: Callable[[Request, bytes, bytes], bytes | None], count: int = 1) -> None:
+        """Run `action(request, request body, response body)` after the server answered each of
+        the next `count` requests matching `predicate`; bytes returned replace the response body."""
+        with self._lock:
+            self._after.append([predicate, action, count])
 
     def cut_after(self, predicate: Callable[[Request], bool]) -> None:
         """Go down right after answering the first request matching `predicate`."""
@@ -225,6 +237,14 @@ class S3Proxy:
                 if pred(req):
                     del self._before[i]
                     return action
+        return None
+
+    def _take_after(self, req: Request):
+        with self._lock:
+            for hook in self._after:
+                if hook[2] > 0 and hook[0](req):
+                    hook[2] -= 1
+                    return hook[1]
         return None
 
     def _record(self, req: Request) -> None:
@@ -320,6 +340,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
+        hook = p._take_after(req)
+        if hook is not None:
+            replaced = hook(req, body, payload)
+            if replaced is not None:
+                payload = replaced
         p._record(Request(**{**req.__dict__, "status": status}))
         self.send_response(status, reason)
         for k, v in out_headers:

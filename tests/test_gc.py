@@ -479,10 +479,11 @@ def test_manifest_retention_and_version_hint(table_loc):
     assert manifest_versions(loc, rid) == list(range(latest - 3, latest + 1))
     assert region.read_version_hint(loc.store, rid) == latest
     assert region.load_latest(loc.store, rid).version == latest
-    # A second run finds the prefix already gone (HEAD probes stop at the first missing one).
+    # A second run finds the prefix already gone (HEAD probes stop at the first missing one; the
+    # directory is listed below that hole only after a delete that did not finish: #18.15).
     loc.store.stats.clear()
     assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_s=0)).items
-    assert loc.store.stats["list"] == 2  # regions + the region directory (orphan sweep) only
+    assert loc.store.stats["list"] == 3  # regions, the region directory (orphans), GC's intent markers
     # Without the hint: memwal lists, pylance still opens, writes and flushes.
     os.unlink(os.path.join(loc.store.root, layout.version_hint_key(rid)))
     assert region.load_latest(loc.store, rid).version == latest
