@@ -64,6 +64,7 @@ OUTPUT_DDL = "kind string, region int, generation long, blob binary, rows long, 
 
 _prestart_lock = threading.Lock()
 _prestarting: threading.Thread | None = None
+_prestart_failed: tuple[str, Exception] | None = None  # (master, why): not started a second time
 
 
 def prestart(master: str = "local[*]", conf: dict[str, str] | None = None) -> None:
@@ -81,10 +82,16 @@ def prestart(master: str = "local[*]", conf: dict[str, str] | None = None) -> No
             return
 
         def run() -> None:
+            global _prestart_failed
             try:
-                warm_workers(_build_session(master, conf))
-            except Exception:  # noqa: BLE001 - get_spark will raise the real error in the caller
-                log.debug("Spark prestart failed", exc_info=True)
+                session = _build_session(master, conf)
+            except Exception as e:  # noqa: BLE001 - get_spark raises it in the caller
+                _prestart_failed = (master, e)
+                return
+            try:
+                warm_workers(session)
+            except Exception:  # noqa: BLE001 - the session works; its first job will say what is wrong
+                log.debug("Spark worker warm-up failed", exc_info=True)
 
         _prestarting = threading.Thread(target=run, name="memwal-spark-prestart", daemon=True)
         _prestarting.start()
@@ -112,6 +119,8 @@ def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, app_
     thread = _prestarting
     if thread is not None and thread is not threading.current_thread():
         thread.join()
+    if _prestart_failed is not None and _prestart_failed[0] == master:
+        raise _prestart_failed[1]  # the same JVM start failed already: one start, one error
     return _build_session(master, conf, app_name)
 
 
