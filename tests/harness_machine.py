@@ -1,0 +1,535 @@
+"""The stateful randomized harness of issue #13 (used by tests/test_harness.py).
+
+State: a real MemWAL table written by pylance `ShardWriter`s, plus a model of every flushed
+generation's rows (read back once, when the generation first appears) and of everything the
+writers were asked to write. Rules write, flush, reopen (epoch bump), merge (random byte
+budget and `max_generations`, so backlogs span batches), make one generation unreadable for
+one merge (a transient failure), plant a permanently bad generation and later repair it,
+build the MemWAL snapshot, catch indexes up, collect garbage with random retention, and kill
+a job (merge / snapshot / GC) in a subprocess at its k-th write.
+
+Invariants after every step:
+- merge progress never decreases and never passes a generation that could not be merged
+  (bad, or unreadable during that merge): every generation at or below progress was good;
+- the base table equals the model applied up to each region's progress (so nothing merged
+  is lost and nothing unmerged leaked in);
+- pylance's LSM read (base + generations above progress) equals the model of everything
+  flushed, except the keys of bad generations not yet repaired (the wall);
+- no listed generation is missing on disk; nothing outside the table directory changed.
+At teardown every bad generation is repaired and one merge runs: the base table alone then
+equals the model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import lance
+import pyarrow as pa
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from lance.mem_wal import evaluate_sharding_spec
+
+from memwal_core import catchup, checks, gc, layout, merge, reader, region, snapshot, table
+from memwal_core.store import open_store
+
+from helpers import tree
+
+PK = {b"lance-schema:unenforced-primary-key": b"true"}
+SCHEMA = pa.schema([
+    pa.field("id", pa.int64(), nullable=False, metadata=PK),
+    pa.field("c", pa.int64()),
+    pa.field("n", pa.int64()),
+    pa.field("s", pa.string()),
+])
+GEN_SCHEMA = SCHEMA.append(pa.field("_tombstone", pa.bool_()))
+KINDS = ["bucket_key", "bucket_nonkey", "identity", "unsharded"]
+KEYS = 24  # writer keys 0..KEYS-1; deletes also hit a few never-written keys
+ABSENT = 4
+BASE_KEYS = 5  # keys 0..4 are in the base table from the start
+PLANTED_FROM = 1000  # planted generations use fresh keys from here on
+MAX_MEMTABLE_ROWS = 4
+BAD_KINDS = ["extra_column", "wrong_type", "misrouted_some", "misrouted_all"]
+SCHEMA_BAD = {"extra_column", "wrong_type"}
+ENABLED_BAD = [k for k in os.environ.get("MEMWAL_HARNESS_BAD_KINDS", ",".join(BAD_KINDS)).split(",") if k]
+JOB = os.path.join(os.path.dirname(__file__), "procs", "reliability_job.py")
+WORKTREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def c_of(kind: str, key: int) -> int:
+    """The non-key column: a function of the key, so a key's region never changes."""
+    return key % 3 if kind == "identity" else key % 5
+
+
+def row(kind: str, key: int, version: int) -> dict[str, Any]:
+    return {"id": key, "c": c_of(kind, key), "n": version, "s": f"k{key}v{version}"}
+
+
+def apply(state: dict[int, dict], rows: list[dict]) -> None:
+    for r in rows:
+        if r["_tombstone"]:
+            state.pop(r["id"], None)
+        else:
+            state[r["id"]] = {k: v for k, v in r.items() if k != "_tombstone"}
+
+
+@dataclass
+class Bad:
+    kind: str
+    keys: set[int]  # every key the bad or the good version holds (held behind the wall)
+    good: list[dict]  # the rows the repair writes
+
+
+class Stats:
+    steps = 0
+    examples = 0
+    merges = 0
+    merge_crashes = 0
+    rule_counts: dict[str, int] = {}
+
+
+class MemWalMachine(RuleBasedStateMachine):
+    """Set `spark` and `workdir` on the class (or a subclass) before running."""
+
+    spark = None
+    workdir: str = tempfile.gettempdir()
+    merge_crash_cap = 1  # merge crashes (a Spark JVM each, ~15 s) per whole run
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loc = None
+        Stats.examples += 1
+
+    # ------------------------------------------------------------------ setup
+    @initialize(kind=st.sampled_from(KINDS))
+    def init_table(self, kind: str) -> None:
+        self.kind = kind
+        self.root = tempfile.mkdtemp(prefix="h-", dir=self.workdir)
+        os.makedirs(os.path.join(self.root, "outside"))
+        with open(os.path.join(self.root, "outside", "sentinel"), "w") as f:
+            f.write("not the table's")
+        self.outside = tree(os.path.join(self.root, "outside"))
+        self.loc = open_store(os.path.join(self.root, "table"))
+        base0 = [row(kind, k, 0) for k in range(BASE_KEYS)]
+        ds = lance.write_dataset(pa.Table.from_pylist(base0, schema=SCHEMA), self.loc.lance_uri, schema=SCHEMA)
+        ds.create_scalar_index("id", "BTREE", name="id_btree")
+        if kind == "bucket_key":
+            ds.initialize_mem_wal(bucket_column="id", num_buckets=3)
+        elif kind == "bucket_nonkey":
+            ds.initialize_mem_wal(bucket_column="c", num_buckets=3)
+        elif kind == "identity":
+            ds.initialize_mem_wal(identity_column="c")
+        else:
+            ds.initialize_mem_wal(unsharded=True)
+        self.ds = lance.dataset(self.loc.lance_uri)
+        self.spec = (self.ds.mem_wal_index_details() or {})["sharding_specs"][0]
+        self.base0 = {r["id"]: r for r in base0}
+        self.written = dict(self.base0)  # what writers were asked to write (flushed or not)
+        self.value_cache: dict[int, Any] = {}
+        self.values = sorted({self.value(k) for k in range(KEYS + ABSENT)})
+        self.rids = {v: str(uuid.uuid4()) for v in self.values}
+        self.writers: dict[Any, Any] = {}
+        self.gens: dict[str, dict[int, list[dict]]] = {rid: {} for rid in self.rids.values()}
+        self.bad: dict[tuple[str, int], Bad] = {}
+        self.last_merged: dict[str, int] = {}
+        self.next_planted = PLANTED_FROM
+        self.version = 0
+        self.crashes = 0
+        self.scratch: dict[str, tuple[str, Any]] = {}
+
+    def value(self, key: int) -> Any:
+        if key not in self.value_cache:
+            if self.kind == "unsharded":
+                self.value_cache[key] = 0
+            else:
+                batch = pa.record_batch([pa.array([key], pa.int64()), pa.array([c_of(self.kind, key)], pa.int64())],
+                                        names=["id", "c"])
+                self.value_cache[key] = evaluate_sharding_spec(batch, self.spec, self.ds.lance_schema).column(0)[0].as_py()
+        return self.value_cache[key]
+
+    def rid_of(self, key: int) -> str:
+        return self.rids[self.value(key)]
+
+    def count(self, name: str) -> None:
+        Stats.steps += 1
+        Stats.rule_counts[name] = Stats.rule_counts.get(name, 0) + 1
+
+    # ------------------------------------------------------------ writers
+    def writer(self, v: Any):
+        if self.writers.get(v) is None:
+            self.writers[v] = self.ds.mem_wal_writer(self.rids[v], max_memtable_rows=MAX_MEMTABLE_ROWS,
+                                                     durable_write=False)
+        return self.writers[v]
+
+    def settle(self) -> None:
+        """Wait until no open writer has a frozen MemTable still being flushed: pylance
+        flushes a full MemTable in the background, and the model reads generations once."""
+        deadline = time.monotonic() + 30
+        for w in self.writers.values():
+            while w is not None and w.memtable_stats()["frozen_count"]:
+                assert time.monotonic() < deadline, "a frozen MemTable was not flushed within 30 s"
+                time.sleep(0.005)
+        self.discover()
+
+    def close(self, v: Any) -> None:
+        w = self.writers.pop(v, None)
+        if w is not None:
+            w.close()
+            self.discover()
+            self.check_flushed(v)
+
+    def check_flushed(self, v: Any) -> None:
+        """A closed writer's region: its generations hold exactly what it was asked to write."""
+        rid = self.rids[v]
+        state = {k: r for k, r in self.base0.items() if self.rid_of(k) == rid}
+        for g in sorted(self.gens[rid]):
+            apply(state, self.gens[rid][g])
+        mine = {k for k in range(KEYS + ABSENT) if self.rid_of(k) == rid}
+        got = {k: state.get(k) for k in mine}
+        want = {k: self.written.get(k) for k in mine}
+        assert got == want, f"region {rid}: flushed generations differ from what was written"
+
+    def by_region(self, keys: list[int]) -> dict[Any, list[int]]:
+        out: dict[Any, list[int]] = {}
+        for k in keys:
+            out.setdefault(self.value(k), []).append(k)
+        return out
+
+    def put_rows(self, keys: list[int]) -> None:
+        self.version += 1
+        for v, ks in self.by_region(keys).items():
+            rows = [row(self.kind, k, self.version) for k in ks]
+            self.writer(v).put(pa.Table.from_pylist(rows, schema=SCHEMA))
+            for r in rows:
+                self.written[r["id"]] = r
+        self.settle()
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(keys=st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=3, unique=True))
+    def put(self, keys: list[int]) -> None:
+        self.count("put")
+        self.put_rows(keys)
+
+    @precondition(lambda self: self.loc is not None and self.written)
+    @rule(picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=3))
+    def overwrite(self, picks: list[int]) -> None:
+        self.count("overwrite")
+        live = sorted(self.written)
+        self.put_rows(sorted({live[p % len(live)] for p in picks}))
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(keys=st.lists(st.integers(0, KEYS + ABSENT - 1), min_size=1, max_size=2, unique=True))
+    def delete(self, keys: list[int]) -> None:
+        self.count("delete")
+        for v, ks in self.by_region(keys).items():
+            # Only the key: a tombstone's other columns (a non-key region column too) are NULL.
+            self.writer(v).delete(pa.table({"id": pa.array(ks, pa.int64())}))
+            for k in ks:
+                self.written.pop(k, None)
+        self.settle()
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(r=st.integers(0, 7))
+    def flush(self, r: int) -> None:
+        """Close the region's writer: its MemTable becomes a generation."""
+        self.count("flush")
+        self.close(self.values[r % len(self.values)])
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(r=st.integers(0, 7))
+    def reopen(self, r: int) -> None:
+        """Close and reopen: the new writer claims the region with a bumped epoch."""
+        self.count("reopen")
+        v = self.values[r % len(self.values)]
+        self.close(v)
+        self.writer(v)
+
+    # ------------------------------------------------------------- merges
+    def merged(self) -> dict[str, int]:
+        return table.read_memwal_state(self.loc).merged
+
+    def run_merge(self, budget: int, max_gens: int, via_plan: bool) -> merge.MergeResult:
+        Stats.merges += 1
+        try:
+            if via_plan:
+                plan = merge.plan_merge(self.loc, budget_bytes=budget, max_generations=max_gens)
+                return merge.execute_merge(self.loc, plan, self.spark)
+            return merge.merge(self.loc, self.spark, budget_bytes=budget, max_generations=max_gens)
+        except Exception as e:
+            # One region's bad generation must fail that region only, never the whole run.
+            raise AssertionError(f"MERGE RAISED: {type(e).__name__}: {str(e)[:300]}") from e
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(budget=st.sampled_from([1, 3_000, 10**9]), max_gens=st.integers(1, 4), via_plan=st.booleans())
+    def merge(self, budget: int, max_gens: int, via_plan: bool) -> None:
+        self.count("merge")
+        self.run_merge(budget, max_gens, via_plan)
+
+    def pending(self) -> list[tuple[str, int]]:
+        """(region, generation) of every listed generation above progress."""
+        merged = self.merged()
+        out = []
+        for rid in sorted(self.gens):
+            try:
+                m = region.load_latest(self.loc.store, rid)
+            except Exception:  # noqa: BLE001 - region not created yet
+                continue
+            out += [(rid, g.generation) for g in m.generations if g.generation > merged.get(rid, 0)]
+        return out
+
+    def gen_path(self, rid: str, g: int) -> str:
+        m = region.load_latest(self.loc.store, rid)
+        path = next(x.path for x in m.generations if x.generation == g)
+        return os.path.join(self.root, "table", layout.generation_dir(rid, path, g))
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(pick=st.integers(0, 10_000), budget=st.sampled_from([1, 3_000, 10**9]), max_gens=st.integers(1, 4))
+    def merge_with_unreadable_generation(self, pick: int, budget: int, max_gens: int) -> None:
+        """One pending generation is unreadable for the whole merge (moved away), then back:
+        the merge must stop that region below it."""
+        self.count("merge_transient")
+        pending = self.pending()
+        if not pending:
+            return
+        rid, g = pending[pick % len(pending)]
+        path = self.gen_path(rid, g)
+        away = path + ".away"
+        os.rename(path, away)
+        try:
+            self.run_merge(budget, max_gens, pick % 2 == 0)
+            after = self.merged().get(rid, 0)
+        finally:
+            os.rename(away, path)
+        assert after < g, (f"WALL: region {rid} progress {after} passed generation {g}, "
+                           "which was unreadable during the merge")
+
+    # ---------------------------------------------------- bad generations
+    def fresh_keys(self, n: int, want, own: Any) -> list[int]:
+        out = []
+        while len(out) < n:
+            k = self.next_planted
+            self.next_planted += 1
+            if want(self.value(k), own):
+                out.append(k)
+        return out
+
+    def writer_made(self, schema: pa.Schema, rows: list[dict]) -> str:
+        """A generation directory written by a real `ShardWriter` (so it has the `_pk_index`
+        and bloom filter pylance's LSM reader needs) into a scratch table of `schema`."""
+        name = ",".join(f"{f.name}:{f.type}" for f in schema)
+        if name not in self.scratch:
+            uri = os.path.join(self.root, "scratch", uuid.uuid4().hex[:8])
+            ds = lance.write_dataset(pa.Table.from_pylist([], schema=schema), uri, schema=schema)
+            ds.initialize_mem_wal(unsharded=True)
+            self.scratch[name] = (uri, lance.dataset(uri))
+        uri, ds = self.scratch[name]
+        rid = str(uuid.uuid4())
+        with ds.mem_wal_writer(rid, max_memtable_rows=len(rows) + 1, durable_write=False) as w:
+            w.put(pa.Table.from_pylist(rows, schema=schema))
+        m = region.load_latest(open_store(uri).store, rid)
+        (g,) = m.generations
+        return os.path.join(uri, layout.generation_dir(rid, g.path, g.generation))
+
+    def plant_dir(self, rid: str, src: str, rows: int) -> int:
+        """List a copy of `src` as the region's next generation (a foreign writer's flush)."""
+        latest = region.load_latest(self.loc.store, rid)
+        gen = latest.current_generation
+        path = f"{uuid.uuid4().hex[:8]}_gen_{gen}"
+        shutil.copytree(src, os.path.join(self.root, "table", layout.generation_dir(rid, path, gen)))
+
+        def add(m) -> bool:
+            m.flushed_generations.add(generation=gen, path=path, physical_rows=rows)
+            m.current_generation = gen + 1
+            return True
+
+        region.commit_next(self.loc.store, latest, add)
+        return gen
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(r=st.integers(0, 7), kind=st.sampled_from(BAD_KINDS), n=st.integers(1, 2))
+    def plant_bad(self, r: int, kind: str, n: int) -> None:
+        """A foreign writer flushes a generation that cannot be merged as it is."""
+        self.count("plant_bad")
+        kind = kind if kind in ENABLED_BAD else ENABLED_BAD[0]
+        v = self.values[r % len(self.values)]
+        rid = self.rids[v]
+        if kind.startswith("misrouted") and self.kind == "unsharded":
+            kind = "extra_column"
+        if kind == "misrouted_all" and self.merged().get(rid, 0) < 1:
+            # Nothing authoritative says which value the region owns yet: "all rows elsewhere"
+            # is then indistinguishable from "the region owns that value".
+            kind = "misrouted_some"
+        self.close(v)
+        self.writer(v)
+        self.close(v)  # the region exists, and no open writer holds a MemTable generation number
+        self.version += 1
+        own = self.fresh_keys(n, lambda x, o: x == o, v)
+        good = [row(self.kind, k, self.version) for k in own]
+        keys = set(own)
+        if kind == "extra_column":
+            schema = SCHEMA.append(pa.field("other", pa.string()))
+            data = [{**r, "other": "x"} for r in good]
+        elif kind == "wrong_type":
+            schema = SCHEMA.set(2, pa.field("n", pa.string()))
+            data = [{**r, "n": str(r["n"])} for r in good]
+        else:
+            schema = SCHEMA
+            stray = self.fresh_keys(n if kind == "misrouted_all" else 1, lambda x, o: x != o, v)
+            keys |= set(stray)
+            stray_rows = [row(self.kind, k, self.version) for k in stray]
+            data = stray_rows if kind == "misrouted_all" else good + stray_rows
+        g = self.plant_dir(rid, self.writer_made(schema, data), len(data))
+        self.gens[rid][g] = [{**r, "_tombstone": False} for r in good]
+        self.bad[(rid, g)] = Bad(kind, keys, good)
+
+    def repair_one(self, rid: str, g: int) -> None:
+        b = self.bad.pop((rid, g))
+        path = self.gen_path(rid, g)
+        src = self.writer_made(SCHEMA, b.good)
+        shutil.rmtree(path)
+        shutil.copytree(src, path)
+
+    @precondition(lambda self: self.loc is not None and self.bad)
+    @rule(pick=st.integers(0, 10_000))
+    def repair(self, pick: int) -> None:
+        """The operator rewrites a bad generation with good data of the same rows."""
+        self.count("repair")
+        rid, g = sorted(self.bad)[pick % len(self.bad)]
+        self.repair_one(rid, g)
+
+    # ----------------------------------------------------- other jobs
+    @precondition(lambda self: self.loc is not None)
+    @rule()
+    def build_snapshot(self) -> None:
+        self.count("snapshot")
+        snapshot.build_snapshot(self.loc, max_workers=2)
+
+    @precondition(lambda self: self.loc is not None)
+    @rule()
+    def catch_up(self) -> None:
+        self.count("catchup")
+        catchup.run_catchup(self.loc)
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(keep=st.integers(1, 3), min_age=st.sampled_from([0.0, 3600.0]), grace=st.sampled_from([0.0, 3600.0]),
+          base_retain=st.sampled_from([None, 1, 2]))
+    def collect_garbage(self, keep: int, min_age: float, grace: float, base_retain: int | None) -> None:
+        self.count("gc")
+        gc.run_gc(self.loc, gc.GcConfig(manifest_keep_versions=keep, manifest_min_age_s=min_age,
+                                        orphan_grace_s=grace, base_cleanup_retain_versions=base_retain,
+                                        max_workers=2))
+
+    @precondition(lambda self: self.loc is not None and self.crashes < 2)
+    @rule(job=st.sampled_from(["gc", "snapshot", "merge"]), k=st.integers(1, 6))
+    def crash(self, job: str, k: int) -> None:
+        """The job in its own process, killed (exit 137) right before its k-th write."""
+        self.count("crash")
+        if job == "merge":
+            if Stats.merge_crashes >= self.merge_crash_cap:
+                job = "gc"
+            else:
+                Stats.merge_crashes += 1
+        self.crashes += 1
+        env = {**os.environ, "MEMWAL_CRASH_AFTER_OPS": str(k),
+               "PYTHONPATH": os.pathsep.join([WORKTREE, os.environ.get("PYTHONPATH", "")])}
+        p = subprocess.run([sys.executable, JOB, job, self.loc.lance_uri, "--budget", "3000"],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode in (0, 1, 137), p.stderr[-3000:]
+
+    # ---------------------------------------------------------- the model
+    def discover(self) -> None:
+        """Record the rows of every generation that appeared since the last look."""
+        for rid, known in self.gens.items():
+            try:
+                m = region.load_latest(self.loc.store, rid)
+            except Exception:  # noqa: BLE001 - the region has no manifest yet
+                continue
+            top = max(known, default=0)
+            for g in m.generations:
+                if g.generation > top and g.generation not in known:
+                    uri = self.loc.child_uri(layout.generation_dir(rid, g.path, g.generation))
+                    known[g.generation] = lance.dataset(uri).to_table().to_pylist()
+
+    def expected(self, upto: dict[str, int] | None) -> dict[int, dict]:
+        state = dict(self.base0)
+        for rid, gens in self.gens.items():
+            for g in sorted(gens):
+                if upto is None or g <= upto.get(rid, 0):
+                    apply(state, gens[g])
+        return state
+
+    def held_keys(self) -> set[int]:
+        return set().union(*(b.keys for b in self.bad.values())) if self.bad else set()
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        self.check_all()
+
+    def check_all(self) -> None:
+        if self.loc is None:
+            return
+        self.discover()
+        merged = self.merged()
+        for rid, p in merged.items():
+            last = self.last_merged.get(rid, 0)
+            assert p >= last, f"PROGRESS REGRESSED: region {rid} {last} -> {p}"
+            for g in range(last + 1, p + 1):
+                assert g in self.gens.get(rid, {}), f"WALL: region {rid} progress {p} passed unknown generation {g}"
+                assert (rid, g) not in self.bad, (
+                    f"WALL: region {rid} progress {p} passed bad generation {g} ({self.bad[(rid, g)].kind})")
+        self.last_merged = dict(merged)
+        assert checks.missing_generations(self.loc) == {}, "a listed generation is missing on disk"
+        base = {r["id"]: r for r in table.open_dataset(self.loc).to_table().to_pylist()}
+        want_base = self.expected(merged)
+        assert base == want_base, diff("BASE", base, want_base)
+        held = self.held_keys()
+        try:
+            lsm = {r["id"]: r for r in reader.lsm_table(self.loc).to_pylist()}
+        except Exception:
+            if any(b.kind in SCHEMA_BAD for b in self.bad.values()):
+                lsm = None  # pylance cannot read a generation with other columns: nor can readers
+            else:
+                raise
+        if lsm is not None:
+            want = {k: v for k, v in self.expected(None).items() if k not in held}
+            got = {k: v for k, v in lsm.items() if k not in held}
+            assert got == want, diff("LSM", got, want)
+        assert tree(os.path.join(self.root, "outside")) == self.outside, "something outside the table changed"
+        assert set(os.listdir(self.root)) <= {"outside", "table", "scratch"}, "something appeared next to the table"
+
+    def teardown(self) -> None:
+        if self.loc is None:
+            return
+        try:
+            for v in list(self.writers):
+                self.close(v)
+            for rid, g in sorted(self.bad):
+                self.repair_one(rid, g)
+            self.check_all()
+            for _ in range(2):
+                self.run_merge(merge.DEFAULT_BUDGET_BYTES, merge.DEFAULT_MAX_GENERATIONS, False)
+                self.check_all()
+                if not merge.plan_merge(self.loc).batches:
+                    break
+            assert not merge.plan_merge(self.loc).batches, "FINAL: generations left unmerged after repair"
+            base = {r["id"]: r for r in table.open_dataset(self.loc).to_table().to_pylist()}
+            want = self.expected(None)
+            assert base == want, diff("FINAL BASE", base, want)
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def diff(what: str, got: dict, want: dict) -> str:
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    changed = sorted(k for k in set(got) & set(want) if got[k] != want[k])
+    return (f"{what} differs from the model: missing keys {missing}, unexpected keys {extra}, "
+            f"changed {[(k, got[k], want[k]) for k in changed[:5]]}")
