@@ -57,8 +57,8 @@ ABSENT = 4
 BASE_KEYS = 5  # keys 0..4 are in the base table from the start
 PLANTED_FROM = 1000  # planted generations use fresh keys from here on
 MAX_MEMTABLE_ROWS = 4
-BAD_KINDS = ["extra_column", "wrong_type", "misrouted_some", "misrouted_all"]
-SCHEMA_BAD = {"extra_column", "wrong_type"}
+BAD_KINDS = ["extra_column", "wrong_type", "misrouted_some", "misrouted_all", "null_key", "gap"]
+LSM_MAY_FAIL = {"extra_column", "wrong_type", "null_key"}  # pylance's own LSM read cannot read these either
 TRANSIENT = not os.environ.get("MEMWAL_HARNESS_NO_TRANSIENT")
 ENABLED_BAD = [k for k in os.environ.get("MEMWAL_HARNESS_BAD_KINDS", ",".join(BAD_KINDS)).split(",") if k]
 JOB = os.path.join(os.path.dirname(__file__), "procs", "reliability_job.py")
@@ -87,6 +87,7 @@ class Bad:
     kind: str
     keys: set[int]  # every key the bad or the good version holds (held behind the wall)
     good: list[dict]  # the rows the repair writes
+    missing: int = 0  # "gap": the generation number the manifest skipped
 
 
 class Stats:
@@ -156,6 +157,9 @@ class MemWalMachine(RuleBasedStateMachine):
                                         names=["id", "c"])
                 self.value_cache[key] = evaluate_sharding_spec(batch, self.spec, self.ds.lance_schema).column(0)[0].as_py()
         return self.value_cache[key]
+
+    def value_of_rid(self, rid: str) -> Any:
+        return next(v for v, r in self.rids.items() if r == rid)
 
     def rid_of(self, key: int) -> str:
         return self.rids[self.value(key)]
@@ -341,16 +345,22 @@ class MemWalMachine(RuleBasedStateMachine):
         (g,) = m.generations
         return os.path.join(uri, layout.generation_dir(rid, g.path, g.generation))
 
-    def plant_dir(self, rid: str, src: str, rows: int) -> int:
-        """List a copy of `src` as the region's next generation (a foreign writer's flush)."""
+    def plant_dir(self, rid: str, src: str | None, rows: int, gen: int | None = None,
+                  data: pa.Table | None = None) -> int:
+        """List a copy of `src` (or `data` written by hand) as a generation of the region (a
+        foreign writer's flush): the next one unless `gen` says which."""
         latest = region.load_latest(self.loc.store, rid)
-        gen = latest.current_generation
+        gen = gen or latest.current_generation
         path = f"{uuid.uuid4().hex[:8]}_gen_{gen}"
-        shutil.copytree(src, os.path.join(self.root, "table", layout.generation_dir(rid, path, gen)))
+        dest = os.path.join(self.root, "table", layout.generation_dir(rid, path, gen))
+        if src is not None:
+            shutil.copytree(src, dest)
+        else:
+            lance.write_dataset(data, dest)
 
         def add(m) -> bool:
             m.flushed_generations.add(generation=gen, path=path, physical_rows=rows)
-            m.current_generation = gen + 1
+            m.current_generation = max(m.current_generation, gen + 1)
             return True
 
         region.commit_next(self.loc.store, latest, add)
@@ -383,18 +393,37 @@ class MemWalMachine(RuleBasedStateMachine):
         elif kind == "wrong_type":
             schema = SCHEMA.set(2, pa.field("n", pa.string()))
             data = [{**r, "n": f"v{r['n']}"} for r in good]  # not castable to the table's int64
+        elif kind == "null_key":
+            # A writer refuses a nullable key column: this one is written by hand (no `_pk_index`).
+            null = pa.Table.from_pylist([{**r, "_tombstone": False} for r in good]
+                                        + [{"id": None, "c": 0, "n": self.version, "s": "null", "_tombstone": False}],
+                                        schema=GEN_SCHEMA.set(0, pa.field("id", pa.int64())))
+            g = self.plant_dir(rid, None, null.num_rows, data=null)
+        elif kind == "gap":
+            schema, data = SCHEMA, good
         else:
             schema = SCHEMA
             stray = self.fresh_keys(n if kind == "misrouted_all" else 1, lambda x, o: x != o, v)
             keys |= set(stray)
             stray_rows = [row(self.kind, k, self.version) for k in stray]
             data = stray_rows if kind == "misrouted_all" else good + stray_rows
-        g = self.plant_dir(rid, self.writer_made(schema, data), len(data))
+        missing = 0
+        if kind == "gap":  # the manifest skips a generation number: listed [.., g-1, g+1]
+            missing = region.load_latest(self.loc.store, rid).current_generation
+            g = self.plant_dir(rid, self.writer_made(schema, data), len(data), gen=missing + 1)
+        elif kind != "null_key":
+            g = self.plant_dir(rid, self.writer_made(schema, data), len(data))
         self.gens[rid][g] = [{**r, "_tombstone": False} for r in good]
-        self.bad[(rid, g)] = Bad(kind, keys, good)
+        self.bad[(rid, g)] = Bad(kind, keys, good, missing)
 
     def repair_one(self, rid: str, g: int) -> None:
         b = self.bad.pop((rid, g))
+        if b.kind == "gap":  # list the skipped generation (one fresh row of the region)
+            self.version += 1
+            fill = [row(self.kind, k, self.version) for k in self.fresh_keys(1, lambda x, o: x == o, self.value_of_rid(rid))]
+            self.plant_dir(rid, self.writer_made(SCHEMA, fill), 1, gen=b.missing)
+            self.gens[rid][b.missing] = [{**r, "_tombstone": False} for r in fill]
+            return
         path = self.gen_path(rid, g)
         src = self.writer_made(SCHEMA, b.good)
         shutil.rmtree(path)
@@ -409,17 +438,21 @@ class MemWalMachine(RuleBasedStateMachine):
         self.repair_one(rid, g)
 
     # ----------------------------------------------------- other jobs
+    # (Two arguments each: Hypothesis orders rules by argument count, and the first rule is
+    # drawn far more often than the others.)
     @precondition(lambda self: self.loc is not None)
-    @rule()
-    def build_snapshot(self) -> None:
+    @rule(external=st.booleans(), hints=st.booleans())
+    def build_snapshot(self, external: bool, hints: bool) -> None:
+        """The MemWAL index builder; `external` forces the snapshot out of line."""
         self.count("snapshot")
-        snapshot.build_snapshot(self.loc, max_workers=2)
+        snapshot.build_snapshot(self.loc, max_workers=2, update_hints=hints,
+                                **({"inline_threshold": 0} if external else {}))
 
     @precondition(lambda self: self.loc is not None)
-    @rule()
-    def catch_up(self) -> None:
+    @rule(named=st.booleans(), retrain=st.booleans())
+    def catch_up(self, named: bool, retrain: bool) -> None:
         self.count("catchup")
-        catchup.run_catchup(self.loc)
+        catchup.run_catchup(self.loc, ["id_btree"] if named else None, retrain=retrain)
 
     @precondition(lambda self: self.loc is not None)
     @rule(keep=st.integers(1, 3), min_age=st.sampled_from([0.0, 3600.0]), grace=st.sampled_from([0.0, 3600.0]),
@@ -497,7 +530,7 @@ class MemWalMachine(RuleBasedStateMachine):
         try:
             lsm = {r["id"]: r for r in reader.lsm_table(self.loc).to_pylist()}
         except Exception:
-            if any(b.kind in SCHEMA_BAD for b in self.bad.values()):
+            if any(b.kind in LSM_MAY_FAIL for b in self.bad.values()):
                 lsm = None  # pylance cannot read a generation with other columns: nor can readers
             else:
                 raise
