@@ -233,12 +233,17 @@ class MemWalMachine(RuleBasedStateMachine):
         self.put_rows(sorted({live[p % len(live)] for p in picks}))
 
     @precondition(lambda self: self.loc is not None)
-    @rule(keys=st.lists(st.integers(0, KEYS + ABSENT - 1), min_size=1, max_size=2, unique=True))
-    def delete(self, keys: list[int]) -> None:
+    @rule(keys=st.lists(st.integers(0, KEYS + ABSENT - 1), min_size=1, max_size=2, unique=True),
+          whole_rows=st.booleans())
+    def delete(self, keys: list[int], whole_rows: bool) -> None:
+        """Delete by key, or by whole rows (pylance ignores the non-key columns): either way the
+        tombstone's other columns, a non-key region column too, are NULL."""
         self.count("delete")
         for v, ks in self.by_region(keys).items():
-            # Only the key: a tombstone's other columns (a non-key region column too) are NULL.
-            self.writer(v).delete(pa.table({"id": pa.array(ks, pa.int64())}))
+            if whole_rows:
+                self.writer(v).delete(pa.Table.from_pylist([row(self.kind, k, 0) for k in ks], schema=SCHEMA))
+            else:
+                self.writer(v).delete(pa.table({"id": pa.array(ks, pa.int64())}))
             for k in ks:
                 self.written.pop(k, None)
         self.settle()
