@@ -38,8 +38,16 @@ def _run(spark, tmp_path, steps: int, first_seed: int, per_example: int, example
     print(f"harness: {hm.Stats.steps} steps, {hm.Stats.examples} state machines, {hm.Stats.merges} merges, "
           f"{hm.Stats.merge_crashes} merge crashes in {time.monotonic() - t0:.0f} s; seeds {first_seed}..{s - 1}; "
           f"rules {dict(sorted(hm.Stats.rule_counts.items()))}", flush=True)
+    # A harness that never merged, failed a read or planted a bad generation proves nothing.
+    missing = ALL_RULES - set(hm.Stats.rule_counts)
+    assert not missing, f"rules never run: {sorted(missing)}"
 
 
+ALL_RULES = {"put", "overwrite", "delete", "flush", "reopen", "merge", "merge_transient", "plant_bad", "repair",
+             "snapshot", "catchup", "gc", "crash"}
+
+
+@pytest.mark.timeout(1800)  # ~4 min when green; shrinking a failure may take 10 more
 def test_harness_bounded(spark, tmp_path):
     """The bounded profile: fixed seeds, >= 1,000 steps, 0 violations."""
     steps = int(os.environ.get("MEMWAL_HARNESS_STEPS", 1000)) if not SOAK else 1000
@@ -48,6 +56,7 @@ def test_harness_bounded(spark, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(0)  # 100,000 steps: hours (about 5 steps/s on 2 cores)
 @pytest.mark.skipif(not SOAK, reason="soak variant: run with MEMWAL_SOAK=1 (make soak)")
 def test_harness_soak(spark, tmp_path):
     steps = int(os.environ.get("MEMWAL_HARNESS_STEPS", 100_000))
@@ -92,7 +101,7 @@ def test_regression_unreadable_generation_in_a_later_batch_is_a_wall(machine):
     m = machine("unsharded")
     steps(m, ("put", {"keys": [1]}), ("flush", {"r": 0}), ("put", {"keys": [2]}), ("flush", {"r": 0}),
           ("put", {"keys": [3]}), ("flush", {"r": 0}),
-          ("merge_with_unreadable_generation", {"pick": 1, "budget": 1, "max_gens": 1}))
+          ("merge_with_unreadable_generation", {"pick": 1, "budget": 1, "max_gens": 1, "back_at": 0}))
 
 
 def test_regression_wrong_typed_generation_fails_its_region_only(machine):
