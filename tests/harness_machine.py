@@ -146,6 +146,7 @@ class MemWalMachine(RuleBasedStateMachine):
         self.version = 0
         self.crashes = 0
         self.broken = False
+        self.stale = None
         self.scratch: dict[str, tuple[str, Any]] = {}
 
     def value(self, key: int) -> Any:
@@ -284,6 +285,26 @@ class MemWalMachine(RuleBasedStateMachine):
     def merge(self, budget: int, max_gens: int, via_plan: bool) -> None:
         self.count("merge")
         self.run_merge(budget, max_gens, via_plan)
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(budget=st.sampled_from([1, 3_000, 10**9]), max_gens=st.integers(1, 4))
+    def plan_for_later(self, budget: int, max_gens: int) -> None:
+        """Plan a merge now and execute it some steps later (a slow scheduler): by then other
+        merges, GC, repairs and new writes may have happened."""
+        self.count("stale_plan")
+        self.stale = merge.plan_merge(self.loc, budget_bytes=budget, max_generations=max_gens)
+
+    @precondition(lambda self: self.loc is not None and self.stale is not None)
+    @rule(keep=st.booleans())
+    def execute_stale_plan(self, keep: bool) -> None:
+        self.count("stale_execute")
+        Stats.merges += 1
+        plan = self.stale
+        self.stale = plan if keep else None  # keep: it may run yet again later
+        try:
+            merge.execute_merge(self.loc, plan, self.spark)
+        except Exception as e:
+            raise AssertionError(f"MERGE RAISED: {type(e).__name__}: {str(e)[:300]}") from e
 
     def pending(self) -> list[tuple[str, int]]:
         """(region, generation) of every listed generation above progress."""
