@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from lance.mem_wal import evaluate_sharding_spec
 
-from memwal_core import catchup, checks, gc, layout, merge, reader, region, snapshot, table
+from memwal_core import catchup, checks, compaction, gc, layout, merge, reader, region, snapshot, table
 from memwal_core.store import open_store
 
 from helpers import tree
@@ -483,6 +483,23 @@ class MemWalMachine(RuleBasedStateMachine):
         self.count("repair")
         rid, g = sorted(self.bad)[pick % len(self.bad)]
         self.repair_one(rid, g)
+
+    @precondition(lambda self: self.loc is not None)
+    @rule(race_merge=st.booleans(), via_spark=st.booleans())
+    def compact(self, race_merge: bool, via_spark: bool) -> None:
+        """Base-table compaction with every trigger at its lowest; with `race_merge` a merge
+        commits between its rewrite and its commit (the Rewrite conflicts and re-plans)."""
+        self.count("compact")
+        opts = compaction.CompactionOptions(max_fragments=1, max_small_fragments=1, min_small_fragments=1,
+                                            min_deleted_rows=1, max_deleted_row_ratio=0.0, max_index_segments=1)
+        raced = []
+
+        def before_commit(attempt: int) -> None:
+            if race_merge and not raced:
+                raced.append(attempt)
+                self.run_merge(3_000, 2, False)
+
+        compaction.compact(self.loc, self.spark if via_spark else None, opts, before_commit=before_commit)
 
     # ----------------------------------------------------- other jobs
     # (Two arguments each: Hypothesis orders rules by argument count, and the first rule is

@@ -44,7 +44,7 @@ def _run(spark, tmp_path, steps: int, first_seed: int, per_example: int, example
 
 
 ALL_RULES = {"put", "overwrite", "delete", "flush", "reopen", "merge", "merge_transient", "plant_bad", "repair",
-             "snapshot", "catchup", "gc", "crash", "stale_plan", "stale_execute"}
+             "snapshot", "catchup", "gc", "crash", "stale_plan", "stale_execute", "compact"}
 
 
 @pytest.mark.timeout(1800)  # ~4 min when green; shrinking a failure may take 10 more
