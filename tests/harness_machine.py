@@ -2,11 +2,12 @@
 
 State: a real MemWAL table written by pylance `ShardWriter`s, plus a model of every flushed
 generation's rows (read back once, when the generation first appears) and of everything the
-writers were asked to write. Rules write, flush, reopen (epoch bump), merge (random byte
-budget and `max_generations`, so backlogs span batches), make one generation unreadable for
-one merge (a transient failure), plant a permanently bad generation and later repair it,
-build the MemWAL snapshot, catch indexes up, collect garbage with random retention, and kill
-a job (merge / snapshot / GC) in a subprocess at its k-th write.
+writers were asked to write. Rules write, delete, flush, reopen (epoch bump), merge (random
+byte budget and `max_generations`, so backlogs span batches), plan a merge and execute it
+later, make one generation unreadable for a merge (or until it flaps back mid-merge), plant
+a permanently bad generation and later repair it, build the MemWAL snapshot, catch indexes up,
+compact the base table (with a merge racing its commit), collect garbage with random retention,
+and kill a job (merge / snapshot / GC) in a subprocess before its k-th write.
 
 Invariants after every step:
 - merge progress never decreases and never passes a generation that could not be merged
@@ -485,13 +486,15 @@ class MemWalMachine(RuleBasedStateMachine):
         self.repair_one(rid, g)
 
     @precondition(lambda self: self.loc is not None)
-    @rule(race_merge=st.booleans(), via_spark=st.booleans())
-    def compact(self, race_merge: bool, via_spark: bool) -> None:
+    @rule(race_merge=st.booleans(), attempts=st.integers(1, 3))
+    def compact(self, race_merge: bool, attempts: int) -> None:
         """Base-table compaction with every trigger at its lowest; with `race_merge` a merge
-        commits between its rewrite and its commit (the Rewrite conflicts and re-plans)."""
+        commits between its rewrite and its commit (the Rewrite conflicts and re-plans, or
+        gives up cleanly after `attempts` plans)."""
         self.count("compact")
         opts = compaction.CompactionOptions(max_fragments=1, max_small_fragments=1, min_small_fragments=1,
-                                            min_deleted_rows=1, max_deleted_row_ratio=0.0, max_index_segments=1)
+                                            min_deleted_rows=1, max_deleted_row_ratio=0.0, max_index_segments=1,
+                                            max_attempts=attempts)
         raced = []
 
         def before_commit(attempt: int) -> None:
@@ -499,7 +502,7 @@ class MemWalMachine(RuleBasedStateMachine):
                 raced.append(attempt)
                 self.run_merge(3_000, 2, False)
 
-        compaction.compact(self.loc, self.spark if via_spark else None, opts, before_commit=before_commit)
+        compaction.compact(self.loc, self.spark, opts, before_commit=before_commit)
 
     # ----------------------------------------------------- other jobs
     # (Two arguments each: Hypothesis orders rules by argument count, and the first rule is
