@@ -89,6 +89,8 @@ class Bad:
     keys: set[int]  # every key the bad or the good version holds (held behind the wall)
     good: list[dict]  # the rows the repair writes
     missing: int = 0  # "gap": the generation number the manifest skipped
+    unlisted: str = ""  # "gap": its directory, written but never listed (a writer died in between)
+    fill: list[dict] | None = None  # "gap": the rows of that directory
 
 
 class Stats:
@@ -394,14 +396,19 @@ class MemWalMachine(RuleBasedStateMachine):
         return os.path.join(uri, layout.generation_dir(rid, g.path, g.generation))
 
     def plant_dir(self, rid: str, src: str | None, rows: int, gen: int | None = None,
-                  data: pa.Table | None = None) -> int:
-        """List a copy of `src` (or `data` written by hand) as a generation of the region (a
-        foreign writer's flush): the next one unless `gen` says which."""
+                  data: pa.Table | None = None, path: str | None = None) -> int:
+        """List a copy of `src` (or `data` written by hand, or the existing directory `path`)
+        as a generation of the region (a foreign writer's flush): the next one unless `gen`
+        says which."""
         latest = region.load_latest(self.loc.store, rid)
         gen = gen or latest.current_generation
-        path = f"{uuid.uuid4().hex[:8]}_gen_{gen}"
-        dest = os.path.join(self.root, "table", layout.generation_dir(rid, path, gen))
-        if src is not None:
+        dest = None
+        if path is None:
+            path = f"{uuid.uuid4().hex[:8]}_gen_{gen}"
+            dest = os.path.join(self.root, "table", layout.generation_dir(rid, path, gen))
+        if dest is None:
+            pass
+        elif src is not None:
             shutil.copytree(src, dest)
         else:
             lance.write_dataset(data, dest)
@@ -455,17 +462,29 @@ class MemWalMachine(RuleBasedStateMachine):
             keys |= set(stray)
             stray_rows = [row(self.kind, k, self.version) for k in stray]
             data = stray_rows if kind == "misrouted_all" else good + stray_rows
-        missing = 0
+        missing, unlisted, fill = 0, "", None
         if kind == "gap":  # the manifest skips a generation number: listed [.., g-1, g+1]
             missing = region.load_latest(self.loc.store, rid).current_generation
             g = self.plant_dir(rid, self.writer_made(schema, data), len(data), gen=missing + 1)
+            if n == 2:  # the skipped generation's directory exists, unlisted: GC must not take it
+                fill = [row(self.kind, k, self.version) for k in self.fresh_keys(1, lambda x, o: x == o, v)]
+                unlisted = f"{uuid.uuid4().hex[:8]}_gen_{missing}"
+                shutil.copytree(self.writer_made(SCHEMA, fill),
+                                os.path.join(self.root, "table", layout.generation_dir(rid, unlisted, missing)))
         elif kind != "null_key":
             g = self.plant_dir(rid, self.writer_made(schema, data), len(data))
         self.gens[rid][g] = [{**r, "_tombstone": False} for r in good]
-        self.bad[(rid, g)] = Bad(kind, keys, good, missing)
+        self.bad[(rid, g)] = Bad(kind, keys, good, missing, unlisted, fill)
 
     def repair_one(self, rid: str, g: int) -> None:
         b = self.bad.pop((rid, g))
+        if b.kind == "gap" and b.unlisted:  # list the directory that was there all along
+            where = os.path.join(self.root, "table", layout.generation_dir(rid, b.unlisted, b.missing))
+            assert os.path.isdir(where), (f"GC deleted generation {b.missing} of region {rid}: unlisted behind "
+                                          "a manifest gap, but the only copy of its rows")
+            self.plant_dir(rid, None, len(b.fill), gen=b.missing, path=b.unlisted)
+            self.gens[rid][b.missing] = [{**r, "_tombstone": False} for r in b.fill]
+            return
         if b.kind == "gap":  # list the skipped generation (one fresh row of the region)
             self.version += 1
             fill = [row(self.kind, k, self.version) for k in self.fresh_keys(1, lambda x, o: x == o, self.value_of_rid(rid))]

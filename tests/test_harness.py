@@ -122,3 +122,16 @@ def test_regression_tombstones_on_a_non_key_bucket_column(machine):
           ("flush", {"r": 1}), ("flush", {"r": 2}), ("merge", {"budget": 1, "max_gens": 1, "via_plan": False}),
           ("delete", {"keys": [3, 25], "whole_rows": True}), ("reopen", {"r": 0}), ("reopen", {"r": 1}), ("reopen", {"r": 2}),
           ("merge", {"budget": 10**9, "max_gens": 4, "via_plan": True}))
+
+
+def test_regression_unlisted_generation_behind_a_gap_survives_gc(machine):
+    """F5: a manifest skips generation g whose directory exists unlisted (a writer died between
+    writing and listing it); GC with no grace took it as an orphan, so listing it later (the
+    repair) pointed at nothing and its rows were gone. (Found by the lead's review as F6 too.)"""
+    m = machine("bucket_key")
+    steps(m, ("put", {"keys": [1, 2, 3]}), ("flush", {"r": 0}), ("flush", {"r": 1}), ("flush", {"r": 2}),
+          ("plant_bad", {"r": 0, "kind": "gap", "n": 2}),
+          ("collect_garbage", {"keep": 1, "min_age": 0.0, "grace": 0.0, "base_retain": 1}),
+          ("merge", {"budget": 10**9, "max_gens": 4, "via_plan": False}),
+          ("collect_garbage", {"keep": 1, "min_age": 0.0, "grace": 0.0, "base_retain": None}),
+          ("repair", {"pick": 0}), ("merge", {"budget": 1, "max_gens": 1, "via_plan": True}))
