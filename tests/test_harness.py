@@ -20,15 +20,13 @@ import harness_machine as hm
 SOAK = bool(os.environ.get("MEMWAL_SOAK"))
 
 
-def _run(spark, tmp_path, steps: int, first_seed: int, per_example: int, examples: int,
-         merge_crashes: int) -> None:
+def _run(spark, tmp_path, steps: int, first_seed: int, per_example: int, examples: int) -> None:
     hm.Stats.steps = hm.Stats.examples = hm.Stats.merges = hm.Stats.merge_crashes = 0
     hm.Stats.rule_counts = {}
     t0 = time.monotonic()
     s = first_seed
     while hm.Stats.steps < steps:
-        machine = type("Machine", (hm.MemWalMachine,), {"spark": spark, "workdir": str(tmp_path),
-                                                        "merge_crash_cap": merge_crashes})
+        machine = type("Machine", (hm.MemWalMachine,), {"spark": spark, "workdir": str(tmp_path)})
         print(f"harness seed {s} (steps so far {hm.Stats.steps})", flush=True)
         run_state_machine_as_test(seed(s)(machine), settings=settings(
             max_examples=examples, stateful_step_count=per_example, deadline=None, database=None,
@@ -52,7 +50,7 @@ def test_harness_bounded(spark, tmp_path):
     """The bounded profile: fixed seeds, >= 1,000 steps, 0 violations."""
     steps = int(os.environ.get("MEMWAL_HARNESS_STEPS", 1000)) if not SOAK else 1000
     _run(spark, tmp_path, steps, first_seed=int(os.environ.get("MEMWAL_HARNESS_SEED", 1)), per_example=40,
-         examples=8, merge_crashes=1)
+         examples=8)
 
 
 @pytest.mark.slow
@@ -61,7 +59,7 @@ def test_harness_bounded(spark, tmp_path):
 def test_harness_soak(spark, tmp_path):
     steps = int(os.environ.get("MEMWAL_HARNESS_STEPS", 100_000))
     _run(spark, tmp_path, steps, first_seed=int(os.environ.get("MEMWAL_HARNESS_SEED", int(time.time()))),
-         per_example=80, examples=50, merge_crashes=steps // 2000)
+         per_example=80, examples=50)
 
 
 # ---------------------------------------------------------------------------------------------
