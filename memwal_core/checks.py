@@ -101,12 +101,18 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     return report
 
 
-def missing_generations(loc: TableLocation) -> dict[str, list[int]]:
-    """Region -> listed generations whose directory (its Lance manifest) is not on disk."""
+def missing_generations(loc: TableLocation, unreadable: dict[str, str] | None = None) -> dict[str, list[int]]:
+    """Region -> listed generations whose directory (its Lance manifest) is not on disk.
+
+    Regions whose manifest does not load cannot be checked: they are added to `unreadable`
+    (region -> error) when a dict is given, so a caller can report them as failing.
+    """
     out: dict[str, list[int]] = {}
     loaded = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
     for rid, m in loaded.items():
         if isinstance(m, Exception):
+            if unreadable is not None:
+                unreadable[rid] = str(m)
             continue
         for g in m.generations:
             try:

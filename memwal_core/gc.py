@@ -89,7 +89,7 @@ class GcError(Exception):
 class GcConfig:
     manifest_keep_versions: int = 10
     manifest_min_age_s: float = 3600.0
-    orphan_grace_s: float = 3600.0
+    orphan_grace_s: float = 86400.0  # a day: far beyond any flush (Iceberg 3 d, Delta 7 d)
     keep_current_epoch_wal: bool = True
     # Option 5: the base table's own old versions, cleaned by `run_gc` before planning.
     base_cleanup_older_than: timedelta | None = None
@@ -128,6 +128,33 @@ class GcItem:
         return d
 
 
+@dataclass(frozen=True)
+class GcHold:
+    """Generations GC keeps for one reason, over all regions (what `memwal status`, the
+    `garbage` asset and `--dry-run` show). Reasons: `time_travel` (a retained base-table
+    version still reads them; `until` = when the newest such version becomes old enough for
+    the configured base-version cleanup, None when no cleanup is configured), `index_behind:<name>`
+    (a gating index has not caught up), `not_merged` (pending; includes a region stuck behind
+    a wall). Bytes are the generations' `in_memory_bytes` from the manifests (no listing)."""
+
+    reason: str
+    generations: int
+    bytes: int
+    regions: int
+    until: float | None = None
+
+    def describe(self) -> str:
+        when = ""
+        if self.reason == "time_travel":
+            when = (f" until {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(self.until))}" if self.until
+                    else " until old base-table versions are cleaned up (no cleanup configured)")
+        return f"{self.generations} generations ({self.bytes} bytes) in {self.regions} regions: {self.reason}{when}"
+
+
+def _hold_reason(bound: str) -> str:
+    return "time_travel" if bound.startswith("retained_version:") else bound
+
+
 @dataclass
 class RegionGcPlan:
     region_id: str
@@ -144,6 +171,7 @@ class RegionGcPlan:
     lowest_kept_version: int = 0
     leftover_scan: bool = False  # a marker said an earlier delete may have left survivors
     error: str | None = None
+    held: dict[str, list] = field(default_factory=dict)  # hold reason -> [generations, bytes, until]
 
     def by_kind(self, kind: str) -> list[GcItem]:
         return [i for i in self.items if i.kind == kind]
@@ -183,6 +211,10 @@ class GcPlan:
         c = collections.Counter(i.kind for i in self.items)
         return {k: c.get(k, 0) for k in KINDS}
 
+    @property
+    def holds(self) -> list[GcHold]:
+        return summarize_holds(self.regions.values())
+
     def to_dict(self) -> dict[str, Any]:
         cfg = asdict(self.config)
         for k in ("base_cleanup_older_than",):
@@ -195,7 +227,22 @@ class GcPlan:
             "objects": self.objects, "bytes": self.bytes, "kept": self.kept,
             "limits": {rid: r.limit for rid, r in sorted(self.regions.items()) if not r.error},
             "errors": dict(self.errors),
+            "holds": [asdict(h) | {"text": h.describe()} for h in self.holds],
         }
+
+
+def summarize_holds(regions: Iterable[RegionGcPlan]) -> list[GcHold]:
+    """Per reason: generations, bytes, regions and (time travel) the latest end of the hold."""
+    acc: dict[str, list] = {}
+    for r in regions:
+        for reason, (gens, nbytes, until) in r.held.items():
+            a = acc.setdefault(reason, [0, 0, 0, None])
+            a[0] += gens
+            a[1] += nbytes
+            a[2] += 1
+            if until is not None:
+                a[3] = until if a[3] is None else max(a[3], until)
+    return [GcHold(reason, *acc[reason]) for reason in sorted(acc)]
 
 
 @dataclass
@@ -211,6 +258,7 @@ class GcResult:
     base_cleanup: dict[str, Any] | None = None
     plan_seconds: float = 0.0
     execute_seconds: float = 0.0
+    holds: list[GcHold] = field(default_factory=list)  # what the plan kept and why (see GcHold)
 
     def counts(self) -> dict[str, int]:
         c = collections.Counter(i.kind for i in self.deleted)
@@ -260,6 +308,17 @@ class _Retention:
 
     versions: list[int]
     states: dict[int, dict[str, int]]  # retained versions with a MemWAL index
+    stamps: dict[int, float] = field(default_factory=dict)  # version -> commit time (epoch seconds)
+
+    def held_until(self, region_id: str, generation: int, older_than: timedelta | None) -> float | None:
+        """When the newest retained version still reading `generation` becomes old enough for
+        the base-version cleanup (None: no cleanup configured, or no timestamp)."""
+        if older_than is None:
+            return None
+        needing = [v for v, m in self.states.items() if m.get(region_id, 0) < generation]
+        if not needing or max(needing) not in self.stamps:
+            return None
+        return self.stamps[max(needing)] + older_than.total_seconds()
 
     def bound(self, region_id: str) -> tuple[int, int | None]:
         best, which = None, None
@@ -270,10 +329,20 @@ class _Retention:
         return (best, which) if best is not None else (2**63, None)
 
 
+def _stamp(value: Any) -> float | None:
+    try:
+        return value.timestamp() if hasattr(value, "timestamp") else float(value)
+    except (TypeError, ValueError, OSError):
+        return None
+
+
 def _retention(loc: TableLocation, ds) -> _Retention:
-    versions, states = [], {}
+    versions, states, stamps = [], {}, {}
     for info in ds.versions():
         v = int(info["version"])
+        stamp = _stamp(info.get("timestamp"))
+        if stamp is not None:
+            stamps[v] = stamp
         try:
             merged = _merged_at(loc, v, str(info.get("timestamp")))
         except table.TableError as e:
@@ -284,7 +353,7 @@ def _retention(loc: TableLocation, ds) -> _Retention:
         versions.append(v)
         if merged is not None:
             states[v] = merged
-    return _Retention(sorted(versions), states)
+    return _Retention(sorted(versions), states, stamps)
 
 
 # ------------------------------------------------------------------------------------------
@@ -361,6 +430,13 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
         else:
             why = next((name for name, b in bounds if g.generation > b), "not_flushed")
             rp.kept[f"generation:{why}"] += 1
+            _hold(ctx, rp, _hold_reason(why), g)
+    if "time_travel" in rp.held:
+        tt = rp.held["time_travel"]
+        tt[2] = ctx.retention.held_until(rid, tt[2], cfg.base_cleanup_older_than)
+    for reason, h in rp.held.items():
+        if reason != "time_travel":
+            h[2] = None
     kept_listed = {g.generation for g, _ in listed} - {g for g, _ in rp.trim}
 
     # 2. WAL entries
@@ -405,6 +481,14 @@ def _listed_positions(loc: TableLocation, directory: str, suffix: str, region_di
         if name.endswith(suffix) and (n := layout.parse_bitrev(name[: -len(suffix)])):
             out.append(n)
     return out
+
+
+def _hold(ctx: _Context, rp: RegionGcPlan, reason: str, g: region.Generation) -> None:
+    h = rp.held.setdefault(reason, [0, 0, None])
+    h[0] += 1
+    h[1] += int(g.in_memory_bytes or 0)
+    if reason == "time_travel":  # the highest such generation decides until when (see below)
+        h[2] = g.generation if h[2] is None else max(h[2], g.generation)
 
 
 def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: int,
@@ -750,8 +834,9 @@ def run_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[
         result = execute_gc(loc, plan)
     result.base_cleanup = base
     result.plan_seconds = plan_s
+    result.holds = plan.holds
     return result
 
 
 __all__ = ["GcConfig", "GcItem", "GcPlan", "GcResult", "RegionGcPlan", "GcError", "plan_gc", "execute_gc",
-           "run_gc", "cleanup_base_versions", "CRASH_AFTER_MANIFEST_COMMIT"]
+           "run_gc", "cleanup_base_versions", "GcHold", "summarize_holds", "CRASH_AFTER_MANIFEST_COMMIT"]

@@ -104,6 +104,7 @@ class SnapshotResult:
     snapshot_ts_millis: int = 0
     dry_run: bool = False
     regions_kept: dict[str, int] = field(default_factory=dict)  # failed region -> manifest version of its kept row
+    committed: bool = False  # False: dry run, or the snapshot was unchanged (nothing committed)
 
     @property
     def inline(self) -> bool:
@@ -623,6 +624,16 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
             inline_bytes = encode_lance_file(tbl) if len(rows) <= inline_threshold else None
             built_for = specs_key
 
+        if snapshot_unchanged(loc, state, tbl, inline=inline_bytes is not None):
+            # An idle table gains no table version: the stored snapshot already says this
+            # (`snapshot_ts_millis` stays the time of the last change).
+            result.storage = "inline" if state.details.HasField("inline_snapshots") else "external"
+            result.snapshot_ts_millis = state.details.snapshot_ts_millis
+            result.duration_s = time.monotonic() - t0
+            log.info("MemWAL snapshot of %d regions unchanged; nothing committed (table version %d)",
+                     len(rows), state.table_version)
+            return result
+
         details = pb.MemWalIndexDetails()
         details.CopyFrom(state.details)  # configuration, merge progress, catch-up: as read
         details.snapshot_ts_millis = ts_millis
@@ -651,6 +662,7 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
         result.index_uuid = index_uuid
         result.external_key = None if inline_bytes is not None else external_key(index_uuid)
         result.attempts = attempt
+        result.committed = True
         result.duration_s = time.monotonic() - t0
         log.info("MemWAL snapshot of %d regions committed (%s) as table version %d in %.2fs",
                  len(rows), result.storage, version, result.duration_s)
@@ -658,6 +670,19 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
     raise SnapshotError(f"table {loc.lance_uri}: gave up committing the MemWAL snapshot after "
                         f"{max_attempts} lost races with other commits (merges, index rebuilds); "
                         "nothing was replaced, run the builder again")
+
+
+def snapshot_unchanged(loc: TableLocation, state: table.MemWalState, tbl: pa.Table, *, inline: bool) -> bool:
+    """Whether the MemWAL index of `state` already holds exactly the rows of `tbl` (same schema,
+    same rows: region manifest versions included, so any region change shows), in the storage
+    the threshold would choose. Unreadable or absent: changed (commit)."""
+    if state.details.num_regions != tbl.num_rows or state.details.HasField("inline_snapshots") != inline:
+        return False
+    try:
+        current = read_snapshot(loc, state)
+    except SnapshotError:
+        return False
+    return current.schema.equals(tbl.schema) and current.equals(tbl)
 
 
 def _revalue(loc: TableLocation, r: RegionRow, specs: dict[int, routing.RegionSpec],

@@ -83,3 +83,53 @@ def stop_server(remote: str, state_dir: str | os.PathLike | None = None) -> None
            "SPARK_IDENT_STRING": f"memwal-{port}"}
     subprocess.run(["bash", os.path.join(spark_home(), "sbin", "stop-connect-server.sh")], env=env,
                    check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class ConnectConfMismatch(ValueError):
+    """A table asks a running Connect server for settings it was not started with."""
+
+
+def is_session_setting(session, key: str) -> bool:
+    """memwal's own `memwal.*` settings and Spark's runtime SQL settings apply per Connect
+    session; everything else (the master, executor/driver settings) is fixed at server start."""
+    if key.startswith("memwal."):
+        return True
+    try:
+        return bool(session.conf.isModifiable(key))
+    except Exception:  # noqa: BLE001 - unknown to this server: treat as fixed
+        return False
+
+
+def apply_session_conf(session, remote: str, master: str | None, conf: dict[str, str]) -> None:
+    """Give one Connect session (from `SparkSession.builder.remote(url).create()`, so its
+    settings are its own) a table's Spark settings, and refuse loudly what cannot apply.
+
+    A Connect server ignores non-`spark.` keys at start ("Ignoring non-Spark config
+    property") and fixes its master and static conf for its lifetime, so two tables sharing a
+    `connect` URL would otherwise silently share the first one's settings. Per-session settings
+    are set here; a fixed setting (or master) that differs from the running server's is an
+    error naming both values (give the table its own `connect` port, or restart the server).
+    """
+    wrong = []
+    for key, want in conf.items():
+        if is_session_setting(session, key):
+            session.conf.set(key, want)
+            continue
+        have = session.conf.get(key, None)
+        # memwal prepends its JVM archive option to the driver's Java options at start.
+        if have != want and not (key.endswith("extraJavaOptions") and have and have.endswith(want)):
+            wrong.append(f"{key}={want!r} (server: {have!r})")
+    if master:
+        have = session.conf.get("spark.master", None)
+        if have is not None and have != master:
+            wrong.append(f"spark.master={master!r} (server: {have!r})")
+    if wrong:
+        raise ConnectConfMismatch(
+            f"Spark Connect server {remote} was started with other settings than this table asks for: "
+            f"{', '.join(wrong)}. These are fixed while the server runs: give the table its own "
+            f"spark.connect port, use the same settings, or restart the server (memwal spark-server stop).")
+
+
+def server_conf(conf: dict[str, str]) -> dict[str, str]:
+    """The settings passed to a server at start (memwal.* are per session; the server drops them)."""
+    return {k: v for k, v in conf.items() if not k.startswith("memwal.")}

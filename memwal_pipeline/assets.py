@@ -15,6 +15,7 @@ from typing import Any
 
 from dagster import (
     AssetKey,
+    AssetMaterialization,
     BackfillPolicy,
     DynamicPartitionsDefinition,
     MaterializeResult,
@@ -25,6 +26,8 @@ from dagster import (
 from memwal_core import catchup, compaction, gc, merge, region, snapshot, status
 from memwal_core.table import open_dataset, primary_key, read_memwal_state
 
+from . import failures
+from . import metadata as bounded
 from .config import TableConfig
 
 # BackfillPolicy.single_run is what the Spark merge wants; Dagster flags the parameter as beta.
@@ -70,6 +73,60 @@ def region_metadata(st: status.RegionStatus) -> dict[str, Any]:
     return md
 
 
+class MergeFailed(Exception):
+    """A merge run left regions unmerged; the message names each region, generation and reason."""
+
+
+@dataclass
+class MergeOutcome:
+    """What one merge run did per region: which regions merged, which failed and why."""
+
+    plan_merged: dict[str, int]  # merged generation per region when the run planned
+    planned: dict[str, list[int]]  # pending generations per region when the run planned
+    merged: list[str]  # regions that merged at least one generation in this run
+    failures: list[failures.RegionFailure]
+    regions: int = 0
+
+    def merged_after(self, rid: str, result: merge.MergeResult | None = None) -> int:
+        r = result.regions.get(rid) if result else None
+        return max(self.plan_merged.get(rid, 0), r.merged_generation if r else 0)
+
+    def region_metadata(self, rid: str, result: merge.MergeResult) -> dict[str, Any]:
+        """The region's own numbers (plotted per partition) and a few facts of the run, labelled as such."""
+        r = result.regions.get(rid)
+        after = self.merged_after(rid, result)
+        return {
+            "generations_merged": MetadataValue.int(len(r.generations_merged) if r else 0),
+            "merged_generation": MetadataValue.int(after),
+            "pending_generations": MetadataValue.int(sum(1 for g in self.planned.get(rid, []) if g > after)),
+            "rows_read": MetadataValue.int(r.rows_read if r else 0),
+            "bytes_read": MetadataValue.int(r.bytes_read if r else 0),
+            "run/regions": MetadataValue.int(self.regions),
+            "run/commits": MetadataValue.int(result.commits),
+            "run/duration_s": MetadataValue.float(round(result.duration_s, 2)),
+            "table_version": MetadataValue.int(result.table_version),
+        }
+
+
+def merge_outcome(plan: merge.MergePlan, result: merge.MergeResult) -> MergeOutcome:
+    planned = plan.pending
+    merged_after = {rid: max(plan.merged.get(rid, 0), r.merged_generation) for rid, r in result.regions.items()}
+    pending_after = {rid: [g for g in gens if g > merged_after.get(rid, plan.merged.get(rid, 0))]
+                     for rid, gens in planned.items()}
+    merged = sorted(rid for rid, r in result.regions.items() if r.generations_merged)
+    regions = len(set(planned) | set(result.regions))
+    return MergeOutcome(dict(plan.merged), planned, merged, failures.from_merge_result(result, pending_after), regions)
+
+
+def _known(f: failures.RegionFailure, history: failures.RegionHistory | None) -> bool:
+    """A failure already reported: a wall at the same generation, or the same failure recorded
+    in `STUCK_AFTER` failed runs (the region is stuck; `merge_lag` says so)."""
+    if history is None:
+        return False
+    same = [h for h in history.failures if h.generation == f.generation]
+    return (bool(f.permanent) and any(h.permanent for h in same)) or len(same) >= failures.STUCK_AFTER
+
+
 def _location(context, keys: TableKeys):
     return getattr(context.resources, keys.table_resource).location()
 
@@ -93,11 +150,13 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
 
     @asset(key=keys.asset("base_table"), partitions_def=partitions, group_name=group, kinds={"lance", "spark"},
            deps=[region_generations], pool=cfg.pool, backfill_policy=BackfillPolicy.single_run(),
-           required_resource_keys=table_res | {keys.spark_resource},
+           output_required=False, required_resource_keys=table_res | {keys.spark_resource},
            description="The base table with the region's flushed generations merged in "
-                       "(Spark dedup, one marked merge_insert per byte-bounded batch). A backfill "
-                       "over many regions merges them in one run and as few commits as the budget allows.")
-    def base_table(context) -> MaterializeResult:
+                       "(Spark dedup, one marked merge_insert per byte-bounded batch). A run over a "
+                       "range of regions merges them in one Spark job and records a materialization "
+                       "only for the regions it merged; it fails, naming region, generation and "
+                       "reason, when a region could not be merged.")
+    def base_table(context):
         loc = _location(context, keys)
         regions = list(context.partition_keys)
         primary_key(open_dataset(loc))  # a table without a primary key: a clear error before any Spark
@@ -106,42 +165,41 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
         spark = getattr(context.resources, keys.spark_resource).spark_session if plan.batches else None
         result = merge.execute_merge(loc, plan, spark, progress=context.log.info)
-        for rid, r in sorted(result.regions.items()):
-            if r.error:
-                context.log.error(r.error)
-            elif r.generations_merged:
-                context.log.info(f"region {rid}: merged generations {r.generations_merged} "
-                                 f"(now at {r.merged_generation})")
-        after = status.table_status(loc, with_age=False)
-        pending = sum(len(r.pending_generations) for r in after.regions if r.region_id in regions)
-        # Each region partition gets its own numbers; the totals below are the run's (a backfill
-        # merges many regions in one run).
-        by_region = {s.region_id: s for s in after.regions}
+        outcome = merge_outcome(plan, result)
+        for rid in outcome.merged:
+            r = result.regions[rid]
+            context.log.info(f"region {rid}: merged generations {r.generations_merged} "
+                             f"(now at {outcome.merged_after(rid, result)})")
+        context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
+                         f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
+                         f"table version {result.table_version}")
+        for rid in outcome.merged:
+            yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
+                                       metadata=outcome.region_metadata(rid, result))
+        if not outcome.failures:
+            return
+        for f in outcome.failures:
+            context.log.error(f.describe())
+        history = failures.recent_failures(context.instance, context.job_name,
+                                           regions=[f.region_id for f in outcome.failures])
+        new = [f for f in outcome.failures if not _known(f, history.get(f.region_id))]
+        if not new:
+            # Every failure is a known one (a wall, or recorded STUCK_AFTER times already): the
+            # partitions stay failed from before and `merge_lag` reports them; failing again
+            # would only fail the other regions' runs.
+            context.log.warning(f"{len(outcome.failures)} regions still cannot be merged (known, see merge_lag)")
+            return
+        # Dagster marks failed the partitions this run planned and did not materialize: record
+        # every region that is fine (merged, or nothing to merge) so only the failing ones are.
+        failing = {f.region_id for f in outcome.failures}
         for rid in regions:
-            r, s = result.regions.get(rid), by_region.get(rid)
-            md = {"region/generations_merged": MetadataValue.int(len(r.generations_merged) if r else 0),
-                  "region/merged_generation": MetadataValue.int(s.merged_generation if s else 0),
-                  "region/pending_generations": MetadataValue.int(len(s.pending_generations) if s else 0),
-                  "region/rows_read": MetadataValue.int(r.rows_read if r else 0),
-                  "region/bytes_read": MetadataValue.int(r.bytes_read if r else 0)}
-            if r and r.error:
-                md["region/error"] = MetadataValue.text(r.error)
-            context.add_asset_metadata(md, partition_key=rid)
-        return MaterializeResult(metadata={
-            "regions": MetadataValue.int(len(regions)),
-            "generations_merged": MetadataValue.int(result.generations_merged),
-            "generations_pending": MetadataValue.int(pending),
-            "commits": MetadataValue.int(result.commits),
-            "conflicts": MetadataValue.int(result.conflicts),
-            "rows_upserted": MetadataValue.int(result.rows_upserted),
-            "rows_deleted": MetadataValue.int(result.rows_deleted),
-            "bytes_read": MetadataValue.int(result.bytes_read),
-            "bytes_written": MetadataValue.int(result.bytes_written),
-            "duration_s": MetadataValue.float(round(result.duration_s, 3)),
-            "failed_regions": MetadataValue.int(len(result.failed_regions)),
-            "errors": MetadataValue.json(result.failed_regions),
-            "table_version": MetadataValue.int(result.table_version),
-        })
+            if rid not in failing and rid not in outcome.merged:
+                yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
+                                           metadata=outcome.region_metadata(rid, result))
+        context.instance.add_run_tags(context.run_id, failures.run_tags(outcome.failures))
+        shown = "; ".join(f.describe() for f in new[:5])
+        more = f" (and {len(new) - 5} more)" if len(new) > 5 else ""
+        raise MergeFailed(f"{len(new)} region(s) not merged: {shown}{more}")
 
     @asset(key=keys.asset("base_compaction"), kinds={"lance", "spark"}, deps=[base_table], group_name=group,
            pool=cfg.pool, required_resource_keys=table_res | {keys.spark_resource},
@@ -176,9 +234,10 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "storage": MetadataValue.text(r.storage),
             "hints_updated": MetadataValue.int(len(r.hints_updated)),
             "regions_failed": MetadataValue.int(len(r.regions_failed)),
-            "errors": MetadataValue.json(r.regions_failed),
+            "errors": MetadataValue.json(bounded.top(r.regions_failed)),
+            "committed": MetadataValue.bool(getattr(r, "committed", True)),
             "attempts": MetadataValue.int(r.attempts),
-            "duration_s": MetadataValue.float(round(r.duration_s, 3)),
+            "duration_s": MetadataValue.float(round(r.duration_s, 2)),
             "table_version": MetadataValue.int(r.table_version),
         })
 
@@ -195,7 +254,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "max_gap": MetadataValue.int(max([row.gap for row in rows] or [0])),
             "not_caught_up": MetadataValue.int(len(r.not_caught_up)),
             "unindexed_rows_after": MetadataValue.int(sum(o.unindexed_rows_after or 0 for o in r.indexes)),
-            "catchup": MetadataValue.md(_catchup_markdown(rows)),
+            "catchup": MetadataValue.md(catchup_markdown(rows)),
         }
         for o in r.indexes:
             md[f"gap/{o.name}"] = MetadataValue.int(max([row.gap for row in rows if row.index_name == o.name] or [0]))
@@ -213,17 +272,24 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         for rid, err in r.region_errors.items():
             context.log.error(err if rid in err else f"region {rid}: {err}")
         counts = r.counts()
-        return MaterializeResult(metadata={
+        holds = getattr(r, "holds", [])
+        for h in holds:
+            context.log.info(f"GC keeps {h.describe()}")
+        md = {
             "objects_deleted": MetadataValue.int(r.deleted_objects),
             "bytes_reclaimed": MetadataValue.int(r.bytes_reclaimed),
             "generations_deleted": MetadataValue.int(counts.get("generation", 0)),
             "deleted": MetadataValue.json(counts),
-            "kept": MetadataValue.json(r.kept),
+            "kept": MetadataValue.json(bounded.top(r.kept, 20)),
+            "held": MetadataValue.md(holds_markdown(holds)),
             "manifest_commits": MetadataValue.int(r.manifest_commits),
             "regions_failed": MetadataValue.int(len(r.region_errors)),
-            "errors": MetadataValue.json(r.region_errors),
-            "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 3)),
-        })
+            "errors": MetadataValue.json(bounded.top(r.region_errors)),
+            "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 2)),
+        }
+        for h in holds:  # plotted: what GC keeps, per reason
+            md[f"held_bytes/{h.reason}"] = MetadataValue.int(h.bytes)
+        return MaterializeResult(metadata=md)
 
     return [region_generations, base_table, base_compaction, memwal_index, index_catchup, garbage]
 
@@ -264,11 +330,28 @@ def gc_config(cfg: TableConfig) -> gc.GcConfig:
                        base_cleanup_older_than=timedelta(seconds=older) if older is not None else None)
 
 
-def _catchup_markdown(rows) -> str:
+def catchup_markdown(rows, n: int = bounded.TOP_N) -> str:
+    """Per index: how many regions are caught up, then the `n` regions furthest behind (bounded)."""
     if not rows:
         return "_no base-table indexes_"
-    lines = ["| index | region | caught up | merged | gap | gates GC |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.index_name} | {r.region_id} | {r.caught_up_generation} | {r.merged_generation} "
-                     f"| {r.gap} | {'yes' if r.gating else 'no'} |")
-    return "\n".join(lines)
+    lines = []
+    for name in sorted({r.index_name for r in rows}):
+        mine = [r for r in rows if r.index_name == name]
+        behind = sorted((r for r in mine if r.gap > 0), key=lambda r: (-r.gap, r.region_id))
+        gating = "gates GC" if any(r.gating for r in mine) else "does not gate GC"
+        lines.append(f"**{name}** ({gating}): {len(mine) - len(behind)} of {len(mine)} regions caught up")
+        if behind:
+            lines += ["", "| region | caught up | merged | gap |", "|---|---|---|---|"]
+            lines += [f"| {r.region_id} | {r.caught_up_generation} | {r.merged_generation} | {r.gap} |"
+                      for r in behind[:n]]
+            if len(behind) > n:
+                lines.append(f"| … {len(behind) - n} more | | | |")
+        lines.append("")
+    return "\n".join(lines).strip()
+
+
+def holds_markdown(holds) -> str:
+    """What GC keeps and why (one line per reason: bounded)."""
+    if not holds:
+        return "_nothing held_"
+    return "\n".join(f"- {h.describe()}" for h in holds)

@@ -1,7 +1,15 @@
 """Asset checks: region exclusivity, merge lag, catch-up gap, GC consistency.
 
-WARN severity: a failing check shows in the UI (and alerts) without blocking maintenance of
-the healthy regions; a broken region is already held back by the merger itself.
+Severity says what a failure means: WARN for lag over an SLO (it shows and alerts without
+blocking maintenance of the healthy regions), ERROR when something will not fix itself: a
+region stuck behind a merge refusal (or failing run after run), a listed generation missing
+on disk, a region whose manifest cannot be read. Metadata is bounded (`metadata.py`): the
+worst `TOP_N` regions, rounded numbers, whatever the number of regions.
+
+Which job runs them (`definitions.py`): none runs in the merge job (it must stay cheap at
+thousands of regions); `merge_lag`, `catchup_gap` and `gc_consistency` run with every
+maintenance run (after merges, and on its schedule); `region_exclusivity` (it reads rows) and
+`merge_lag` run in the table's scheduled checks job.
 """
 
 from __future__ import annotations
@@ -10,13 +18,48 @@ from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_c
 
 from memwal_core import checks, status
 
+from . import failures
+from . import metadata as bounded
 from .assets import TableKeys
 from .config import TableConfig
 
 
-def build_checks(cfg: TableConfig) -> list:
+def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckRegion],
+               n: int = bounded.TOP_N) -> tuple[bool, AssetCheckSeverity, dict]:
+    """merge_lag's verdict and bounded metadata (a pure function of the table status and the
+    stuck regions, so its size can be tested at thousands of regions)."""
+    age = st.oldest_pending_age_s or 0.0
+    # Only regions with something pending are "worst": an age of 0 is not lag.
+    worst = sorted(((r.oldest_pending_age_s, r.region_id, len(r.pending_generations)) for r in st.regions
+                    if r.pending_generations and r.oldest_pending_age_s), reverse=True)[:n]
+    over = sum(1 for r in st.regions if (r.oldest_pending_age_s or 0.0) > slo_s)
+    failed = st.failed_regions
+    passed = age <= slo_s and not failed and not stuck
+    severity = AssetCheckSeverity.ERROR if (stuck or failed) else AssetCheckSeverity.WARN
+    md = {
+        "oldest_pending_age_s": MetadataValue.float(round(age, 1)),
+        "slo_seconds": MetadataValue.float(round(slo_s, 1)),
+        "pending_generations": MetadataValue.int(st.pending_generations),
+        "regions_over_slo": MetadataValue.int(over),
+        "worst_regions": MetadataValue.json([{"region": rid, "age_s": round(a, 1), "pending": p}
+                                             for a, rid, p in worst]),
+        "stuck_regions": MetadataValue.int(len(stuck)),
+        "stuck": MetadataValue.json([{"region": s.region_id, "generation": s.generation,
+                                      "failed_runs": s.failed_runs, "permanent": s.permanent,
+                                      "reason": bounded.short(s.reason, 200)} for s in stuck[:n]]
+                                    + ([{bounded.MORE: len(stuck) - n}] if len(stuck) > n else [])),
+        "unreadable_regions": MetadataValue.int(len(failed)),
+        "unreadable": MetadataValue.json(bounded.top(failed, n)),
+    }
+    if stuck:
+        md["description"] = MetadataValue.text(bounded.short("; ".join(s.describe() for s in stuck[:3])))
+    return passed, severity, md
+
+
+def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
     keys = TableKeys(cfg.name)
     res = {keys.table_resource}
+    merge_job_name = merge_job_name or f"{cfg.name}_merge"
 
     def loc_of(context):
         return getattr(context.resources, keys.table_resource).location()
@@ -26,27 +69,30 @@ def build_checks(cfg: TableConfig) -> list:
                              "regions hold the same region value.")
     def region_exclusivity(context) -> AssetCheckResult:
         r = checks.check_exclusivity(loc_of(context))
-        return AssetCheckResult(passed=r.ok, severity=AssetCheckSeverity.WARN, metadata={
+        # Misrouted rows or a shared value stop the merger at that generation: not self-healing.
+        return AssetCheckResult(passed=r.ok, severity=AssetCheckSeverity.ERROR, metadata={
             "regions_checked": MetadataValue.int(r.regions_checked),
             "rows_checked": MetadataValue.int(r.rows_checked),
             "misrouted_rows": MetadataValue.int(sum(r.mixed.values())),
-            "mixed_regions": MetadataValue.json(r.mixed),
-            "shared_values": MetadataValue.json(r.shared),
-            "errors": MetadataValue.json(r.errors)})
+            "mixed_regions": MetadataValue.json(bounded.top(r.mixed, key=lambda kv: -kv[1])),
+            "shared_values": MetadataValue.json(bounded.top({v: rids[:5] for v, rids in r.shared.items()})),
+            "errors": MetadataValue.json(bounded.top(r.errors))})
 
     @asset_check(asset=keys.asset("base_table"), name="merge_lag", required_resource_keys=res,
-                 description=f"The oldest pending generation is younger than {cfg.merge_lag_slo_seconds:.0f} s.")
+                 description=f"The oldest pending generation is younger than {cfg.merge_lag_slo_seconds:.0f} s "
+                             "(WARN), and no region is stuck: refused by the merger, or failing merge run "
+                             f"after run ({failures.STUCK_AFTER}), or unreadable (ERROR).")
     def merge_lag(context) -> AssetCheckResult:
         st = status.table_status(loc_of(context))
-        age = st.oldest_pending_age_s or 0.0
-        worst = sorted(((r.oldest_pending_age_s or 0.0, r.region_id) for r in st.regions), reverse=True)[:5]
-        return AssetCheckResult(passed=age <= cfg.merge_lag_slo_seconds and not st.failed_regions,
-                                severity=AssetCheckSeverity.WARN, metadata={
-                                    "oldest_pending_age_s": MetadataValue.float(age),
-                                    "slo_seconds": MetadataValue.float(cfg.merge_lag_slo_seconds),
-                                    "pending_generations": MetadataValue.int(st.pending_generations),
-                                    "worst_regions": MetadataValue.json([{"region": r, "age_s": a} for a, r in worst]),
-                                    "unreadable_regions": MetadataValue.json(st.failed_regions)})
+        merged = {r.region_id: r.merged_generation for r in st.regions}
+        history = failures.recent_failures(context.instance, merge_job_name, regions=merged)
+        stuck = failures.stuck_regions(history, merged)
+        for s in stuck:
+            context.log.error(s.describe())
+        passed, severity, md = lag_report(st, cfg.merge_lag_slo_seconds, stuck)
+        desc = md.pop("description", None)
+        return AssetCheckResult(passed=passed, severity=severity, metadata=md,
+                                description=desc.value if desc else None)
 
     @asset_check(asset=keys.asset("index_catchup"), name="catchup_gap", required_resource_keys=res,
                  description=f"Every gating index is at most {cfg.catchup_gap_slo_generations} generations "
@@ -56,15 +102,20 @@ def build_checks(cfg: TableConfig) -> list:
         gaps = {i.name: i.max_gap for i in st.indexes if i.gating}
         worst = max(gaps.values() or [0])
         return AssetCheckResult(passed=worst <= cfg.catchup_gap_slo_generations, severity=AssetCheckSeverity.WARN,
-                                metadata={"max_gap": MetadataValue.int(worst), "gaps": MetadataValue.json(gaps),
+                                metadata={"max_gap": MetadataValue.int(worst),
+                                          "gaps": MetadataValue.json(bounded.top(gaps, key=lambda kv: -kv[1])),
                                           "slo_generations": MetadataValue.int(cfg.catchup_gap_slo_generations)})
 
     @asset_check(asset=keys.asset("garbage"), name="gc_consistency", required_resource_keys=res,
-                 description="No generation listed in a region manifest is missing on disk.")
+                 description="No generation listed in a region manifest is missing on disk, and every "
+                             "region manifest can be read (a region that cannot be read cannot be checked).")
     def gc_consistency(context) -> AssetCheckResult:
-        missing = checks.missing_generations(loc_of(context))
-        return AssetCheckResult(passed=not missing, severity=AssetCheckSeverity.ERROR, metadata={
+        unreadable: dict[str, str] = {}
+        missing = checks.missing_generations(loc_of(context), unreadable)
+        return AssetCheckResult(passed=not missing and not unreadable, severity=AssetCheckSeverity.ERROR, metadata={
             "missing_generations": MetadataValue.int(sum(len(v) for v in missing.values())),
-            "regions": MetadataValue.json(missing)})
+            "regions": MetadataValue.json(bounded.top({k: v[:10] for k, v in missing.items()})),
+            "unreadable_regions": MetadataValue.int(len(unreadable)),
+            "unreadable": MetadataValue.json(bounded.top(unreadable))})
 
     return [region_exclusivity, merge_lag, catchup_gap, gc_consistency]

@@ -316,6 +316,7 @@ def _format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"catchup: optimize {plan['catchup'].get('indexes') and [i['name'] for i in plan['catchup']['indexes'] if i['optimize']]}")
     g = plan["gc"]
     lines.append(f"gc: {len(g.get('items', []))} items, {g.get('bytes', 0)} bytes")
+    lines += [f"  keeps {h['text']}" for h in g.get("holds", [])]
     return "\n".join(lines)
 
 
@@ -324,13 +325,22 @@ def _format_plan(plan: dict[str, Any]) -> str:
 
 
 def cmd_status(a) -> int:
-    from memwal_core import status
+    from memwal_core import gc, status
     from memwal_core.store import open_store
 
-    st = status.table_status(open_store(a.uri, _options(a.storage_option)))
+    loc = open_store(a.uri, _options(a.storage_option))
+    st = status.table_status(loc)
+    stuck = _stuck(st)
+    try:
+        holds = gc.plan_gc(loc).holds
+    except Exception as e:  # noqa: BLE001 - status still shows the lag
+        holds = []
+        _say(f"warning: GC plan failed: {e}")
+    bad = 1 if (st.failed_regions or stuck) else 0
     if a.json:
-        print(json.dumps(st.to_dict(), indent=2, default=str))
-        return 1 if st.failed_regions else 0
+        print(json.dumps({**st.to_dict(), "stuck": [s.__dict__ for s in stuck],
+                          "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]}, indent=2, default=str))
+        return bad
     print(f"table {st.table} (version {st.table_version}): {len(st.regions)} regions, "
           f"{st.pending_generations} pending generations")
     print(f"{'region':36}  {'manifest':>8}  {'epoch':>5}  {'merged':>6}  {'pending':>7}  {'rows':>8}  {'oldest':>8}")
@@ -343,7 +353,29 @@ def cmd_status(a) -> int:
               f"{len(r.pending_generations):>7}  {r.pending_rows:>8}  {age:>8}")
     for i in st.indexes:
         print(f"index {i.name}: max gap {i.max_gap} generations{' (gates GC)' if i.gating else ''}")
-    return 1 if st.failed_regions else 0
+    for h in holds:
+        print(f"GC keeps {h.describe()}")
+    for s in stuck:
+        print(f"STUCK {s.describe()}")
+    return bad
+
+
+def _stuck(st) -> list:
+    """Stuck regions as recorded by failed merge runs in the Dagster instance of `DAGSTER_HOME`
+    (the daemon's); none without one."""
+    if not os.environ.get("DAGSTER_HOME"):
+        return []
+    from dagster import DagsterInstance
+
+    from .failures import recent_failures, stuck_regions
+
+    merged = {r.region_id: r.merged_generation for r in st.regions}
+    try:
+        with DagsterInstance.get() as instance:
+            return stuck_regions(recent_failures(instance, regions=merged), merged)
+    except Exception as e:  # noqa: BLE001 - no usable instance: say so, show the table anyway
+        _say(f"warning: cannot read merge failures from DAGSTER_HOME: {e}")
+        return []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ class TableConfig:
     inline_threshold: int = 100
     manifest_retention: int = 10
     manifest_min_age_seconds: float = 3600.0
-    orphan_grace_seconds: float = 3600.0
+    orphan_grace_seconds: float = 86400.0
     cleanup_base_versions_older_than_seconds: float | None = None
     merge_lag_slo_seconds: float = 600.0
     catchup_gap_slo_generations: int = 10
@@ -219,7 +219,7 @@ def _table(raw: Any, where: str) -> TableConfig:
         inline_threshold=get(snapshot, "snapshot", "inline_threshold", 100, integer(0)),
         manifest_retention=get(gc, "gc", "manifest_retention", 10, integer(1)),
         manifest_min_age_seconds=get(gc, "gc", "manifest_min_age_seconds", 3600, seconds),
-        orphan_grace_seconds=get(gc, "gc", "orphan_grace_seconds", 3600, seconds),
+        orphan_grace_seconds=get(gc, "gc", "orphan_grace_seconds", 86400, seconds),
         cleanup_base_versions_older_than_seconds=(
             seconds(older, f"{where}: gc.cleanup_base_versions_older_than_seconds") if older is not None else None),
         merge_lag_slo_seconds=get(slo, "slo", "merge_lag_seconds", 600, seconds),

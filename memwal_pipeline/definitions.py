@@ -20,9 +20,13 @@ from dagster import (
 
 from .assets import TableKeys, build_assets
 from .checks import build_checks
-from .config import TableConfig, load_config
+from .config import ConfigError, TableConfig, load_config
 from .resources import spark_resource, table_resource
 from .sensors import build_sensor
+
+# Scheduled checks (region exclusivity reads rows of pending generations: hourly, off the hour
+# the maintenance schedule uses).
+CHECKS_CRON = "30 * * * *"
 
 
 @dataclass
@@ -36,6 +40,8 @@ class TableDefs:
     sensor: object
     schedule: ScheduleDefinition
     resources: dict
+    checks_job: object = None
+    checks_schedule: ScheduleDefinition | None = None
 
     def checks_for(self, asset_key) -> list:
         """The asset checks that target `asset_key` (to materialize an asset with its checks)."""
@@ -46,35 +52,64 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
     keys = TableKeys(cfg.name)
     partitions = DynamicPartitionsDefinition(name=keys.partitions)
     assets = build_assets(cfg, partitions)
-    checks = build_checks(cfg)
+    checks = build_checks(cfg, f"{cfg.name}_merge")
+    by_name = {next(iter(c.check_keys)).name: c for c in checks}
+    # The merge job carries no check: checks read every region, a merge run only its own.
     merge_job = define_asset_job(
-        f"{cfg.name}_merge", selection=AssetSelection.assets(keys.asset("base_table")),
+        f"{cfg.name}_merge", selection=AssetSelection.assets(keys.asset("base_table")).without_checks(),
         partitions_def=partitions, tags={"memwal/table": cfg.name},
         description=f"Merge flushed generations of {cfg.name} into its base table (one run per region, "
                     "or many regions in one run as a backfill).")
     maintenance_job = define_asset_job(
         f"{cfg.name}_maintenance",
         selection=AssetSelection.assets(keys.asset("base_compaction"), keys.asset("memwal_index"),
-                                        keys.asset("index_catchup"), keys.asset("garbage")),
+                                        keys.asset("index_catchup"), keys.asset("garbage"))
+        | AssetSelection.checks(by_name["merge_lag"]),
         tags={"memwal/table": cfg.name},
-        description=f"After merges: compact the base table when its health asks for it, snapshot region "
-                    "manifests into the MemWAL index, catch indexes up, collect garbage.")
+        description="After merges and hourly: compact the base table when its health asks for it, snapshot "
+                    "region manifests into the MemWAL index, catch indexes up, collect garbage; checks merge "
+                    "lag (stuck regions), catch-up gap and GC consistency.")
+    checks_job = define_asset_job(
+        f"{cfg.name}_checks", selection=AssetSelection.checks(by_name["region_exclusivity"], by_name["merge_lag"]),
+        tags={"memwal/table": cfg.name},
+        description="Scheduled health checks: region exclusivity (reads pending rows) and merge lag.")
+    checks_schedule = ScheduleDefinition(name=f"{cfg.name}_checks_schedule", job=checks_job,
+                                         cron_schedule=CHECKS_CRON, default_status=DefaultScheduleStatus.RUNNING,
+                                         description="Region exclusivity and merge lag, every hour at :30.")
     sensor = build_sensor(cfg, partitions, merge_job, maintenance_job)
     schedule = ScheduleDefinition(name=f"{cfg.name}_maintenance_schedule", job=maintenance_job,
                                   cron_schedule=cfg.maintenance_cron, default_status=DefaultScheduleStatus.RUNNING,
                                   description="Periodic maintenance even without merges (orphans, WAL hints, retention).")
     resources = {keys.table_resource: table_resource(cfg), keys.spark_resource: spark_resource(cfg)}
-    return TableDefs(cfg, partitions, assets, checks, merge_job, maintenance_job, sensor, schedule, resources)
+    return TableDefs(cfg, partitions, assets, checks, merge_job, maintenance_job, sensor, schedule, resources,
+                     checks_job, checks_schedule)
+
+
+def check_connect_servers(tables: list[TableConfig]) -> None:
+    """Tables sharing a Spark Connect URL share its server, whose master is fixed at start:
+    refuse different masters at load time (per-session settings are fine; other fixed settings
+    are checked against the running server by `spark_connect.apply_session_conf`)."""
+    by_url: dict[str, TableConfig] = {}
+    for t in tables:
+        if not t.spark_connect:
+            continue
+        first = by_url.setdefault(t.spark_connect, t)
+        if first.spark_master != t.spark_master:
+            raise ConfigError(f"tables {first.name!r} and {t.name!r} share the Spark Connect server "
+                              f"{t.spark_connect} but ask for different masters ({first.spark_master!r}, "
+                              f"{t.spark_master!r}); one server runs one master: give one of them its own "
+                              "spark.connect port")
 
 
 def build_definitions(tables: list[TableConfig]) -> Definitions:
+    check_connect_servers(tables)
     parts = [table_definitions(t) for t in tables]
     return Definitions(
         assets=[a for p in parts for a in p.assets],
         asset_checks=[c for p in parts for c in p.checks],
-        jobs=[j for p in parts for j in (p.merge_job, p.maintenance_job)],
+        jobs=[j for p in parts for j in (p.merge_job, p.maintenance_job, p.checks_job)],
         sensors=[p.sensor for p in parts],
-        schedules=[p.schedule for p in parts],
+        schedules=[s for p in parts for s in (p.schedule, p.checks_schedule)],
         resources={k: v for p in parts for k, v in p.resources.items()},
     )
 

@@ -37,7 +37,10 @@ class MemWalSpark(LazyPySparkResource):
     """dagster-pyspark's lazy session (runs that never merge never start Spark).
 
     `spark.remote = sc://127.0.0.1:PORT` with `memwal.connect.autostart = true` starts one
-    long-lived local Spark Connect server on first use, so later runs skip the JVM start.
+    long-lived local Spark Connect server on first use, so later runs skip the JVM start. Each
+    run gets its own Connect session with the table's per-session settings (`memwal.*`, runtime
+    SQL conf); a fixed setting the running server does not have is refused
+    (`spark_connect.apply_session_conf`).
     """
 
     def _init_session(self) -> None:
@@ -46,11 +49,17 @@ class MemWalSpark(LazyPySparkResource):
         conf = {str(k): str(v) for k, v in self.spark_config.items()}
         remote = conf.pop("spark.remote", None)
         autostart = conf.pop("memwal.connect.autostart", "false").lower() == "true"
-        master = conf.pop("spark.master", "local[*]")
+        asked = conf.pop("spark.master", None)
+        master = asked or "local[*]"
         if remote:
+            from pyspark.sql import SparkSession
+
             if autostart:
-                spark_connect.ensure_server(remote, master=master, conf=conf)
-            self._spark_session = get_spark(remote)
+                spark_connect.ensure_server(remote, master=master, conf=spark_connect.server_conf(conf))
+            # A session of its own (not getOrCreate): its settings must not leak to another table.
+            session = SparkSession.builder.remote(remote).appName("memwal").create()
+            spark_connect.apply_session_conf(session, remote, asked, conf)
+            self._spark_session = session
         else:
             self._spark_session = get_spark(master, conf)
 

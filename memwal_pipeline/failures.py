@@ -1,0 +1,135 @@
+"""Merge failures per region, recorded on the failed run and read back by checks and `status`.
+
+A merge run that leaves a region unmerged (the merger refused a generation: a *wall*, or a
+transient error it gave up on) fails, and before failing it tags its own run with what
+failed, per region: `memwal/failed = true` (to filter on) and `memwal/merge_failures` (JSON,
+bounded). Readers look at the most recent failed runs only (`RECENT_RUNS`), one query, so the
+cost does not grow with the number of regions or runs.
+
+A region is **stuck** when, since it last merged past the failing generation, its latest
+failure was permanent (a wall) or it failed in `STUCK_AFTER` runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+FAILED_TAG = "memwal/failed"
+FAILURES_TAG = "memwal/merge_failures"
+RECENT_RUNS = 50  # failed runs read by a check
+STUCK_AFTER = 3  # failed merge runs that make a region stuck
+MAX_TAGGED_REGIONS = 20
+MAX_ERROR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class RegionFailure:
+    """What one merge run reports about one region it could not merge (from the core's
+    `RegionMergeResult`: `error`, `wall` = first generation not merged, `permanent`)."""
+
+    region_id: str
+    generation: int | None
+    permanent: bool | None
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"r": self.region_id, "g": self.generation, "p": self.permanent, "e": self.error[:MAX_ERROR_CHARS]}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "RegionFailure":
+        return RegionFailure(str(d["r"]), d.get("g"), d.get("p"), str(d.get("e", "")))
+
+    def describe(self) -> str:
+        kind = {True: "permanent", False: "transient"}.get(self.permanent, "unclassified")  # type: ignore[arg-type]
+        at = f" at generation {self.generation}" if self.generation is not None else ""
+        return f"region {self.region_id}{at} ({kind}): {self.error}"
+
+
+def from_merge_result(result: Any, pending_after: dict[str, list[int]] | None = None) -> list[RegionFailure]:
+    """The failed regions of a `merge.MergeResult`. `wall` and `permanent` are read with
+    defaults so this works with cores that do not report them yet (then the first pending
+    generation after the run stands for the wall)."""
+    out = []
+    for rid, r in sorted(result.regions.items()):
+        if not r.error:
+            continue
+        wall = getattr(r, "wall", None)
+        if wall is None and pending_after and pending_after.get(rid):
+            wall = min(pending_after[rid])
+        out.append(RegionFailure(rid, wall, getattr(r, "permanent", None), str(r.error)))
+    return out
+
+
+def run_tags(failures: list[RegionFailure]) -> dict[str, str]:
+    """Tags for the failed run (bounded: the first `MAX_TAGGED_REGIONS` regions)."""
+    return {FAILED_TAG: "true",
+            FAILURES_TAG: json.dumps([f.to_json() for f in failures[:MAX_TAGGED_REGIONS]], separators=(",", ":"))}
+
+
+@dataclass
+class RegionHistory:
+    failures: list[RegionFailure] = field(default_factory=list)  # newest first
+    run_ids: list[str] = field(default_factory=list)
+
+    @property
+    def latest(self) -> RegionFailure:
+        return self.failures[0]
+
+
+def recent_failures(instance, job_name: str | None = None, limit: int = RECENT_RUNS,
+                    regions: Iterable[str] | None = None) -> dict[str, RegionHistory]:
+    """Region -> its failures in the `limit` most recent failed merge runs (newest first)."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    wanted = set(regions) if regions is not None else None
+    records = instance.get_run_records(
+        RunsFilter(job_name=job_name, statuses=[DagsterRunStatus.FAILURE], tags={FAILED_TAG: "true"}),
+        limit=limit)
+    out: dict[str, RegionHistory] = {}
+    for rec in records:  # newest first
+        raw = rec.dagster_run.tags.get(FAILURES_TAG)
+        try:
+            items = [RegionFailure.from_json(d) for d in json.loads(raw)] if raw else []
+        except (ValueError, KeyError, TypeError):
+            continue
+        for f in items:
+            if wanted is not None and f.region_id not in wanted:
+                continue
+            h = out.setdefault(f.region_id, RegionHistory())
+            h.failures.append(f)
+            h.run_ids.append(rec.dagster_run.run_id)
+    return out
+
+
+@dataclass(frozen=True)
+class StuckRegion:
+    region_id: str
+    generation: int | None
+    reason: str
+    failed_runs: int
+    permanent: bool
+
+    def describe(self) -> str:
+        at = f" at generation {self.generation}" if self.generation is not None else ""
+        why = "permanent merge refusal" if self.permanent else f"stuck after {self.failed_runs} failed merge runs"
+        return f"region {self.region_id}{at}: {why}: {self.reason}"
+
+
+def stuck_regions(history: dict[str, RegionHistory], merged: dict[str, int],
+                  stuck_after: int = STUCK_AFTER) -> list[StuckRegion]:
+    """Regions whose failures still hold: not merged past the failing generation since.
+
+    Failures of a region are counted newest first while their generation is still unmerged
+    (`merged[region] < generation`); a failure without a generation always counts.
+    """
+    out = []
+    for rid, h in sorted(history.items()):
+        current = [f for f in h.failures if f.generation is None or merged.get(rid, 0) < f.generation]
+        if not current:
+            continue
+        latest = current[0]
+        if latest.permanent or len(current) >= stuck_after:
+            out.append(StuckRegion(rid, latest.generation, latest.error, len(current), bool(latest.permanent)))
+    return out
