@@ -173,9 +173,13 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
                          f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
                          f"table version {result.table_version}")
+        failing = {f.region_id for f in outcome.failures}
+        # A failing region gets no materialization even when it merged generations before its
+        # wall (logged above): Dagster then shows its partition as failed.
         for rid in outcome.merged:
-            yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
-                                       metadata=outcome.region_metadata(rid, result))
+            if rid not in failing:
+                yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
+                                           metadata=outcome.region_metadata(rid, result))
         if not outcome.failures:
             return
         for f in outcome.failures:
@@ -191,7 +195,6 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             return
         # Dagster marks failed the partitions this run planned and did not materialize: record
         # every region that is fine (merged, or nothing to merge) so only the failing ones are.
-        failing = {f.region_id for f in outcome.failures}
         for rid in regions:
             if rid not in failing and rid not in outcome.merged:
                 yield AssetMaterialization(asset_key=context.asset_key, partition=rid,

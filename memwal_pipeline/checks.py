@@ -26,6 +26,7 @@ from .config import TableConfig
 
 def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckRegion],
                n: int = bounded.TOP_N) -> tuple[bool, AssetCheckSeverity, dict]:
+    # Stuck and unreadable regions carry a reason each: fewer of them fit in the bound.
     """merge_lag's verdict and bounded metadata (a pure function of the table status and the
     stuck regions, so its size can be tested at thousands of regions)."""
     age = st.oldest_pending_age_s or 0.0
@@ -46,13 +47,13 @@ def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckR
         "stuck_regions": MetadataValue.int(len(stuck)),
         "stuck": MetadataValue.json([{"region": s.region_id, "generation": s.generation,
                                       "failed_runs": s.failed_runs, "permanent": s.permanent,
-                                      "reason": bounded.short(s.reason, 200)} for s in stuck[:n]]
-                                    + ([{bounded.MORE: len(stuck) - n}] if len(stuck) > n else [])),
+                                      "reason": bounded.short(s.reason, 120)} for s in stuck[:n // 2]]
+                                    + ([{bounded.MORE: len(stuck) - n // 2}] if len(stuck) > n // 2 else [])),
         "unreadable_regions": MetadataValue.int(len(failed)),
-        "unreadable": MetadataValue.json(bounded.top(failed, n)),
+        "unreadable": MetadataValue.json(bounded.top(failed, n // 2, text_limit=100)),
     }
     if stuck:
-        md["description"] = MetadataValue.text(bounded.short("; ".join(s.describe() for s in stuck[:3])))
+        md["description"] = MetadataValue.text(bounded.short("; ".join(s.describe() for s in stuck[:2])))
     return passed, severity, md
 
 

@@ -44,7 +44,7 @@ class RegionFailure:
     def describe(self) -> str:
         kind = {True: "permanent", False: "transient"}.get(self.permanent, "unclassified")  # type: ignore[arg-type]
         at = f" at generation {self.generation}" if self.generation is not None else ""
-        return f"region {self.region_id}{at} ({kind}): {self.error}"
+        return f"region {self.region_id}{at} ({kind}): {_without_region(self.error, self.region_id)}"
 
 
 def from_merge_result(result: Any, pending_after: dict[str, list[int]] | None = None) -> list[RegionFailure]:
@@ -114,7 +114,12 @@ class StuckRegion:
     def describe(self) -> str:
         at = f" at generation {self.generation}" if self.generation is not None else ""
         why = "permanent merge refusal" if self.permanent else f"stuck after {self.failed_runs} failed merge runs"
-        return f"region {self.region_id}{at}: {why}: {self.reason}"
+        return f"region {self.region_id}{at}: {why}: {_without_region(self.reason, self.region_id)}"
+
+
+def _without_region(text: str, region_id: str) -> str:
+    """The core's messages start with `region <id>: `; do not say it twice."""
+    return text.removeprefix(f"region {region_id}: ")
 
 
 def stuck_regions(history: dict[str, RegionHistory], merged: dict[str, int],
