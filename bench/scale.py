@@ -97,6 +97,7 @@ def main() -> None:
         big = Table(root, "big", real=2, idle=args.regions - 2)
         one = Table(root, "one", real=1, idle=0)
         common.say(f"setup: {args.regions} + 1 regions in {time.perf_counter() - t:.1f}s")
+        os.makedirs(os.path.join(root, "dagster"))
         with DagsterInstance.local_temp(os.path.join(root, "dagster")) as instance:
             for tbl in (big, one):
                 instance.add_dynamic_partitions(tbl.td.partitions.name, tbl.order)
