@@ -10,8 +10,13 @@ each real region flushes one tiny generation (not timed) and one merge run of `b
 is timed, A and B alternately: `materialize` (in-process executor) on an on-disk SQLite
 instance (`DagsterInstance.local_temp`, like a deployment's), one shared local Spark session.
 
+Measured twice in the same process: with Dagster storing one "materialization planned" event
+per run (`DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true`, memwal's setting) and with one
+per partition of the range (Dagster's default; one round, it is slow).
+
 usage: python bench/scale.py [--regions 3000] [--rounds 3]
-Prints `RESULT scale regions=N run_s=... one_region_run_s=... ratio=... materializations=...`.
+Prints `RESULT scale planned_events=per_run|per_partition regions=N run_s=... one_region_run_s=...
+ratio=... materializations=...`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from memwal_core import demo, layout, region  # noqa: E402
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
 from memwal_core.store import open_store  # noqa: E402
 from memwal_pipeline.config import TableConfig  # noqa: E402
+from memwal_pipeline.definitions import PLANNED_EVENTS_ENV as PLANNED  # noqa: E402
 from memwal_pipeline.definitions import table_definitions  # noqa: E402
 
 
@@ -102,19 +108,24 @@ def main() -> None:
             for tbl in (big, one):
                 instance.add_dynamic_partitions(tbl.td.partitions.name, tbl.order)
                 tbl.run(instance)  # warm-up: merges the initial generations, pays first-job costs
-            runs: dict[str, list[float]] = {"big": [], "one": []}
-            mats: dict[str, int] = {}
-            for i in range(args.rounds):
-                for tbl, key in ((big, "big"), (one, "one")) if i % 2 == 0 else ((one, "one"), (big, "big")):
-                    tbl.flush()
-                    took, n = tbl.run(instance)
-                    runs[key].append(took)
-                    mats[key] = n
-                    common.say(f"round {i + 1} {key}: {took:.2f}s, {n} materializations")
-        big_s, one_s = common.median(runs["big"]), common.median(runs["one"])
-        common.result("scale", regions=args.regions, changed=2, run_s=big_s, one_region_run_s=one_s,
-                      ratio=common.ratio(big_s, one_s), materializations=mats["big"],
-                      one_region_materializations=mats["one"], rounds=args.rounds)
+            # Two ways Dagster records the partitions a range run plans: one event per run
+            # (memwal's setting) or one per partition (Dagster's default).
+            for mode, value, rounds in (("per_run", "true", args.rounds), ("per_partition", "false", 1)):
+                os.environ[PLANNED] = value
+                runs: dict[str, list[float]] = {"big": [], "one": []}
+                mats: dict[str, int] = {}
+                for i in range(rounds):
+                    for tbl, key in ((big, "big"), (one, "one")) if i % 2 == 0 else ((one, "one"), (big, "big")):
+                        tbl.flush()
+                        took, n = tbl.run(instance)
+                        runs[key].append(took)
+                        mats[key] = n
+                        common.say(f"{mode} round {i + 1} {key}: {took:.2f}s, {n} materializations")
+                big_s, one_s = common.median(runs["big"]), common.median(runs["one"])
+                common.result("scale", planned_events=mode, regions=args.regions, changed=2, run_s=big_s,
+                              one_region_run_s=one_s, ratio=common.ratio(big_s, one_s),
+                              materializations=mats["big"], one_region_materializations=mats["one"],
+                              rounds=rounds)
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -193,9 +193,12 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             # would only fail the other regions' runs.
             context.log.warning(f"{len(outcome.failures)} regions still cannot be merged (known, see merge_lag)")
             return
-        # Dagster marks failed the partitions this run planned and did not materialize: record
-        # every region that is fine (merged, or nothing to merge) so only the failing ones are.
-        for rid in regions:
+        # With one planned event per partition, Dagster marks failed the partitions this run
+        # planned and did not materialize: record every region that is fine (merged, or nothing
+        # to merge) so only the failing ones are. (With one planned event per run, see
+        # definitions.PLANNED_EVENTS_ENV, no partition is marked and this costs nothing.)
+        per_partition = not context.instance.event_log_storage.supports_partition_subset_in_asset_materialization_planned_events
+        for rid in regions if per_partition else []:
             if rid not in failing and rid not in outcome.merged:
                 yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
                                            metadata=outcome.region_metadata(rid, result))
