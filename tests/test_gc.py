@@ -276,7 +276,7 @@ def test_orphans_grace_and_flush_in_progress(merged_template, tmp_path):
     stale = orphan("0000000b_gen_1", old)
     flushing = orphan(f"0000000c_gen_{m.current_generation}", old)  # a flush in progress
     bogus = orphan(f"tmp_gen_{m.current_generation - 1}", old)  # any *_gen_* name counts
-    cfg = gc.GcConfig(manifest_min_age_s=10**9)  # default grace: 1 h
+    cfg = gc.GcConfig(manifest_min_age_s=10**9, orphan_grace_s=3600)  # (the default grace is 24 h)
     plan = gc.plan_gc(loc, cfg)
     orphans = {i.path for i in plan.items if i.kind == gc.ORPHAN}
     assert orphans == {stale, bogus}

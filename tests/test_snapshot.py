@@ -297,6 +297,7 @@ def test_lost_race_rebuilds_from_fresh_read(table_loc, monkeypatch):
         raise table.LostRace("simulated")
 
     monkeypatch.setattr(table, "guarded_replace_details", always_lose)
+    synth_region(loc.store, str(uuid.UUID(int=5000, version=4)))  # a change: an unchanged snapshot commits nothing
     calls.clear()
     with pytest.raises(snapshot.SnapshotError, match="gave up .* after 3 lost races"):
         snapshot.build_snapshot(loc, max_attempts=3)
@@ -462,3 +463,19 @@ def test_snapshot_on_s3_inline_and_external(s3_table_loc):
     assert_rows_equal_manifests(loc, tbl, state.details.region_specs)
     by_rid = {str(uuid.UUID(bytes=r["region_id"])): r["region_field_bucket"] for r in tbl.to_pylist()}
     assert all(by_rid[rid] == value for value, rid in w.regions.items())
+
+
+def test_unchanged_snapshot_commits_nothing(table_loc):
+    """Issue 18.4: a build whose snapshot equals the stored one commits no table version."""
+    loc = table_loc
+    demo.create_table(loc, sharding="unsharded", base_rows=5)
+    for i in range(3):
+        synth_region(loc.store, str(uuid.UUID(int=2000 + i, version=4)))
+    first = snapshot.build_snapshot(loc)
+    assert first.committed
+    again = snapshot.build_snapshot(loc)
+    assert not again.committed and again.table_version == first.table_version
+    assert table.open_dataset(loc).version == first.table_version
+    synth_region(loc.store, str(uuid.UUID(int=3000, version=4)))  # a new region: a change
+    third = snapshot.build_snapshot(loc)
+    assert third.committed and third.table_version == first.table_version + 1 and third.num_regions == 4
