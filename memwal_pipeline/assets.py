@@ -16,6 +16,7 @@ from typing import Any
 from dagster import (
     AssetKey,
     AssetMaterialization,
+    AssetObservation,
     BackfillPolicy,
     DynamicPartitionsDefinition,
     MaterializeResult,
@@ -108,6 +109,27 @@ class MergeOutcome:
         }
 
 
+def run_metadata(regions: list[str], result: merge.MergeResult, outcome: MergeOutcome) -> dict[str, Any]:
+    """One merge run's totals (bounded: errors cut to the worst few)."""
+    return {
+        "regions": MetadataValue.int(len(regions)),
+        "regions_merged": MetadataValue.int(len(outcome.merged)),
+        "generations_merged": MetadataValue.int(result.generations_merged),
+        "generations_pending": MetadataValue.int(sum(
+            1 for rid, gens in outcome.planned.items() for g in gens if g > outcome.merged_after(rid, result))),
+        "commits": MetadataValue.int(result.commits),
+        "conflicts": MetadataValue.int(result.conflicts),
+        "rows_upserted": MetadataValue.int(result.rows_upserted),
+        "rows_deleted": MetadataValue.int(result.rows_deleted),
+        "bytes_read": MetadataValue.int(result.bytes_read),
+        "bytes_written": MetadataValue.int(result.bytes_written),
+        "duration_s": MetadataValue.float(round(result.duration_s, 2)),
+        "failed_regions": MetadataValue.int(len(outcome.failures)),
+        "errors": MetadataValue.json(bounded.top({f.region_id: f.error for f in outcome.failures})),
+        "table_version": MetadataValue.int(result.table_version),
+    }
+
+
 def merge_outcome(plan: merge.MergePlan, result: merge.MergeResult) -> MergeOutcome:
     planned = plan.pending
     merged_after = {rid: max(plan.merged.get(rid, 0), r.merged_generation) for rid, r in result.regions.items()}
@@ -173,6 +195,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
                          f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
                          f"table version {result.table_version}")
+        # The run's totals: one observation of the asset (no partition), not copied onto every
+        # region's materialization (what `memwal maintain` reports for the merge step).
+        yield AssetObservation(asset_key=context.asset_key, metadata=run_metadata(regions, result, outcome))
         failing = {f.region_id for f in outcome.failures}
         # A failing region gets no materialization even when it merged generations before its
         # wall (logged above): Dagster then shows its partition as failed.

@@ -174,6 +174,10 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
                 continue
             mats = result.get_asset_materialization_events()
             md = _metadata_values(mats[0]) if mats else {}
+            if step == "merge":  # per-region materializations; the run's totals are an observation
+                obs = result.get_asset_observation_events()
+                md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()} \
+                    if obs else md
             report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
             errors = md.get("errors") or {}
             for key, err in (errors.items() if isinstance(errors, dict) else []):

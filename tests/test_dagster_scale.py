@@ -69,9 +69,14 @@ def test_range_run_materializes_only_regions_that_merged(table_loc, instance, sp
         assert md["pending_generations"].value == 0 and md["rows_read"].value == 4 * n
         assert md["run/regions"].value == 2  # the run planned 5 regions; 2 had something to merge
     assert _failed_partitions(instance, td, by["base_table"].key) == set()
+    # The run's totals: one observation of the asset, not copied onto each region's event.
+    (obs,) = r.asset_observations_for_node(by["base_table"].op.name)
+    assert obs.partition is None and obs.metadata["generations_merged"].value == 3
+    assert obs.metadata["regions"].value == 5 and obs.metadata["regions_merged"].value == 2
     # A run where nothing happened records nothing.
     r = materialize([by["base_table"]], instance=instance, resources=td.resources, tags=_range(regions))
     assert r.success and r.asset_materializations_for_node(by["base_table"].op.name) == []
+    assert r.asset_observations_for_node(by["base_table"].op.name)[0].metadata["generations_merged"].value == 0
 
 
 def _wrong_schema(table_loc, rid: str, key: int) -> int:
