@@ -125,7 +125,7 @@ def run_metadata(regions: list[str], result: merge.MergeResult, outcome: MergeOu
         "bytes_written": MetadataValue.int(result.bytes_written),
         "duration_s": MetadataValue.float(round(result.duration_s, 2)),
         "failed_regions": MetadataValue.int(len(outcome.failures)),
-        "errors": MetadataValue.json(bounded.top({f.region_id: f.error for f in outcome.failures})),
+        "errors": MetadataValue.json(bounded.fit({f.region_id: f.error for f in outcome.failures})),
         "table_version": MetadataValue.int(result.table_version),
     }
 

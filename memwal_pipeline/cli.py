@@ -166,6 +166,16 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
             took = time.monotonic() - t0
             if watch.fired():
                 raise Interrupted(watch.signum, step)
+            obs = result.get_asset_observation_events() if step == "merge" else []
+            run_errors = obs[-1].event_specific_data.asset_observation.metadata.get("errors") if obs else None
+            if not result.success and run_errors is not None and run_errors.value:
+                # A merge that left regions unmerged: one line per region, as the run recorded them.
+                report["steps"][step] = {"ok": False, "seconds": round(took, 3)}
+                for key, err in run_errors.value.items():
+                    line = f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}"
+                    report["failed"].append(line)
+                    _say(f"[{cfg.name}] {line}")
+                continue
             if not result.success:
                 err = _first_failure(result)
                 report["steps"][step] = {"ok": False, "error": err, "seconds": took}
@@ -174,10 +184,8 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
                 continue
             mats = result.get_asset_materialization_events()
             md = _metadata_values(mats[0]) if mats else {}
-            if step == "merge":  # per-region materializations; the run's totals are an observation
-                obs = result.get_asset_observation_events()
-                md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()} \
-                    if obs else md
+            if obs:  # merge: per-region materializations; the run's totals are an observation
+                md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()}
             report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
             errors = md.get("errors") or {}
             for key, err in (errors.items() if isinstance(errors, dict) else []):

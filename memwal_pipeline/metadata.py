@@ -38,3 +38,19 @@ def encoded_size(metadata: Mapping[str, Any]) -> int:
     from dagster._serdes import serialize_value
 
     return len(serialize_value(dict(metadata)).encode())
+
+
+def fit(mapping: Mapping[str, Any], budget: int = 2500) -> dict[str, Any]:
+    """Whole entries (texts not cut) while their total length fits `budget` characters, in
+    order, plus `…more: k`: for errors a reader needs verbatim (the CLI prints them)."""
+    out: dict[str, Any] = {}
+    used = 0
+    items = list(mapping.items())
+    for i, (k, v) in enumerate(items):
+        size = len(str(k)) + len(str(v)) + 8
+        if used + size > budget:
+            out[MORE] = len(items) - i
+            break
+        out[str(k)] = v
+        used += size
+    return out
