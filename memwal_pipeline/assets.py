@@ -265,7 +265,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "storage": MetadataValue.text(r.storage),
             "hints_updated": MetadataValue.int(len(r.hints_updated)),
             "regions_failed": MetadataValue.int(len(r.regions_failed)),
-            "errors": MetadataValue.json(bounded.top(r.regions_failed)),
+            "errors": MetadataValue.json(bounded.fit(r.regions_failed)),
             "committed": MetadataValue.bool(getattr(r, "committed", True)),
             "attempts": MetadataValue.int(r.attempts),
             "duration_s": MetadataValue.float(round(r.duration_s, 2)),
@@ -315,7 +315,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "held": MetadataValue.md(holds_markdown(holds)),
             "manifest_commits": MetadataValue.int(r.manifest_commits),
             "regions_failed": MetadataValue.int(len(r.region_errors)),
-            "errors": MetadataValue.json(bounded.top(r.region_errors)),
+            "errors": MetadataValue.json(bounded.fit(r.region_errors)),
             "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 2)),
         }
         for h in holds:  # plotted: what GC keeps, per reason

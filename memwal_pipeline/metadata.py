@@ -3,7 +3,8 @@
 Every materialization and check result is stored in the event log and shipped to the UI on
 each view; at thousands of regions a per-region listing would be tens of KB per event. So
 lists and maps are cut to the `TOP_N` worst entries (with a count of the rest), texts to
-`MAX_TEXT` characters and floats rounded. `tests/test_pipeline.py` holds the bound (4 KB per
+`MAX_TEXT` characters and floats rounded; error maps the CLI prints verbatim keep whole entries
+within a character budget (`fit`). `tests/test_pipeline.py` holds the bound (4 KB per
 event at 3,000 regions).
 """
 

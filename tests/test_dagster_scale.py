@@ -177,6 +177,9 @@ def test_metadata_per_event_is_bounded_at_3000_regions():
     assert len(holds_markdown(holds).encode()) <= 1024
     errors = {rid: "region " + rid + ": " + "y" * 300 for rid in ids}
     assert bounded.encoded_size({"errors": MetadataValue.json(bounded.top(errors))}) <= 4096
+    kept = bounded.fit(errors)  # errors a reader needs verbatim (the CLI prints them): whole, within budget
+    assert bounded.encoded_size({"errors": MetadataValue.json(kept)}) <= 4096
+    assert kept[bounded.MORE] > 2900 and all(kept[k] == errors[k] for k in kept if k != bounded.MORE)
 
 
 def test_idle_maintenance_commits_nothing(table_loc, instance, spark):
