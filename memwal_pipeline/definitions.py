@@ -27,7 +27,7 @@ from .sensors import build_sensor
 
 # A run over a partition range makes Dagster store one "materialization planned" event per
 # partition of the range at run creation (~35 ms each on SQLite: 3,000 regions cost ~100 s
-# before the run starts, docs/benchmarks.md §8). With this setting Dagster stores one event per
+# before the run starts, docs/benchmarks.md §9). With this setting Dagster stores one event per
 # run instead; the price is that a failed run no longer marks its partitions failed (the run's
 # failure and `merge_lag` name the region instead). Read where runs are created: set it in the
 # daemon's and webserver's environment too (`make ui` does; see README).
