@@ -57,6 +57,24 @@ def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckR
     return passed, severity, md
 
 
+def sensor_gave_up(instance, table: str, known: set[str], merged: dict[str, int]) -> list[failures.StuckRegion]:
+    """Regions the sensor stopped retrying (`liveness.stuck_regions`: its retry cap), not
+    already reported from the merge runs' own failures, and not merged past since."""
+    try:
+        from . import liveness
+    except ImportError:  # an older tree without the sensor's liveness module
+        return []
+    out = []
+    for rid, s in sorted(liveness.stuck_regions(instance, table).items()):
+        gen = s.get("generation")
+        if rid in known or (gen is not None and merged.get(rid, 0) >= gen):
+            continue
+        attempts = int(s.get("attempts", 0))
+        out.append(failures.StuckRegion(rid, gen, f"the sensor gave up after {attempts} merge runs without "
+                                                  "progress", attempts, False))
+    return out
+
+
 def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
     keys = TableKeys(cfg.name)
     res = {keys.table_resource}
@@ -88,6 +106,7 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
         merged = {r.region_id: r.merged_generation for r in st.regions}
         history = failures.recent_failures(context.instance, merge_job_name, regions=merged)
         stuck = failures.stuck_regions(history, merged)
+        stuck += sensor_gave_up(context.instance, cfg.name, {s.region_id for s in stuck}, merged)
         for s in stuck:
             context.log.error(s.describe())
         passed, severity, md = lag_report(st, cfg.merge_lag_slo_seconds, stuck)
