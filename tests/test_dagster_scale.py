@@ -323,3 +323,22 @@ def test_spark_connect_settings_apply_per_session_or_are_refused(tmp_path, monke
                     rd.s.spark_session  # noqa: B018 - creating the session is the test
     finally:
         spark_connect.stop_server(remote, state_dir=tmp_path / "state")
+
+
+def test_merge_lag_reports_regions_the_sensor_gave_up_on(table_loc, instance):
+    """The sensor's retry cap (liveness.stuck_regions) shows in merge_lag as ERROR too."""
+    import json
+
+    from memwal_pipeline import liveness
+
+    w = make_table(table_loc, regions=2, rounds=1)
+    cfg = cfg_for(table_loc)
+    defs = build_definitions([cfg])
+    rid = sorted(w.regions.values())[0]
+    instance.run_storage.set_cursor_values({liveness._stuck_key("t"): json.dumps(
+        {rid: {"generation": 1, "attempts": 3, "since": 0}})})
+    out = defs.resolve_job_def("t_checks").execute_in_process(instance=instance, raise_on_error=False)
+    lag = next(c for c in out.get_asset_check_evaluations() if c.check_name == "merge_lag")
+    assert not lag.passed and lag.severity == AssetCheckSeverity.ERROR
+    (entry,) = lag.metadata["stuck"].value
+    assert entry["region"] == rid and entry["failed_runs"] == 3 and "sensor gave up" in entry["reason"]
