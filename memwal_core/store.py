@@ -85,8 +85,16 @@ class LocalStore:
         return self.head(key) is not None
 
     def _write_temp(self, path: str, data: bytes) -> str:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".memwal-tmp-")
+        for attempt in range(20):
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".memwal-tmp-")
+                break
+            except (FileNotFoundError, FileExistsError):
+                # Another process's delete_many pruned the directory while it was being made
+                # (or made it again in between): make it again.
+                if attempt == 19:
+                    raise
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -307,3 +307,29 @@ def test_s3_pylance_table_through_open_store(s3_table_loc):
     assert loc.store.exists(layout.version_hint_key(rid))
     assert loc.store.client.head_object(Bucket=loc.store.bucket,
                                         Key="table/" + layout.manifest_key(rid, 1))
+
+
+def test_local_put_survives_a_concurrent_delete_pruning_its_directory(tmp_path):
+    """Found by the concurrency suite: GC processes write and delete their intent markers in
+    one directory; `delete_many` prunes it when empty, racing another put's makedirs/mkstemp."""
+    import threading
+
+    from memwal_core.store import LocalStore
+
+    store = LocalStore(str(tmp_path))
+    errors: list[BaseException] = []
+
+    def loop(name: str) -> None:
+        try:
+            for _ in range(1500):
+                store.put(f"_memwal/gc_pending/{name}", b"x")
+                store.delete_many([f"_memwal/gc_pending/{name}"])
+        except BaseException as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=loop, args=(n,)) for n in "abcd"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
