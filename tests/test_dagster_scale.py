@@ -286,7 +286,29 @@ def test_orphan_grace_default_is_a_day():
 def test_spark_connect_settings_apply_per_session_or_are_refused(tmp_path, monkeypatch):
     """Issue 18.9: tables sharing one Connect server each get their own `memwal.*` settings
     (the server drops non-Spark keys at start); a different master or a fixed setting the
-    server lacks is refused loudly, at load time where possible."""
+    server lacks is refused loudly, at load time where possible.
+
+    Runs in a pytest of its own: a Connect session switches pyspark in the whole process to
+    Connect mode (`SPARK_CONNECT_MODE_ENABLED`), which would break the suite's local session
+    for every later test."""
+    import os
+    import subprocess
+    import sys
+
+    if os.environ.get("MEMWAL_CONNECT_TEST_PROCESS") != "1":
+        me = f"{os.path.abspath(__file__)}::test_spark_connect_settings_apply_per_session_or_are_refused"
+        # os._exit: the Connect client leaves non-daemon threads that would keep the process
+        # alive after the test; output to a file, not a pipe a grandchild could hold open.
+        log = tmp_path / "connect-test.log"
+        with open(log, "w") as f:
+            code = subprocess.run(
+                [sys.executable, "-c", "import os, sys, pytest; "
+                 f"os._exit(pytest.main(['-q', '-p', 'no:cacheprovider', {me!r}]))"],
+                env={**os.environ, "MEMWAL_CONNECT_TEST_PROCESS": "1"}, stdout=f, stderr=subprocess.STDOUT,
+                timeout=500, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).returncode
+        text = log.read_text()
+        assert code == 0 and "1 passed" in text, text[-5000:]
+        return
     import socket
 
     from dagster import build_resources
