@@ -209,13 +209,27 @@ def is_vector(index_type: str) -> bool:
     return any(t in index_type.upper() for t in VECTOR_TYPES)
 
 
+def _statistics_without_centroids(ds: lance.LanceDataset, name: str) -> dict:
+    """`index_statistics` without every centroid (memory; a warning). Lance reads the switch from
+    the environment: set only for this call, so other readers of the statistics in the process
+    (a user's, a test's) still get the centroids."""
+    key = "LANCE_INCLUDE_VECTOR_CENTROIDS"
+    before = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        return ds.index_statistics(name)
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def _index_health(ds: lance.LanceDataset, gating: set[str]) -> list[IndexHealth]:
-    # Vector index statistics include every centroid unless told otherwise (memory; a warning).
-    os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
     out = []
     for name in sorted(catchup.base_indexes(ds)):
         try:
-            s = ds.index_statistics(name)
+            s = _statistics_without_centroids(ds, name)
         except Exception as e:  # noqa: BLE001 - a statistics failure must not stop compaction
             log.warning("index %s: statistics unavailable (%s)", name, e)
             continue
