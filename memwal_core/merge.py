@@ -294,9 +294,10 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
                   progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
     """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
 
-    Each region's value (what its rows must route to) comes from authoritative state:
-    `expected_values` (region id -> {field id: value}) if given, else the MemWAL snapshot, else
-    the region's first generation (`region_values`). A region's first generation that cannot be
+    Each region's value (what its rows must route to) comes from authoritative state
+    (`region_values`): `expected_values` (region id -> {field id: value}) if given, else the
+    MemWAL snapshot, else its oldest merged generation, else the run's first routed generation
+    (unanimous, not owned by another region). A region's first generation that cannot be
     merged is a `Wall` for the rest of the run: no later batch or retry merges past it.
     """
     clock = _Clock()
@@ -322,8 +323,9 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
             run.routes[rid] = routing_check(m, specs, ds.lance_schema)
     routed = {r: m for r, m in manifests.items() if run.routes.get(r)}
     try:
-        values = region_values(loc, state, ds, routed, pk, expected_values or {})
-        run.owners = _owners(loc, state, specs, run, values)
+        recorded = snapshot.recorded_values(loc, state)  # read once: values and other regions' owners
+        values = region_values(loc, state, ds, routed, pk, expected_values or {}, recorded)
+        run.owners = _owners(recorded, specs, values)
     except snapshot.SnapshotError as e:  # recorded values exist but cannot be read: nothing to check by
         for rid in routed:
             if not (expected_values or {}).get(rid):
@@ -345,13 +347,12 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     return result
 
 
-def _owners(loc: TableLocation, state: MemWalState, specs: dict, run: "_Run",
-            values: dict[str, dict]) -> dict[str, str]:
+def _owners(recorded: dict[str, dict], specs: dict, values: dict[str, dict]) -> dict[str, str]:
     """Region value -> region, over every region the snapshot knows (pending or not): a new
     region may not adopt a value another region already holds (this run's own values are added
     by the caller)."""
     owners: dict[str, str] = {}
-    for rid, vals in snapshot.recorded_values(loc, state).items():
+    for rid, vals in recorded.items():
         if rid in values:
             continue
         fields = _spec_field_ids(specs, vals)
@@ -391,7 +392,8 @@ def routing_check(m: region.RegionManifest, specs: dict, lance_schema) -> sparkp
 
 
 def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[str, region.RegionManifest],
-                  pk: list[str], expected: dict[str, dict]) -> dict[str, dict]:
+                  pk: list[str], expected: dict[str, dict],
+                  recorded: dict[str, dict] | None = None) -> dict[str, dict]:
     """Region id -> {field id: value}: what each region's rows must route to.
 
     Authoritative only: `expected`, then the value recorded in the MemWAL snapshot (reused by
@@ -404,7 +406,7 @@ def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[st
     out = {rid: expected[rid] for rid in manifests if rid in expected}
     missing = [rid for rid in manifests if rid not in out]
     if missing:
-        known = snapshot.recorded_values(loc, state)
+        known = snapshot.recorded_values(loc, state) if recorded is None else recorded
         out.update({rid: known[rid] for rid in missing if rid in known})
     specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
     merged = state.merged
