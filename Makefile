@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	@# Spark's driver JVM starts ~3 s sooner with a class archive (memwal_core/jvm_archive.py).
+	@# Spark's driver JVM starts ~3 s sooner with a class archive (memwal_core/spark/archive.py).
 	-$(BIN)/memwal spark-archive
 	@touch $(STAMP)
 

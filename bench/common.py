@@ -269,15 +269,16 @@ class RssSampler:
 # ------------------------------------------------------------------------------ Spark
 
 def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None):
-    from memwal_core.spark import get_spark
+    from memwal_core.spark.session import get_spark
 
     return get_spark(master, conf or {})
 
 
 def warm_up_merge(spark, root: str) -> float:
     """A tiny merge on a throwaway table so the session's first-job costs are paid; seconds."""
-    from memwal_core import demo, merge
-    from memwal_core.store import open_store
+    from memwal_core.tools import demo
+    from memwal_core.jobs import merge
+    from memwal_core.state.store import open_store
 
     path = os.path.join(root, "warmup")
     loc = open_store(path)
@@ -312,7 +313,7 @@ class MotoServer(LocalS3):
                 "aws_secret_access_key": "testing-secret", "aws_region": "us-east-1"}
 
     def bucket(self, name: str) -> str:
-        from memwal_core.store import make_s3_client
+        from memwal_core.state.store import make_s3_client
 
         make_s3_client(self.options()).create_bucket(Bucket=name)
         return name

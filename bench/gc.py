@@ -50,9 +50,13 @@ import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memwal_core import demo, gc, layout, region  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
+
+from memwal_core.jobs import gc
+
+from memwal_core.state import layout, region
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
-from memwal_core.store import LocalStore, open_store  # noqa: E402
+from memwal_core.state.store import LocalStore, open_store  # noqa: E402
 
 BUCKET = "bench"
 PREFIX = "t"

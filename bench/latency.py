@@ -42,8 +42,12 @@ import common  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from memwal_core import demo, region, spark_connect, table  # noqa: E402
-from memwal_core.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
+
+from memwal_core.state import region, table
+
+from memwal_core.spark import connect as spark_connect
+from memwal_core.state.store import open_store  # noqa: E402
 
 RUN_PROCESS = r"""
 import sys, time
@@ -52,7 +56,8 @@ from dagster import DagsterInstance, materialize
 from memwal_pipeline.config import TableConfig
 from memwal_pipeline.definitions import table_definitions
 t1 = time.perf_counter()
-from memwal_core import merge as _mg, spark as _sp
+from memwal_core.jobs import merge as _mg
+from memwal_core.spark import tasks as _sp
 phases = {}
 def _wrap(obj, name, key):
     fn = getattr(obj, name)

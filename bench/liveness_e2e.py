@@ -36,8 +36,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import e2e  # noqa: E402
 
-from memwal_core import demo, gc, layout, reader, region, spark_connect, table  # noqa: E402
-from memwal_core.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
+
+from memwal_core.jobs import gc
+
+from memwal_core.state import layout, region, table
+
+from memwal_core.observe import reader
+
+from memwal_core.spark import connect as spark_connect
+from memwal_core.state.store import open_store  # noqa: E402
 
 DAGSTER_YAML = e2e.DAGSTER_YAML.replace("poll_interval_seconds: 30", "poll_interval_seconds: 10").replace(
     "free_slots_after_run_end_seconds: 30", "free_slots_after_run_end_seconds: 10")

@@ -8,7 +8,7 @@ in fifty is a delete of a live key and one write in five overwrites a live key (
 generation or base table); the rest are new keys of the region's bucket.
 
 Contenders, in one run:
-  (a) memwal  `memwal_core.merge.merge(loc, spark)` in a process whose SparkSession is up
+  (a) memwal  `memwal_core.jobs.merge.merge(loc, spark)` in a process whose SparkSession is up
               (session created and a tiny warm-up merge run first);
   (a2) memwal_2nd  the same merge once more, on a second copy in the same session: a
               long-lived process (Spark Connect server, the CLI in a loop) is past the JVM's
@@ -65,8 +65,10 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec  # noqa: E402
 
-from memwal_core import demo, layout, region, table  # noqa: E402
-from memwal_core.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
+
+from memwal_core.state import layout, region, table
+from memwal_core.state.store import open_store  # noqa: E402
 
 PK = demo.PK
 SCHEMA = demo.SCHEMA
@@ -278,8 +280,8 @@ def profile_memwal(phases: dict[str, float], counts: dict[str, int]):
     by wrapping them for the duration."""
     ld = sys.modules["lance.dataset"]  # `lance.dataset` the attribute is the function
 
-    from memwal_core import merge as mg
-    from memwal_core import spark as sp
+    from memwal_core.jobs import merge as mg
+    from memwal_core.spark import tasks as sp
 
     orig = {"read_and_dedup": (sp, "read_and_dedup"),
             "plan": (mg, "plan_merge"), "merge_insert": (ld.MergeInsertBuilder, "execute")}
@@ -303,7 +305,7 @@ def profile_memwal(phases: dict[str, float], counts: dict[str, int]):
 
 def memwal_merge(path: str, spark, budget_bytes: int | None = None,
                  max_generations: int | None = None) -> tuple[dict, dict, dict]:
-    from memwal_core import merge
+    from memwal_core.jobs import merge
 
     loc = open_store(path)
     phases: dict[str, float] = {}

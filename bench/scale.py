@@ -36,9 +36,11 @@ import common  # noqa: E402
 from dagster import DagsterInstance, materialize  # noqa: E402
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG  # noqa: E402
 
-from memwal_core import demo, layout, region  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
+
+from memwal_core.state import layout, region
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
-from memwal_core.store import open_store  # noqa: E402
+from memwal_core.state.store import open_store  # noqa: E402
 from memwal_pipeline.config import TableConfig  # noqa: E402
 from memwal_pipeline.definitions import PLANNED_EVENTS_ENV as PLANNED  # noqa: E402
 from memwal_pipeline.definitions import table_definitions  # noqa: E402

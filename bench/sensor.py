@@ -48,9 +48,11 @@ import common  # noqa: E402
 
 from dagster import DagsterInstance, SkipReason, build_sensor_context  # noqa: E402
 
-from memwal_core import demo, layout, region, table  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
+
+from memwal_core.state import layout, region, table
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
-from memwal_core.store import open_store  # noqa: E402
+from memwal_core.state.store import open_store  # noqa: E402
 from memwal_pipeline.config import TableConfig  # noqa: E402
 from memwal_pipeline.definitions import table_definitions  # noqa: E402
 from memwal_pipeline.sensors import evaluate_tick  # noqa: E402

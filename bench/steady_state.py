@@ -39,9 +39,13 @@ from common import median, print_machine, ratio, result, say, workdir  # noqa: E
 
 import lance  # noqa: E402
 
-from memwal_core import catchup, compaction, demo, merge, table  # noqa: E402
-from memwal_core.spark import get_spark  # noqa: E402
-from memwal_core.store import open_store  # noqa: E402
+from memwal_core.jobs import catchup, compaction, merge  # noqa: E402
+
+from memwal_core.tools import demo
+
+from memwal_core.state import table
+from memwal_core.spark.session import get_spark  # noqa: E402
+from memwal_core.state.store import open_store  # noqa: E402
 
 
 def make_table(root: str, a) -> None:

@@ -24,8 +24,12 @@ from dagster import (
     asset,
 )
 
-from memwal_core import catchup, compaction, gc, merge, region, snapshot, status
-from memwal_core.table import open_dataset, primary_key, read_memwal_state
+from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+
+from memwal_core.state import region
+
+from memwal_core.observe import status
+from memwal_core.state.table import open_dataset, primary_key, read_memwal_state
 
 from . import failures
 from . import metadata as bounded

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
-from memwal_core import checks, status
+from memwal_core.observe import checks, status
 
 from . import failures
 from . import metadata as bounded

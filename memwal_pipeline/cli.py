@@ -127,7 +127,9 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
     from dagster import DagsterInstance, materialize
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-    from memwal_core import region, spark
+    from memwal_core.state import region
+
+    from memwal_core.spark import session as spark
 
     from .definitions import table_definitions
 
@@ -202,7 +204,7 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
 
 def _has_pending(loc) -> bool:
     """Whether a merge has work (cheap: region manifests and the MemWAL index only)."""
-    from memwal_core import merge
+    from memwal_core.jobs import merge
 
     try:
         return bool(merge.plan_merge(loc).batches)
@@ -236,7 +238,7 @@ def _first_failure(result) -> str:
 
 def dry_run(cfg) -> dict[str, Any]:
     """Plans only: what each step would do. Touches nothing."""
-    from memwal_core import catchup, compaction, gc, merge, snapshot
+    from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 
     from .assets import gc_config
     from .resources import table_resource
@@ -261,8 +263,8 @@ def _asdict(obj) -> Any:
 
 def _open_table(uri: str, options: dict[str, str]):
     """The table's location, once its base table opens: otherwise one line (not one per step)."""
-    from memwal_core import region, table
-    from memwal_core.store import open_store
+    from memwal_core.state import region, table
+    from memwal_core.state.store import open_store
 
     loc = open_store(uri, options)
     region.list_regions(loc.store)  # first: memwal's store names S3 errors (403, endpoint) clearly
@@ -287,7 +289,7 @@ def cmd_maintain(a) -> int:
     if unknown:
         raise CliError(f"--only: unknown step(s) {unknown}; choose from {','.join(STEPS)}")
     # Checked first: a bad option is one line, before any JVM starts or any step runs.
-    from memwal_core.compaction import CompactionOptions
+    from memwal_core.jobs.compaction import CompactionOptions
 
     cfg = single_table(a.uri, _options(a.storage_option), spark_master=a.spark_master,
                        base_versions_older_than=a.base_versions_older_than,
@@ -296,7 +298,7 @@ def cmd_maintain(a) -> int:
     if "merge" in steps and not a.dry_run:
         # Before Dagster's imports and set-up (~4 s), so the JVM start and the first job's worker
         # start-up (~11 s cold on 2 cores) overlap them.
-        from memwal_core import jvm_archive, spark
+        from memwal_core.spark import archive as jvm_archive, session as spark
 
         if _has_pending(loc):
             if not cfg.spark_master.startswith("sc://") and jvm_archive.java_binary() is None:
@@ -337,8 +339,9 @@ def _format_plan(plan: dict[str, Any]) -> str:
 
 
 def cmd_status(a) -> int:
-    from memwal_core import gc, status
-    from memwal_core.store import open_store
+    from memwal_core.jobs import gc
+    from memwal_core.observe import status
+    from memwal_core.state.store import open_store
 
     loc = open_store(a.uri, _options(a.storage_option))
     st = status.table_status(loc)
@@ -430,7 +433,7 @@ def _looks_like_old_demo(path: str, entries: set[str]) -> bool:
     try:
         import lance
 
-        from memwal_core import demo
+        from memwal_core.tools import demo
 
         return lance.dataset(path).schema.remove_metadata() == demo.SCHEMA.remove_metadata()
     except Exception:  # noqa: BLE001 - not a readable demo table: not ours to delete
@@ -438,8 +441,9 @@ def _looks_like_old_demo(path: str, entries: set[str]) -> bool:
 
 
 def cmd_demo(a) -> int:
-    from memwal_core import demo, reader
-    from memwal_core.store import open_store
+    from memwal_core.tools import demo
+    from memwal_core.observe import reader
+    from memwal_core.state.store import open_store
 
     from .config import check_spark_master, single_table
 
@@ -447,7 +451,7 @@ def cmd_demo(a) -> int:
     path = os.path.abspath(a.path)
     _clear_demo_path(path, force=a.force)
     loc = open_store(path)
-    from memwal_core import spark
+    from memwal_core.spark import session as spark
 
     spark.prestart(a.spark_master)  # the JVM starts while the writers write
     _say(f"writing a demo table at {path}: {a.regions} bucket regions, ~{a.rows} operations per round")
@@ -476,7 +480,7 @@ def cmd_demo(a) -> int:
 
 
 def cmd_spark_server(a) -> int:
-    from memwal_core import spark_connect
+    from memwal_core.spark import connect as spark_connect
 
     remote = f"sc://127.0.0.1:{a.port}"
     if a.action == "start":
@@ -493,7 +497,7 @@ def cmd_spark_server(a) -> int:
 
 
 def cmd_spark_archive(a) -> int:
-    from memwal_core import jvm_archive
+    from memwal_core.spark import archive as jvm_archive
 
     path = jvm_archive.archive_path()
     if path is None:
@@ -509,13 +513,15 @@ def cmd_spark_archive(a) -> int:
             path.unlink()
         print(f"JVM class archive {path}: removed")
         return 0
-    path, took = jvm_archive.build(force=a.force)
+    from memwal_core.tools.archive_build import build
+
+    path, took = build(force=a.force)
     print(f"JVM class archive {path}: " + (f"built in {took:.0f} s" if took else "already built (--force rebuilds)"))
     return 0
 
 
 def cmd_spark_env(a) -> int:
-    from memwal_core import spark_env
+    from memwal_core.spark import env as spark_env
 
     path, skipped = spark_env.pack_environment(a.output, exclude=a.exclude, force=a.force)
     alias = a.alias

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from memwal_core.compaction import CompactionOptions
-from memwal_core.store import _S3_OPTION_ALIASES, _opt
+from memwal_core.jobs.compaction import CompactionOptions
+from memwal_core.state.store import _S3_OPTION_ALIASES, _opt
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "memwal.yaml"

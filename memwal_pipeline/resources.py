@@ -7,9 +7,9 @@ from typing import Any, Optional
 from dagster import ConfigurableResource, EnvVar
 from dagster_pyspark import LazyPySparkResource
 
-from memwal_core import spark_connect
-from memwal_core.spark import get_spark
-from memwal_core.store import TableLocation, open_store
+from memwal_core.spark import connect as spark_connect
+from memwal_core.spark.session import get_spark
+from memwal_core.state.store import TableLocation, open_store
 
 from .config import TableConfig
 

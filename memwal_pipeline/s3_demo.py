@@ -100,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     if not a.verbose:
         os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
 
-    from memwal_core import demo, reader
-    from memwal_core.store import make_s3_client, open_store
+    from memwal_core.tools import demo
+
+    from memwal_core.observe import reader
+    from memwal_core.state.store import make_s3_client, open_store
 
     from .cli import STEPS, cmd_status, run_pass
     from .config import TableConfig

@@ -56,8 +56,10 @@ from dagster._core.storage.tags import (
     MAX_RUNTIME_SECONDS_TAG,
 )
 
-from memwal_core import region, status
-from memwal_core.table import TableError, open_dataset, read_memwal_state
+from memwal_core.state import region
+
+from memwal_core.observe import status
+from memwal_core.state.table import TableError, open_dataset, read_memwal_state
 
 from . import liveness
 from .assets import TableKeys, region_metadata

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from memwal_core.store import open_store
+from memwal_core.state.store import open_store
 from memwal_pipeline.s3_demo import LocalS3
 
 
@@ -36,7 +36,7 @@ def moto_server():
 @pytest.fixture
 def s3_bucket(moto_server):
     """A fresh bucket on the moto server; returns (bucket name, storage options)."""
-    from memwal_core.store import make_s3_client
+    from memwal_core.state.store import make_s3_client
 
     name = f"b{uuid.uuid4().hex[:12]}"
     make_s3_client(moto_server.options()).create_bucket(Bucket=name)
@@ -52,7 +52,7 @@ def s3_table_loc(s3_bucket):
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole test session (a JVM start costs ~10 s)."""
-    from memwal_core.spark import get_spark
+    from memwal_core.spark.session import get_spark
 
     session = get_spark("local[2]", {"spark.sql.shuffle.partitions": "4"})
     yield session

@@ -39,8 +39,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from lance.mem_wal import evaluate_sharding_spec
 
-from memwal_core import catchup, checks, compaction, gc, layout, merge, reader, region, snapshot, table
-from memwal_core.store import open_store
+from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+
+from memwal_core.observe import checks, reader
+
+from memwal_core.state import layout, region, table
+from memwal_core.state.store import open_store
 
 from helpers import tree
 

@@ -8,7 +8,7 @@ import uuid
 import lance
 import pyarrow as pa
 
-from memwal_core import layout, region
+from memwal_core.state import layout, region
 from memwal_core.proto import memwal_pb2 as pb
 
 

@@ -31,8 +31,14 @@ import pyarrow as pa
 import pytest
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec
 
-from memwal_core import checks, demo, gc, layout, region, snapshot, table
-from memwal_core.store import make_s3_client, open_store
+from memwal_core.observe import checks
+
+from memwal_core.tools import demo
+
+from memwal_core.jobs import gc, snapshot
+
+from memwal_core.state import layout, region, table
+from memwal_core.state.store import make_s3_client, open_store
 from memwal_pipeline.s3_demo import LocalS3
 
 from helpers import plant_generation, tree
@@ -557,7 +563,7 @@ def test_empty_table(runs):
 def test_no_primary_key_library(tmp_path):
     """A table whose schema marks no primary key: the merger refuses before reading anything
     (the CLI starts Spark first when generations are pending, so this case runs in-process)."""
-    from memwal_core import merge
+    from memwal_core.jobs import merge
 
     root = str(tmp_path / "nopk")
     build_simple_no_pk(root)

@@ -12,10 +12,14 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import demo, layout, reader, region, table
-from memwal_core.layout import UnsafePath
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table
+
+from memwal_core.observe import reader
+from memwal_core.state.layout import UnsafePath
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.store import LocalStore
+from memwal_core.state.store import LocalStore
 
 
 def rows(first: int, n: int, version: int):
@@ -255,7 +259,7 @@ def test_primary_key_missing(table_loc):
 
 
 def test_open_missing_table_is_a_clear_error(tmp_path):
-    from memwal_core.store import open_store
+    from memwal_core.state.store import open_store
 
     loc = open_store(str(tmp_path / "nothing-here"))
     with pytest.raises(table.TableError, match="cannot open Lance table .*nothing-here"):

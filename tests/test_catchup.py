@@ -1,4 +1,4 @@
-"""Base-index rebuild and recorded catch-up (memwal_core.catchup) on a real pylance table.
+"""Base-index rebuild and recorded catch-up (memwal_core.jobs.catchup) on a real pylance table.
 
 The table has a BTREE and an IVF_PQ index; regions are written by pylance's ShardWriter and
 their flushed generations merged into the base table with merge markers, as the merger does.
@@ -14,7 +14,9 @@ import pyarrow as pa
 import pytest
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec
 
-from memwal_core import catchup, layout, region, table
+from memwal_core.jobs import catchup
+
+from memwal_core.state import layout, region, table
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 DIM = 8

@@ -1,4 +1,4 @@
-"""Base-table compaction and index-segment merging (memwal_core.compaction) on real tables.
+"""Base-table compaction and index-segment merging (memwal_core.jobs.compaction) on real tables.
 
 A *fragmented* table: a base written 10 rows per fragment with deleted rows (deletion files),
 MemWAL on top, a btree index that MemTables maintain, and a backlog written by pylance's
@@ -13,8 +13,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from memwal_core import catchup, compaction, demo, merge, reader, table
-from memwal_core.compaction import CompactionOptions
+from memwal_core.jobs import catchup, compaction, merge
+
+from memwal_core.tools import demo
+
+from memwal_core.observe import reader
+
+from memwal_core.state import table
+from memwal_core.jobs.compaction import CompactionOptions
 
 DIM = 8
 
@@ -199,7 +205,7 @@ def test_vector_retrain_only_on_request_and_never_a_maintained_index(table_loc, 
     plan = compaction.plan_compaction(table_loc, CompactionOptions(**quiet, retrain_vector_indexes=True))
     assert plan.retrain == [] and "stable codebook" in plan.retrain_refused["v_idx"]
 
-    from memwal_core.store import open_store
+    from memwal_core.state.store import open_store
 
     loc = open_store(str(tmp_path / "free"))
     vector_table(loc, maintained=[])

@@ -25,8 +25,14 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import catchup, checks, demo, gc, merge, reader, table
-from memwal_core.store import open_store
+from memwal_core.jobs import catchup, gc, merge
+
+from memwal_core.observe import checks, reader
+
+from memwal_core.tools import demo
+
+from memwal_core.state import table
+from memwal_core.state.store import open_store
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 SOAK = bool(os.environ.get("MEMWAL_SOAK"))

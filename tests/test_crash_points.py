@@ -28,8 +28,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pytest
 
-from memwal_core import catchup, checks, compaction, demo, faults, gc, layout, merge, reader, region, snapshot, table
-from memwal_core.store import open_store
+from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+
+from memwal_core.observe import checks, reader
+
+from memwal_core.tools import demo
+
+from memwal_core import faults
+
+from memwal_core.state import layout, region, table
+from memwal_core.state.store import open_store
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 JOB = os.path.join(PROCS, "reliability_job.py")

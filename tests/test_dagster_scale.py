@@ -10,7 +10,13 @@ import pytest
 from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, DagsterRunStatus, MetadataValue, materialize
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from memwal_core import catchup, demo, gc, layout, region, status, table
+from memwal_core.jobs import catchup, gc
+
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table
+
+from memwal_core.observe import status
 from memwal_pipeline import failures
 from memwal_pipeline import metadata as bounded
 from memwal_pipeline.assets import catchup_markdown, holds_markdown
@@ -232,7 +238,7 @@ def test_checks_job_runs_exclusivity_and_gc_consistency_reports_unreadable(table
     bad = sorted(w.regions.values())[1]
     latest = region.load_latest(table_loc.store, bad)
     table_loc.store.put(layout.manifest_key(bad, latest.version + 1), b"\xff\xff garbage")
-    from memwal_core import checks as core_checks
+    from memwal_core.observe import checks as core_checks
 
     unreadable: dict = {}
     assert core_checks.missing_generations(table_loc, unreadable) == {}
@@ -247,7 +253,7 @@ def test_gc_holds_say_what_is_kept_and_until_when(table_loc, spark):
     """Issue 14.3: the plan says which generations GC keeps for time travel (until when), for a
     lagging index, and unmerged."""
     w = make_table(table_loc, regions=2, rounds=2)
-    from memwal_core import merge
+    from memwal_core.jobs import merge
 
     merge.merge(table_loc, spark)
     week = timedelta(days=7)
@@ -313,8 +319,8 @@ def test_spark_connect_settings_apply_per_session_or_are_refused(tmp_path, monke
 
     from dagster import build_resources
 
-    from memwal_core import spark_connect
-    from memwal_core.merge import merge_tasks
+    from memwal_core.spark import connect as spark_connect
+    from memwal_core.jobs.merge import merge_tasks
     from memwal_pipeline.config import ConfigError, TableConfig
     from memwal_pipeline.resources import spark_resource
 

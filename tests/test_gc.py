@@ -22,10 +22,16 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import catchup, demo, gc, layout, merge, reader, region, table, wal
-from memwal_core.lance_mem_wal import lsm_read
+from memwal_core.jobs import catchup, gc, merge
+
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table, wal
+
+from memwal_core.observe import reader
+from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.store import open_store
+from memwal_core.state.store import open_store
 
 from helpers import tree
 

@@ -19,9 +19,15 @@ from datetime import timedelta
 import lance
 import pyarrow as pa
 
-from memwal_core import demo, gc, layout, merge, reader, region, status, table
-from memwal_core.lance_mem_wal import merged_markers
-from memwal_core.store import make_s3_client, open_store
+from memwal_core.tools import demo
+
+from memwal_core.jobs import gc, merge
+
+from memwal_core.state import layout, region, table
+
+from memwal_core.observe import reader, status
+from memwal_core.state.lance_mem_wal import merged_markers
+from memwal_core.state.store import make_s3_client, open_store
 from s3proxy import S3Proxy
 
 FAST = gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_grace_s=0,

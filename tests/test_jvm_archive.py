@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from memwal_core import jvm_archive
+from memwal_core.spark import archive as jvm_archive
 
 BIN = os.path.dirname(sys.executable)
 
@@ -26,7 +26,7 @@ def test_options_only_for_a_built_enabled_archive(tmp_path, monkeypatch):
 # A driver JVM that must map the archive (-Xshare:on fails the start otherwise) runs a job.
 CHECK = r"""
 import sys
-from memwal_core import jvm_archive, spark
+from memwal_core.spark import archive as jvm_archive, session as spark
 opts = jvm_archive.java_options()
 assert opts, "archive not found"
 s = spark.get_spark("local[2]", {"spark.driver.extraJavaOptions": "-Xshare:on"})

@@ -1,4 +1,4 @@
-"""memwal_core.layout: bit-reversed names, generation paths and their validation.
+"""memwal_core.state.layout: bit-reversed names, generation paths and their validation.
 
 The names are checked against the spec's worked examples and against the files pylance 14
 actually writes for a real region (manifests, WAL entries, generation directories).
@@ -11,8 +11,10 @@ import uuid
 
 import pytest
 
-from memwal_core import demo, layout, region
-from memwal_core.layout import UnsafePath
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region
+from memwal_core.state.layout import UnsafePath
 
 RID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 

@@ -12,7 +12,13 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import demo, merge, reader, region, table
+from memwal_core.tools import demo
+
+from memwal_core.jobs import merge
+
+from memwal_core.observe import reader
+
+from memwal_core.state import region, table
 
 from helpers import plant_generation
 
@@ -129,7 +135,7 @@ def test_crash_then_rerun_converges(tmp_path, spark):
 
     The three crashing processes run at once (one JVM start of wall time instead of three).
     """
-    from memwal_core.store import open_store
+    from memwal_core.state.store import open_store
 
     cases = []
     for i, point in enumerate(CRASH_POINTS):
@@ -214,7 +220,7 @@ def test_schema_mismatch_generation_is_refused(table_loc, spark):
 
 
 def test_table_without_primary_key_is_a_clear_error(tmp_path, spark):
-    from memwal_core.store import open_store
+    from memwal_core.state.store import open_store
 
     loc = open_store(str(tmp_path / "nopk"))
     ds = lance.write_dataset(pa.table({"id": pa.array([1], pa.int64())}), loc.lance_uri)

@@ -15,8 +15,8 @@ import time
 import lance
 import pytest
 
-from memwal_core import demo
-from memwal_core.store import open_store
+from memwal_core.tools import demo
+from memwal_core.state.store import open_store
 from memwal_pipeline import cli
 from memwal_pipeline.config import ConfigError, load_config, parse_size, single_table
 

@@ -21,7 +21,9 @@ from dagster import (
 )
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from memwal_core import demo, layout, region, table
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table
 from memwal_pipeline.config import TableConfig, load_config
 from memwal_pipeline.definitions import build_definitions, table_definitions
 from memwal_pipeline.sensors import evaluate_tick
@@ -337,7 +339,7 @@ def test_merge_through_long_lived_spark_connect_server(table_loc, tmp_path):
     memwal starts on first use and that stays up for the next run."""
     import socket
 
-    from memwal_core import spark_connect
+    from memwal_core.spark import connect as spark_connect
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

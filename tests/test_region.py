@@ -1,4 +1,4 @@
-"""memwal_core.region against regions written by pylance's ShardWriter.
+"""memwal_core.state.region against regions written by pylance's ShardWriter.
 
 Load-latest (version hint, HEAD probes, listing only as a fallback), commit-next (put-if-absent,
 reload and re-apply), pylance writers accepting memwal's manifest versions, and two OS
@@ -19,9 +19,13 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import demo, layout, reader, region, wal
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, wal
+
+from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.store import LocalStore
+from memwal_core.state.store import LocalStore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "procs")

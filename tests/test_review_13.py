@@ -11,7 +11,11 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import checks, gc, layout, merge, region, snapshot, table
+from memwal_core.observe import checks
+
+from memwal_core.jobs import gc, merge, snapshot
+
+from memwal_core.state import layout, region, table
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata=PK),
@@ -417,7 +421,7 @@ def test_a_stuck_region_is_visible_to_the_merge_lag_check(table_loc, spark):
     `status.table_status(...).failed_regions` is empty, with severity WARN; the status reads
     manifests only, so a region behind a permanent wall (misrouted generation, refused as such
     by the merge that just ran) is not failed there: the check stays green until the SLO age."""
-    from memwal_core import status
+    from memwal_core.observe import status
 
     bucket_table(table_loc)
     rid = str(uuid.uuid4())

@@ -1,4 +1,4 @@
-"""memwal_core.routing must be bit-exact with pylance's evaluate_sharding_spec.
+"""memwal_core.state.routing must be bit-exact with pylance's evaluate_sharding_spec.
 
 Every comparison runs the real pylance evaluator on a spec read back from a real
 dataset's MemWAL index (num_buckets is varied by editing that spec's parameter).
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from lance.mem_wal import evaluate_sharding_spec
 
-from memwal_core.routing import (
+from memwal_core.state.routing import (
     RegionSpec,
     UnsupportedSourceType,
     UnsupportedTransform,

@@ -32,10 +32,16 @@ from dagster import (
 )
 from dagster._serdes import serialize_value
 
-from memwal_core import catchup, demo, gc, layout, merge, reader, region, status, table, wal
+from memwal_core.jobs import catchup, gc, merge
+
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table, wal
+
+from memwal_core.observe import reader, status
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.snapshot import _hint_mutation
-from memwal_core.store import StoreError, make_s3_client, open_store
+from memwal_core.jobs.snapshot import _hint_mutation
+from memwal_core.state.store import StoreError, make_s3_client, open_store
 from memwal_pipeline.config import ConfigError, load_config
 from memwal_pipeline.definitions import build_definitions, table_definitions
 from memwal_pipeline.s3_demo import LocalS3

@@ -14,9 +14,13 @@ import time
 import pytest
 from dagster import AssetKey, DagsterRunStatus, build_sensor_context
 
-from memwal_core import catchup, demo, gc, layout, region, snapshot, table
+from memwal_core.jobs import catchup, gc, snapshot
+
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.store import open_store
+from memwal_core.state.store import open_store
 from memwal_pipeline import liveness
 from memwal_pipeline.assets import gc_config
 from memwal_pipeline.definitions import build_definitions, table_definitions

@@ -1,4 +1,4 @@
-"""MemWAL index builder (memwal_core.snapshot) against real pylance tables.
+"""MemWAL index builder (memwal_core.jobs.snapshot) against real pylance tables.
 
 Regions are either written by pylance's own ShardWriter (demo workload, other processes) or,
 where many are needed, region manifests committed with memwal's own manifest writer.
@@ -18,7 +18,13 @@ import pyarrow as pa
 import pytest
 from lance.mem_wal import CompactedSsTable
 
-from memwal_core import demo, layout, reader, region, snapshot, table
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table
+
+from memwal_core.observe import reader
+
+from memwal_core.jobs import snapshot
 from memwal_core.proto import memwal_pb2 as pb
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""What a cluster's executors get from memwal (memwal_core/spark_env.py), without Spark:
+"""What a cluster's executors get from memwal (memwal_core/spark/env.py), without Spark:
 the interpreter choice, the shipped memwal_core zip, and the packed environment."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from memwal_core import spark_env
+from memwal_core.spark import env as spark_env
 
 
 def test_cluster_masters_and_loopback():
@@ -62,18 +62,18 @@ def test_package_zip_is_deterministic_and_importable_alone(tmp_path):
     z2 = spark_env.package_zip(tmp_path / "b")
     assert z1.name == z2.name and z1.read_bytes() == z2.read_bytes()
     names = zipfile.ZipFile(z1).namelist()
-    assert "memwal_core/spark.py" in names and "memwal_core/proto/memwal_pb2.py" in names
+    assert "memwal_core/spark/tasks.py" in names and "memwal_core/proto/memwal_pb2.py" in names
     assert not any("__pycache__" in n for n in names)
     # A Python with the dependencies on its path but not memwal (-I -S: no PYTHONPATH, no
     # cwd, no .pth files, so not the shared venv's editable memwal) imports it from the zip.
     import site
 
     code = ("import sys; sys.path[:0] = sys.argv[1:]; "
-            "import memwal_core.spark, memwal_core.routing; print(memwal_core.spark.__file__)")
+            "import memwal_core.spark.tasks, memwal_core.state.routing; print(memwal_core.spark.tasks.__file__)")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(z1), *site.getsitepackages()],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(z1 / "memwal_core" / "spark.py")
+    assert out.stdout.strip() == str(z1 / "memwal_core" / "spark" / "tasks.py")
 
 
 def test_pack_environment_spark_can_unpack(tmp_path):

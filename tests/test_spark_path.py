@@ -6,7 +6,7 @@ import json
 
 import pyarrow as pa
 
-from memwal_core import spark as sp
+from memwal_core.spark import tasks as sp
 
 
 def test_pack_regions_keeps_regions_whole_and_balances_bytes():
@@ -87,7 +87,9 @@ def test_shared_keys_names_the_regions_and_counts():
 def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
     """The Spark job alone (no commit): one stats row per generation, and the newest live rows
     and tombstoned keys of every region equal what the pylance writers left."""
-    from memwal_core import demo, layout, merge, region, routing, table
+    from memwal_core.tools import demo
+    from memwal_core.state import layout, region, routing, table
+    from memwal_core.jobs import merge
 
     demo.create_table(table_loc, sharding="bucket", num_buckets=3, base_rows=20)
     w = demo.Workload(table_loc, seed=5, key_space=300, max_memtable_rows=40)

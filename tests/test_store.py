@@ -1,4 +1,4 @@
-"""memwal_core.store: LocalStore and S3Store (against a real moto_server), and open_store.
+"""memwal_core.state.store: LocalStore and S3Store (against a real moto_server), and open_store.
 
 Every manifest commit relies on put_if_absent, so it is raced for real: several OS processes
 on local disk, several threads against the S3-protocol server.
@@ -16,8 +16,12 @@ import uuid
 
 import pytest
 
-from memwal_core import demo, layout, reader, region, table
-from memwal_core.store import (
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table
+
+from memwal_core.observe import reader
+from memwal_core.state.store import (
     LocalStore,
     NotFound,
     ObjectInfo,
@@ -314,7 +318,7 @@ def test_local_put_survives_a_concurrent_delete_pruning_its_directory(tmp_path):
     one directory; `delete_many` prunes it when empty, racing another put's makedirs/mkstemp."""
     import threading
 
-    from memwal_core.store import LocalStore
+    from memwal_core.state.store import LocalStore
 
     store = LocalStore(str(tmp_path))
     errors: list[BaseException] = []

@@ -1,4 +1,4 @@
-"""memwal_core.table: reading the full MemWAL index details and replacing them safely.
+"""memwal_core.state.table: reading the full MemWAL index details and replacing them safely.
 
 The guarded replacement is tested against the hazard it exists for: a CreateIndex built from a
 stale read silently erases merge progress that pylance recorded in between.
@@ -15,9 +15,13 @@ import pytest
 from lance.dataset import Index, LanceOperation
 from lance.mem_wal import CompactedSsTable
 
-from memwal_core import demo, layout, reader, region, table
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, table
+
+from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.store import open_store
+from memwal_core.state.store import open_store
 
 
 def rows(first: int, n: int, version: int):

@@ -1,4 +1,4 @@
-"""memwal_core.wal on WAL entries written by pylance's ShardWriter.
+"""memwal_core.state.wal on WAL entries written by pylance's ShardWriter.
 
 The tail found by existence probes is checked against the files on disk, and each entry's
 metadata against the region manifest and the flushed generation that holds its rows.
@@ -14,8 +14,10 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import demo, layout, region, wal
-from memwal_core.store import LocalStore
+from memwal_core.tools import demo
+
+from memwal_core.state import layout, region, wal
+from memwal_core.state.store import LocalStore
 
 
 def rows(first: int, n: int, version: int):

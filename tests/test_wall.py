@@ -15,7 +15,11 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core import checks, gc, layout, merge, reader, region, snapshot, table
+from memwal_core.observe import checks, reader
+
+from memwal_core.jobs import gc, merge, snapshot
+
+from memwal_core.state import layout, region, table
 from memwal_core.proto import memwal_pb2 as pb
 
 from helpers import plant_generation

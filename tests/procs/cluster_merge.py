@@ -14,8 +14,10 @@ import time
 
 import pyarrow as pa
 
-from memwal_core import merge, spark
-from memwal_core.store import open_store
+from memwal_core.jobs import merge
+
+from memwal_core.spark import session as spark
+from memwal_core.state.store import open_store
 
 master, uri, s3_uri, extra = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 
@@ -40,8 +42,9 @@ r = merge.merge(open_store(uri), session)
 secs["merge"] = time.monotonic() - t0 - secs["session"]
 out["merge"] = {"generations_merged": r.generations_merged, "failed": r.failed_regions, "commits": r.commits}
 if extra.get("compact"):
-    from memwal_core import compaction, table
-    from memwal_core.compaction import CompactionOptions
+    from memwal_core.jobs import compaction
+    from memwal_core.state import table
+    from memwal_core.jobs.compaction import CompactionOptions
 
     loc = open_store(uri)
     before = table.read_memwal_state(loc).merged
@@ -56,7 +59,7 @@ if s3_uri:
     from dagster import DagsterInstance, materialize
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-    from memwal_core import region
+    from memwal_core.state import region
     from memwal_pipeline.config import TableConfig
     from memwal_pipeline.definitions import table_definitions
 

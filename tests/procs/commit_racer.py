@@ -10,8 +10,8 @@ import os
 import sys
 import time
 
-from memwal_core import region
-from memwal_core.store import LocalStore
+from memwal_core.state import region
+from memwal_core.state.store import LocalStore
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ import sys
 from dagster import DagsterInstance, materialize
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from memwal_core import region
-from memwal_core.store import open_store
+from memwal_core.state import region
+from memwal_core.state.store import open_store
 from memwal_pipeline.config import TableConfig
 from memwal_pipeline.definitions import table_definitions
 

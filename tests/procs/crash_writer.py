@@ -9,7 +9,7 @@ import sys
 
 import lance
 
-from memwal_core import demo
+from memwal_core.tools import demo
 
 
 def main() -> None:

@@ -10,8 +10,8 @@ import json
 import sys
 from datetime import timedelta
 
-from memwal_core import gc
-from memwal_core.store import open_store
+from memwal_core.jobs import gc
+from memwal_core.state.store import open_store
 
 
 def main() -> int:

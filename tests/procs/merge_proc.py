@@ -9,9 +9,9 @@ import json
 import sys
 import time
 
-from memwal_core import merge
-from memwal_core.spark import get_spark
-from memwal_core.store import open_store
+from memwal_core.jobs import merge
+from memwal_core.spark.session import get_spark
+from memwal_core.state.store import open_store
 
 
 def main() -> int:

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from memwal_core.store import LocalStore
+from memwal_core.state.store import LocalStore
 
 
 def payload(tag: str, key: str, size: int) -> bytes:

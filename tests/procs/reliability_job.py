@@ -18,8 +18,10 @@ import sys
 from dataclasses import asdict
 from datetime import timedelta
 
-from memwal_core import compaction, faults, gc, merge, snapshot
-from memwal_core.store import open_store
+from memwal_core.jobs import compaction, gc, merge, snapshot
+
+from memwal_core import faults
+from memwal_core.state.store import open_store
 
 GC_CONFIG = gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_grace_s=0,
                         base_cleanup_older_than=timedelta(0), max_workers=1)
@@ -34,13 +36,13 @@ def main() -> int:
     a = p.parse_args()
     loc = open_store(a.uri)
     if a.job == "merge":
-        from memwal_core.spark import get_spark
+        from memwal_core.spark.session import get_spark
 
         spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
         r = merge.merge(loc, spark, budget_bytes=a.budget)
         result, failed = r.to_dict(), r.failed_regions
     elif a.job == "compact":
-        from memwal_core.spark import get_spark
+        from memwal_core.spark.session import get_spark
 
         spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
         r = compaction.compact(loc, spark)

@@ -18,8 +18,8 @@ import traceback
 from collections import Counter
 from datetime import timedelta
 
-from memwal_core import catchup, gc, merge, snapshot
-from memwal_core.store import open_store
+from memwal_core.jobs import catchup, gc, merge, snapshot
+from memwal_core.state.store import open_store
 
 GC_CONFIG = gc.GcConfig(manifest_keep_versions=3, manifest_min_age_s=0, orphan_grace_s=0,
                         base_cleanup_older_than=timedelta(seconds=2))
@@ -31,7 +31,7 @@ def main() -> int:
     stats: Counter = Counter()
     errors: list[str] = []
     if job == "merge":
-        from memwal_core.spark import get_spark
+        from memwal_core.spark.session import get_spark
 
         spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
         spark.range(1).collect()  # warm

@@ -20,7 +20,7 @@ import lance
 import pyarrow as pa
 from lance.mem_wal import evaluate_sharding_spec
 
-from memwal_core import demo
+from memwal_core.tools import demo
 
 MAX_MEMTABLE_ROWS = 40
 BATCH = 12

@@ -12,7 +12,7 @@ import time
 
 import lance
 
-from memwal_core import demo
+from memwal_core.tools import demo
 
 VERSION = 7
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from . import layout, region
-from .lance_mem_wal import lsm_read, region_snapshot
-from .store import TableLocation
-from .table import MemWalState, open_dataset, read_memwal_state
+from memwal_core.state import layout, region
+from memwal_core.state.lance_mem_wal import lsm_read, region_snapshot
+from memwal_core.state.store import TableLocation
+from memwal_core.state.table import MemWalState, open_dataset, read_memwal_state
 
 
 def _checked(region_id: str, g: region.Generation) -> str:

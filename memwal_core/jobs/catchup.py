@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import lance
 
-from . import table
-from .store import TableLocation
+from memwal_core.state import table
+from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.catchup")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Protocol
 from urllib.parse import unquote, urlparse
 
-from . import faults
+from memwal_core import faults
 
 
 class StoreError(OSError):

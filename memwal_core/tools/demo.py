@@ -17,7 +17,7 @@ import lance
 import pyarrow as pa
 from lance.mem_wal import evaluate_sharding_spec
 
-from .store import TableLocation
+from memwal_core.state.store import TableLocation
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 

@@ -27,11 +27,15 @@ from typing import Any, Callable, Iterator
 import lance
 import pyarrow as pa
 
-from . import faults, layout, region, routing, snapshot
-from . import spark as sparkpath
-from .lance_mem_wal import is_commit_conflict, merged_markers
-from .store import TableLocation
-from .table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
+from memwal_core import faults
+
+from memwal_core.state import layout, region, routing
+
+from memwal_core.jobs import snapshot
+from memwal_core.spark import tasks as sparkpath
+from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
+from memwal_core.state.store import TableLocation
+from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
 
 log = logging.getLogger("memwal.merge")
 

@@ -21,7 +21,7 @@ not depend on it unless the region specs change, in which case the rows are rebu
 
 Region field values: pylance 14 never fills `region_field_entries`, so a value is taken from
 the manifest when it is there, else derived from the region's rows (the lowest flushed
-generation with live rows, read through Lance, evaluated with `memwal_core.routing`); rows that
+generation with live rows, read through Lance, evaluated with `memwal_core.state.routing`); rows that
 disagree give no value and a reported problem. `_region_field_source` records where each row's
 values came from: 'manifest', 'derived:gen_N' (a merged generation), 'provisional:gen_N' (one
 not merged yet: shown to readers, not trusted by the merger, derived again by the next build),
@@ -48,9 +48,11 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import faults, layout, region, routing, table, wal
-from .proto import memwal_pb2 as pb
-from .store import TableLocation
+from memwal_core import faults
+
+from memwal_core.state import layout, region, routing, table, wal
+from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.snapshot")
 

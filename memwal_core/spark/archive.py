@@ -18,8 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
-import time
 from pathlib import Path
 
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"  # no class-sharing warnings on the run's stderr
@@ -54,46 +52,3 @@ def java_options() -> str:
     except Exception:  # noqa: BLE001 - an archive is an optimisation, never a reason to fail
         return ""
     return f"-XX:SharedArchiveFile={path} {QUIET}" if path is not None and path.is_file() else ""
-
-
-def build(force: bool = False, timeout_s: float = 600.0) -> tuple[Path, float]:
-    """Build the archive (unless present) from a real tiny merge in a fresh JVM; (path, seconds).
-
-    Must run in a process without a SparkSession: the archive is written when the JVM exits.
-    Written under a temporary name and renamed, so concurrent builders and readers never see a
-    half-written archive.
-    """
-    from pyspark import SparkContext
-
-    from . import demo, merge, spark
-    from .store import open_store
-
-    path = archive_path()
-    if path is None:
-        raise RuntimeError("no java found (JAVA_HOME or PATH): Spark needs Java 17")
-    if path.is_file() and not force:
-        return path, 0.0
-    if SparkContext._active_spark_context is not None:
-        raise RuntimeError("build the JVM archive in a process without a running SparkSession")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    t0 = time.monotonic()
-    session = spark.get_spark("local[*]", {"memwal.jvm_archive": "off",
-                                           "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={tmp} {QUIET}"})
-    with tempfile.TemporaryDirectory(prefix="memwal-jvm-archive-") as d:
-        loc = open_store(os.path.join(d, "t"))
-        demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
-        demo.Workload(loc, seed=1, key_space=100, max_memtable_rows=50).write_round(60, puts_per_batch=10)
-        spark.warm_workers(session)
-        merge.merge(loc, session)
-    gateway = SparkContext._gateway
-    proc = getattr(gateway, "proc", None)
-    session.stop()
-    gateway.shutdown()
-    if proc is not None:  # the JVM exits on stdin EOF and writes the archive on its way out
-        proc.stdin.close()
-        proc.wait(timeout=timeout_s)
-    if not tmp.is_file():
-        raise RuntimeError(f"the JVM wrote no archive at {tmp}")
-    os.replace(tmp, path)
-    return path, time.monotonic() - t0

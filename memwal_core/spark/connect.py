@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from . import jvm_archive
+from memwal_core.spark import archive as jvm_archive
 
 
 def listening(host: str, port: int) -> bool:

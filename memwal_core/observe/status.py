@@ -11,9 +11,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import layout, region
-from .store import TableLocation
-from .table import MemWalState, open_dataset, read_memwal_state
+from memwal_core.state import layout, region
+from memwal_core.state.store import TableLocation
+from memwal_core.state.table import MemWalState, open_dataset, read_memwal_state
 
 # A generation directory is a Lance dataset; its first (and, for pylance, only) version.
 _GEN_MANIFEST = "_versions/18446744073709551614.manifest"

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import lance
 from google.protobuf.message import DecodeError
 
-from . import faults
-from .proto import memwal_pb2 as pb
-from .store import NotFound, TableLocation
+from memwal_core import faults
+from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state.store import NotFound, TableLocation
 
 log = logging.getLogger("memwal.table")
 

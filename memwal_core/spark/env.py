@@ -1,6 +1,6 @@
 """What a Spark executor needs to run memwal's tasks: a Python with pylance, and memwal_core.
 
-The tasks are functions of `memwal_core.spark` (pickled by reference) that import lance,
+The tasks are functions of `memwal_core.spark.tasks` (pickled by reference) that import lance,
 pyarrow and memwal_core in the executor's Python workers. On `local[*]` those workers are
 children of this process's JVM and inherit its interpreter and paths. On a cluster they are
 not, so for every non-local, non-Connect master the driver:
@@ -63,7 +63,7 @@ def executor_python(conf: dict[str, str]) -> str:
 
 def package_zip(cache_dir: str | os.PathLike | None = None) -> Path:
     """memwal_core (its .py files) as a zip named by its content hash; built once per content."""
-    pkg = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parent.parent  # memwal_core/
     files = sorted(p for p in pkg.rglob("*.py") if "__pycache__" not in p.parts)
     digest = hashlib.sha256()
     for p in files:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from . import layout
-from .store import NotFound, ObjectStore
+from memwal_core.state import layout
+from memwal_core.state.store import NotFound, ObjectStore
 
 
 class WalEntryError(ValueError):

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import lance
 
-from . import layout, region, routing
-from .status import _GEN_MANIFEST
-from .store import TableLocation
-from .table import NoPrimaryKey, open_dataset, primary_key, read_memwal_state
+from memwal_core.state import layout, region, routing
+from memwal_core.observe.status import _GEN_MANIFEST
+from memwal_core.state.store import TableLocation
+from memwal_core.state.table import NoPrimaryKey, open_dataset, primary_key, read_memwal_state
 
 
 @dataclass
@@ -40,7 +40,8 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     just its key, NULL elsewhere), checked against the region's authoritative value
     (`merge.region_values`: MemWAL snapshot, else its first generation), never a majority.
     """
-    from . import merge, snapshot, spark
+    from memwal_core.jobs import merge, snapshot
+    from memwal_core.spark import tasks as spark
 
     ds = open_dataset(loc)
     state = read_memwal_state(loc, ds.version)

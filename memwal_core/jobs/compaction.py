@@ -54,8 +54,12 @@ import lance
 import pyarrow as pa
 from lance.optimize import Compaction
 
-from . import catchup, faults, table
-from .store import TableLocation
+from memwal_core.jobs import catchup
+
+from memwal_core import faults
+
+from memwal_core.state import table
+from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.compaction")
 

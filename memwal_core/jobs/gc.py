@@ -66,9 +66,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable
 
-from . import faults, layout, region, table, wal
-from .proto import memwal_pb2 as pb
-from .store import ObjectInfo, TableLocation
+from memwal_core import faults
+
+from memwal_core.state import layout, region, table, wal
+from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")
 
@@ -639,7 +641,7 @@ def plan_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list
     now = time.time() if now is None else now
     ds = table.open_dataset(loc)
     state = table.read_memwal_state(loc, ds.version)
-    from .catchup import base_indexes  # local import: catchup imports lance at module level too
+    from memwal_core.jobs.catchup import base_indexes  # local import: catchup imports lance at module level too
 
     gating = state.gating_indexes(list(base_indexes(ds)))
     retention = _retention(loc, ds)

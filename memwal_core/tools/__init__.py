@@ -1,0 +1,1 @@
+"""Things built on top of the jobs: the demo table and workload, the JVM archive build."""
