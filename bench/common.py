@@ -33,7 +33,6 @@ BIN = os.path.dirname(sys.executable)
 
 from memwal_pipeline.s3_demo import LocalS3  # noqa: E402  (light: no Dagster import)
 
-
 # ------------------------------------------------------------------------------ reporting
 
 def _version(mod: str) -> str:
@@ -276,9 +275,9 @@ def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None):
 
 def warm_up_merge(spark, root: str) -> float:
     """A tiny merge on a throwaway table so the session's first-job costs are paid; seconds."""
-    from memwal_core.tools import demo
     from memwal_core.jobs import merge
     from memwal_core.state.store import open_store
+    from memwal_core.tools import demo
 
     path = os.path.join(root, "warmup")
     loc = open_store(path)

@@ -39,14 +39,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from memwal_core.tools import demo  # noqa: E402
-
 from memwal_core.observe import reader
-
-from memwal_core.state import region, table
-
 from memwal_core.spark import connect as spark_connect
+from memwal_core.state import region, table
 from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
 
 DAGSTER_YAML = """\
 storage:

@@ -43,20 +43,17 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
 
 import lance
 import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memwal_core.tools import demo  # noqa: E402
-
 from memwal_core.jobs import gc
-
-from memwal_core.state import layout, region
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
+from memwal_core.state import layout, region
 from memwal_core.state.store import LocalStore, open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
 
 BUCKET = "bench"
 PREFIX = "t"
@@ -147,7 +144,7 @@ def setup(loc, shape: Shape) -> None:
     empty = pa.table({f.name: pa.array([], f.type) for f in ds.schema}, schema=ds.schema)
     ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all() \
         .mark_sstables_as_compacted([CompactedSsTable(rid, shape.gens) for rid in regions]).execute(empty)
-    gc.cleanup_base_versions(loc, gc.GcConfig(base_cleanup_older_than=timedelta(0)))
+    gc.cleanup_base_versions(loc, gc.GcOptions(cleanup_base_versions_older_than_seconds=0))
     print(f"  setup: {shape.regions} regions, {shape.regions * shape.per_region} deletable objects, "
           f"base table in {time.perf_counter() - t:.1f}s", flush=True)
 
@@ -166,7 +163,7 @@ def verify(loc, shape: Shape) -> None:
 
 def bench(name: str, loc, shape: Shape) -> None:
     setup(loc, shape)
-    cfg = gc.GcConfig(manifest_keep_versions=shape.keep, manifest_min_age_s=0, orphan_grace_s=0,
+    cfg = gc.GcOptions(manifest_retention=shape.keep, manifest_min_age_seconds=0, orphan_grace_seconds=0,
                       max_workers=32)
     loc.store.stats.clear()
     t0 = time.perf_counter()

@@ -38,22 +38,20 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from memwal_core.tools import demo  # noqa: E402
-
-from memwal_core.state import region, table
-
 from memwal_core.spark import connect as spark_connect
+from memwal_core.state import region, table
 from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
 
 RUN_PROCESS = r"""
 import sys, time
 t0 = time.perf_counter()
 from dagster import DagsterInstance, materialize
 from memwal_pipeline.config import TableConfig
+from memwal_core.options import SparkOptions
 from memwal_pipeline.definitions import table_definitions
 t1 = time.perf_counter()
 from memwal_core.jobs import merge as _mg
@@ -72,7 +70,7 @@ _wrap(_sp, "read_and_dedup", "read_and_dedup")
 _wrap(sys.modules["lance.dataset"].MergeInsertBuilder, "execute", "merge_insert")
 _wrap(sys.modules["memwal_pipeline.resources"], "get_spark", "spark_session")
 uri, rid, master = sys.argv[1:4]
-cfg = TableConfig(name="t", uri=uri, spark_master=master)
+cfg = TableConfig(name="t", uri=uri, spark=SparkOptions(master=master))
 td = table_definitions(cfg)
 quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 with DagsterInstance.ephemeral() as instance:
@@ -235,13 +233,14 @@ def main() -> None:
         if "inprocess" in modes:
             from dagster import DagsterInstance, materialize
 
+            from memwal_core.options import SparkOptions
             from memwal_pipeline.config import TableConfig
             from memwal_pipeline.definitions import table_definitions
 
             t = time.perf_counter()
             warm = common.warm_up_merge(common.spark_session("local[2]"), root)
             common.say(f"in-process session up and warm in {time.perf_counter() - t:.1f}s (warm-up merge {warm:.1f}s)")
-            td = table_definitions(TableConfig(name="t", uri=tbl.loc.lance_uri, spark_master="local[2]"))
+            td = table_definitions(TableConfig(name="t", uri=tbl.loc.lance_uri, spark=SparkOptions(master="local[2]")))
             base = next(a for a in td.assets if a.key.path[-1] == "base_table")
             with DagsterInstance.ephemeral() as instance:
                 instance.add_dynamic_partitions(td.partitions.name, [tbl.rid])

@@ -36,16 +36,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import e2e  # noqa: E402
 
-from memwal_core.tools import demo  # noqa: E402
-
 from memwal_core.jobs import gc
-
-from memwal_core.state import layout, region, table
-
 from memwal_core.observe import reader
-
 from memwal_core.spark import connect as spark_connect
+from memwal_core.state import layout, region, table
 from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
 
 DAGSTER_YAML = e2e.DAGSTER_YAML.replace("poll_interval_seconds: 30", "poll_interval_seconds: 10").replace(
     "free_slots_after_run_end_seconds: 30", "free_slots_after_run_end_seconds: 10")
@@ -180,7 +176,7 @@ def main() -> None:
                     common.say(f"t={now:.0f}s daemon stopped for {args.downtime:.0f}s; writer goes on")
                     before = sensor_state(instance, "live")
                     time.sleep(args.downtime)
-                    r = gc.run_gc(loc, gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_grace_s=0))
+                    r = gc.run_gc(loc, gc.GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0))
                     for rid, st in (before.regions.items() if before else []):
                         if not loc.store.exists(layout.manifest_key(rid, st.version + 1)) and \
                                 region.load_latest(loc.store, rid).version > st.version + 1:

@@ -54,21 +54,19 @@ import sys
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (puts the repo on sys.path, quiets pylance's index log)
-
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec  # noqa: E402
 
-from memwal_core.tools import demo  # noqa: E402
-
 from memwal_core.state import layout, region, table
 from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
 
 PK = demo.PK
 SCHEMA = demo.SCHEMA

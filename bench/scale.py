@@ -32,15 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 from dagster import DagsterInstance, materialize  # noqa: E402
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG  # noqa: E402
 
-from memwal_core.tools import demo  # noqa: E402
-
-from memwal_core.state import layout, region
+from memwal_core.options import SparkOptions
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
+from memwal_core.state import layout, region
 from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
 from memwal_pipeline.config import TableConfig  # noqa: E402
 from memwal_pipeline.definitions import PLANNED_EVENTS_ENV as PLANNED  # noqa: E402
 from memwal_pipeline.definitions import table_definitions  # noqa: E402
@@ -69,7 +68,7 @@ class Table:
             list(pool.map(put, idle_ids))
         # Partition order: a real region first and last, so the range spans every region.
         self.order = [self.real[0], *idle_ids, *self.real[1:]]
-        self.cfg = TableConfig(name=name, uri=self.loc.lance_uri, spark_master="local[2]")
+        self.cfg = TableConfig(name=name, uri=self.loc.lance_uri, spark=SparkOptions(master="local[2]"))
         self.td = table_definitions(self.cfg)
         self.asset = next(a for a in self.td.assets if a.key.path[-1] == "base_table")
         self.keys = {rid: [k for k in range(1000, 9000) if self.w.region_value([k])[0] == v][:3]

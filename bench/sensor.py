@@ -45,14 +45,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 from dagster import DagsterInstance, SkipReason, build_sensor_context  # noqa: E402
 
-from memwal_core.tools import demo  # noqa: E402
-
-from memwal_core.state import layout, region, table
+from memwal_core.options import SparkOptions
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
+from memwal_core.state import layout, region, table
 from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
 from memwal_pipeline.config import TableConfig  # noqa: E402
 from memwal_pipeline.definitions import table_definitions  # noqa: E402
 from memwal_pipeline.sensors import evaluate_tick  # noqa: E402
@@ -144,7 +143,7 @@ def bench_store(name: str, loc, args) -> list[dict]:
     regs.create()
     mark_merged(loc, regs)
     common.say(f"[{name}] setup: base table + {args.regions} region manifests in {time.perf_counter() - t:.1f}s")
-    cfg = TableConfig(name="t", uri=loc.lance_uri, storage_options=dict(loc.storage_options), spark_master="local[2]")
+    cfg = TableConfig(name="t", uri=loc.lance_uri, storage_options=dict(loc.storage_options), spark=SparkOptions(master="local[2]"))
     td = table_definitions(cfg)
     out = []
     with DagsterInstance.ephemeral() as instance:

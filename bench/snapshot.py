@@ -21,13 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from memwal_core.tools import demo  # noqa: E402
-
-from memwal_core.state import layout, region, table
-
 from memwal_core.jobs import snapshot
 from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
+from memwal_core.state import layout, region, table
 from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
 
 NUM_BUCKETS = 16
 

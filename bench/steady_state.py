@@ -35,17 +35,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lance  # noqa: E402
 from common import median, print_machine, ratio, result, say, workdir  # noqa: E402
 
-import lance  # noqa: E402
-
 from memwal_core.jobs import catchup, compaction, merge  # noqa: E402
-
-from memwal_core.tools import demo
-
-from memwal_core.state import table
 from memwal_core.spark.session import get_spark  # noqa: E402
+from memwal_core.state import table
 from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo
 
 
 def make_table(root: str, a) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from dagster import (
@@ -25,10 +24,8 @@ from dagster import (
 )
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
-
-from memwal_core.state import region
-
 from memwal_core.observe import status
+from memwal_core.state import region
 from memwal_core.state.table import open_dataset, primary_key, read_memwal_state
 
 from . import failures
@@ -186,7 +183,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         loc = _location(context, keys)
         regions = list(context.partition_keys)
         primary_key(open_dataset(loc))  # a table without a primary key: a clear error before any Spark
-        plan = merge.plan_merge(loc, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations,
+        plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes, max_generations=cfg.merge.max_generations,
                                 regions=regions)
         # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
         spark = getattr(context.resources, keys.spark_resource).spark_session if plan.batches else None
@@ -261,7 +258,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
                        "threshold, else an external Lance file); refreshes each region's WAL hint.")
     def memwal_index(context) -> MaterializeResult:
         loc = _location(context, keys)
-        r = snapshot.build_snapshot(loc, inline_threshold=cfg.inline_threshold)
+        r = snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold)
         for rid, err in r.regions_failed.items():
             context.log.error(f"region {rid}: {err}")
         return MaterializeResult(metadata={
@@ -303,7 +300,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
                        "manifest versions and orphaned directories; never what a reader still needs.")
     def garbage(context) -> MaterializeResult:
         loc = _location(context, keys)
-        r = gc.run_gc(loc, gc_config(cfg), progress=context.log.info)
+        r = gc.run_gc(loc, cfg.gc, progress=context.log.info)
         for rid, err in r.region_errors.items():
             context.log.error(err if rid in err else f"region {rid}: {err}")
         counts = r.counts()
@@ -355,14 +352,6 @@ def compaction_metadata(plan: compaction.CompactionPlan, r: compaction.Compactio
     for name, n in sorted(after.index_segments.items()):
         md[f"segments/{name}"] = MetadataValue.int(n)
     return md
-
-
-def gc_config(cfg: TableConfig) -> gc.GcConfig:
-    older = cfg.cleanup_base_versions_older_than_seconds
-    return gc.GcConfig(manifest_keep_versions=cfg.manifest_retention,
-                       manifest_min_age_s=cfg.manifest_min_age_seconds,
-                       orphan_grace_s=cfg.orphan_grace_seconds,
-                       base_cleanup_older_than=timedelta(seconds=older) if older is not None else None)
 
 
 def catchup_markdown(rows, n: int = bounded.TOP_N) -> str:

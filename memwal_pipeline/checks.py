@@ -98,7 +98,7 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
             "errors": MetadataValue.json(bounded.top(r.errors))})
 
     @asset_check(asset=keys.asset("base_table"), name="merge_lag", required_resource_keys=res,
-                 description=f"The oldest pending generation is younger than {cfg.merge_lag_slo_seconds:.0f} s "
+                 description=f"The oldest pending generation is younger than {cfg.slo.merge_lag_seconds:.0f} s "
                              "(WARN), and no region is stuck: refused by the merger, or failing merge run "
                              f"after run ({failures.STUCK_AFTER}), or unreadable (ERROR).")
     def merge_lag(context) -> AssetCheckResult:
@@ -109,22 +109,22 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
         stuck += sensor_gave_up(context.instance, cfg.name, {s.region_id for s in stuck}, merged)
         for s in stuck:
             context.log.error(s.describe())
-        passed, severity, md = lag_report(st, cfg.merge_lag_slo_seconds, stuck)
+        passed, severity, md = lag_report(st, cfg.slo.merge_lag_seconds, stuck)
         desc = md.pop("description", None)
         return AssetCheckResult(passed=passed, severity=severity, metadata=md,
                                 description=desc.value if desc else None)
 
     @asset_check(asset=keys.asset("index_catchup"), name="catchup_gap", required_resource_keys=res,
-                 description=f"Every gating index is at most {cfg.catchup_gap_slo_generations} generations "
+                 description=f"Every gating index is at most {cfg.slo.catchup_gap_generations} generations "
                              "behind the merged generation in every region.")
     def catchup_gap(context) -> AssetCheckResult:
         st = status.table_status(loc_of(context), with_age=False)
         gaps = {i.name: i.max_gap for i in st.indexes if i.gating}
         worst = max(gaps.values() or [0])
-        return AssetCheckResult(passed=worst <= cfg.catchup_gap_slo_generations, severity=AssetCheckSeverity.WARN,
+        return AssetCheckResult(passed=worst <= cfg.slo.catchup_gap_generations, severity=AssetCheckSeverity.WARN,
                                 metadata={"max_gap": MetadataValue.int(worst),
                                           "gaps": MetadataValue.json(bounded.top(gaps, key=lambda kv: -kv[1])),
-                                          "slo_generations": MetadataValue.int(cfg.catchup_gap_slo_generations)})
+                                          "slo_generations": MetadataValue.int(cfg.slo.catchup_gap_generations)})
 
     @asset_check(asset=keys.asset("garbage"), name="gc_consistency", required_resource_keys=res,
                  description="No generation listed in a region manifest is missing on disk, and every "

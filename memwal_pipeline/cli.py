@@ -127,9 +127,8 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
     from dagster import DagsterInstance, materialize
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-    from memwal_core.state import region
-
     from memwal_core.spark import session as spark
+    from memwal_core.state import region
 
     from .definitions import table_definitions
 
@@ -144,8 +143,8 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
             _say(f"warning: skipping _mem_wal/{name}: {reason}")
         regions = sorted(listing.region_ids)
         instance.add_dynamic_partitions(td.partitions.name, regions)
-        if "merge" in steps and regions and not cfg.spark_connect and _has_pending(loc):
-            spark.prestart(cfg.spark_master, cfg.spark_conf)  # no-op when the caller prestarted already
+        if "merge" in steps and regions and not cfg.spark.connect and _has_pending(loc):
+            spark.prestart(cfg.spark.master, cfg.spark.conf)  # no-op when the caller prestarted already
         by_key = {a.key.path[-1]: a for a in td.assets}
         for step in STEPS:
             if step not in steps:
@@ -240,18 +239,17 @@ def dry_run(cfg) -> dict[str, Any]:
     """Plans only: what each step would do. Touches nothing."""
     from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 
-    from .assets import gc_config
     from .resources import table_resource
 
     loc = table_resource(cfg).process_config_and_initialize().location()
     return {
         "table": cfg.uri,
-        "merge": merge.plan_merge(loc, budget_bytes=cfg.budget_bytes, max_generations=cfg.max_generations).to_dict(),
+        "merge": merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes, max_generations=cfg.merge.max_generations).to_dict(),
         "compact": compaction.plan_compaction(loc, cfg.compaction).to_dict(),
-        "index": _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.inline_threshold, dry_run=True,
+        "index": _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold, dry_run=True,
                                                  update_hints=False)),
         "catchup": _asdict(catchup.plan_catchup(loc)),
-        "gc": gc.plan_gc(loc, gc_config(cfg)).to_dict(),
+        "gc": gc.plan_gc(loc, cfg.gc).to_dict(),
     }
 
 
@@ -289,7 +287,7 @@ def cmd_maintain(a) -> int:
     if unknown:
         raise CliError(f"--only: unknown step(s) {unknown}; choose from {','.join(STEPS)}")
     # Checked first: a bad option is one line, before any JVM starts or any step runs.
-    from memwal_core.jobs.compaction import CompactionOptions
+    from memwal_core.options import CompactionOptions
 
     cfg = single_table(a.uri, _options(a.storage_option), spark_master=a.spark_master,
                        base_versions_older_than=a.base_versions_older_than,
@@ -298,13 +296,14 @@ def cmd_maintain(a) -> int:
     if "merge" in steps and not a.dry_run:
         # Before Dagster's imports and set-up (~4 s), so the JVM start and the first job's worker
         # start-up (~11 s cold on 2 cores) overlap them.
-        from memwal_core.spark import archive as jvm_archive, session as spark
+        from memwal_core.spark import archive as jvm_archive
+        from memwal_core.spark import session as spark
 
         if _has_pending(loc):
-            if not cfg.spark_master.startswith("sc://") and jvm_archive.java_binary() is None:
+            if not cfg.spark.master.startswith("sc://") and jvm_archive.java_binary() is None:
                 # Otherwise the JVM launch fails twice (prestart, then the merge), trace each time.
                 raise CliError("no java found (JAVA_HOME or PATH): the merge runs on Spark, which needs Java 17")
-            spark.prestart(cfg.spark_master)
+            spark.prestart(cfg.spark.master)
     if a.dry_run:
         plan = dry_run(cfg)
         print(json.dumps(plan, indent=2, default=str) if a.json else _format_plan(plan))
@@ -441,11 +440,12 @@ def _looks_like_old_demo(path: str, entries: set[str]) -> bool:
 
 
 def cmd_demo(a) -> int:
-    from memwal_core.tools import demo
     from memwal_core.observe import reader
+    from memwal_core.options import check_spark_master
     from memwal_core.state.store import open_store
+    from memwal_core.tools import demo
 
-    from .config import check_spark_master, single_table
+    from .config import single_table
 
     check_spark_master(a.spark_master, "--spark-master")
     path = os.path.abspath(a.path)
@@ -558,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--storage-option", action="append", metavar="K=V", default=[])
     m.add_argument("--spark-master", default="local[*]")
     m.add_argument("--only", help=f"comma-separated subset of {','.join(STEPS)}")
-    m.add_argument("--base-versions-older-than", metavar="SECONDS",  # checked by config.seconds: one line
+    m.add_argument("--base-versions-older-than", metavar="SECONDS",  # checked by options.seconds: one line
                    help="let GC first clean up base-table versions older than this (Lance's "
                         "cleanup_old_versions); generations a retained version needs are always kept")
     m.add_argument("--retrain-vector-indexes", action="store_true",

@@ -88,7 +88,7 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
                                          description="Region exclusivity and merge lag, every hour at :30.")
     sensor = build_sensor(cfg, partitions, merge_job, maintenance_job)
     schedule = ScheduleDefinition(name=f"{cfg.name}_maintenance_schedule", job=maintenance_job,
-                                  cron_schedule=cfg.maintenance_cron, default_status=DefaultScheduleStatus.RUNNING,
+                                  cron_schedule=cfg.schedule.maintenance_cron, default_status=DefaultScheduleStatus.RUNNING,
                                   description="Periodic maintenance even without merges (orphans, WAL hints, retention).")
     resources = {keys.table_resource: table_resource(cfg), keys.spark_resource: spark_resource(cfg)}
     return TableDefs(cfg, partitions, assets, checks, merge_job, maintenance_job, sensor, schedule, resources,
@@ -101,13 +101,13 @@ def check_connect_servers(tables: list[TableConfig]) -> None:
     are checked against the running server by `spark_connect.apply_session_conf`)."""
     by_url: dict[str, TableConfig] = {}
     for t in tables:
-        if not t.spark_connect:
+        if not t.spark.connect:
             continue
-        first = by_url.setdefault(t.spark_connect, t)
-        if first.spark_master != t.spark_master:
+        first = by_url.setdefault(t.spark.connect, t)
+        if first.spark.master != t.spark.master:
             raise ConfigError(f"tables {first.name!r} and {t.name!r} share the Spark Connect server "
-                              f"{t.spark_connect} but ask for different masters ({first.spark_master!r}, "
-                              f"{t.spark_master!r}); one server runs one master: give one of them its own "
+                              f"{t.spark.connect} but ask for different masters ({first.spark.master!r}, "
+                              f"{t.spark.master!r}); one server runs one master: give one of them its own "
                               "spark.connect port")
 
 

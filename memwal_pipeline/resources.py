@@ -65,14 +65,14 @@ class MemWalSpark(LazyPySparkResource):
 
 
 def table_resource(cfg: TableConfig) -> MemWalTable:
-    secrets: dict[str, Any] = {k: EnvVar(v) for k, v in cfg.secret_env.items()}
+    secrets: dict[str, Any] = {k: EnvVar(v) for k, v in cfg.secrets.items()}
     return MemWalTable(uri=cfg.uri, storage_options=cfg.storage_options, **secrets)
 
 
 def spark_resource(cfg: TableConfig) -> MemWalSpark:
-    conf: dict[str, Any] = {"spark.master": cfg.spark_master, **cfg.spark_conf}
-    if cfg.spark_connect:  # runs are clients of one long-lived server that runs spark_master
-        conf = {"spark.remote": cfg.spark_connect, "memwal.connect.autostart": "true", **conf}
-    elif cfg.spark_master.startswith("sc://"):
-        conf = {"spark.remote": cfg.spark_master, "memwal.connect.autostart": "true", **cfg.spark_conf}
+    conf: dict[str, Any] = {"spark.master": cfg.spark.master, **cfg.spark.conf}
+    if cfg.spark.connect:  # runs are clients of one long-lived server that runs spark_master
+        conf = {"spark.remote": cfg.spark.connect, "memwal.connect.autostart": "true", **conf}
+    elif cfg.spark.master.startswith("sc://"):
+        conf = {"spark.remote": cfg.spark.master, "memwal.connect.autostart": "true", **cfg.spark.conf}
     return MemWalSpark(spark_config=conf)

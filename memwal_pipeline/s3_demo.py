@@ -100,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     if not a.verbose:
         os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
 
-    from memwal_core.tools import demo
-
     from memwal_core.observe import reader
+    from memwal_core.options import GcOptions, SparkOptions
     from memwal_core.state.store import make_s3_client, open_store
+    from memwal_core.tools import demo
 
     from .cli import STEPS, cmd_status, run_pass
     from .config import TableConfig
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         public = {k: v for k, v in options.items() if k != "aws_secret_access_key"}
         # As in `memwal demo`: only the latest base-table version is kept, so GC shows what it reclaims.
         cfg = TableConfig(name="s3demo", uri=uri, storage_options=public,
-                          secret_env={"aws_secret_access_key": SECRET_ENV}, spark_master=a.spark_master,
-                          cleanup_base_versions_older_than_seconds=0)
+                          secrets={"aws_secret_access_key": SECRET_ENV}, spark=SparkOptions(master=a.spark_master),
+                          gc=GcOptions(cleanup_base_versions_older_than_seconds=0))
         report = run_pass(cfg, list(STEPS), verbose=a.verbose)
         got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
         ok = got == w.expected()

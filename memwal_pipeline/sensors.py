@@ -49,16 +49,14 @@ from dagster import (
     SkipReason,
     sensor,
 )
-
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
     MAX_RUNTIME_SECONDS_TAG,
 )
 
-from memwal_core.state import region
-
 from memwal_core.observe import status
+from memwal_core.state import region
 from memwal_core.state.table import TableError, open_dataset, read_memwal_state
 
 from . import liveness
@@ -160,7 +158,7 @@ def _merge_request(cfg: TableConfig, job_name: str, merges: list[_Merge], pos: d
     # Run monitoring fails a run that outlives this; with the default run launcher it is the
     # only way a run whose worker died with its code server (daemon killed, host lost) stops
     # holding the pool; a worker killed alone is failed by the code server at once.
-    tags = {"memwal/table": cfg.name, MAX_RUNTIME_SECONDS_TAG: str(int(cfg.merge_max_runtime_seconds))}
+    tags = {"memwal/table": cfg.name, MAX_RUNTIME_SECONDS_TAG: str(int(cfg.sensor.merge_max_runtime_seconds))}
     if len(merges) == 1:
         m = merges[0]
         return RunRequest(run_key=f"{m.key}/{epoch}", job_name=job_name, partition_key=m.region_id,
@@ -190,8 +188,8 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
     keys = TableKeys(cfg.name)
     cursor = Cursor.parse(context.cursor)
     state = liveness.SensorState.load(context.instance, cfg.name, cursor.epoch)
-    policy = liveness.RetryPolicy(float(cfg.sensor_interval_seconds), cfg.merge_attempts,
-                                  cfg.merge_retry_max_backoff_seconds)
+    policy = liveness.RetryPolicy(float(cfg.sensor.interval_seconds), cfg.sensor.merge_attempts,
+                                  cfg.sensor.max_backoff_seconds)
     listing = region.list_regions(loc.store)
     for name, reason in listing.skipped:
         context.log.warning(f"{cfg.name}: skipping _mem_wal/{name}: {reason}")
@@ -207,7 +205,7 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
     existing = set(partition_order)
     new_partitions = [rid for rid in active if rid not in existing]
 
-    downtime = state.last_tick is None or now - state.last_tick > DOWNTIME_INTERVALS * cfg.sensor_interval_seconds
+    downtime = state.last_tick is None or now - state.last_tick > DOWNTIME_INTERVALS * cfg.sensor.interval_seconds
     verify = set(active) if downtime else {rid for rid in active
                                            if liveness.verify_this_tick(rid, state.ticks, VERIFY_EVERY)}
     if downtime and state.last_tick is not None:
@@ -335,7 +333,7 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
 def build_sensor(cfg: TableConfig, partitions: DynamicPartitionsDefinition, merge_job, maintenance_job):
     keys = TableKeys(cfg.name)
 
-    @sensor(name=f"{cfg.name}_manifest_sensor", minimum_interval_seconds=cfg.sensor_interval_seconds,
+    @sensor(name=f"{cfg.name}_manifest_sensor", minimum_interval_seconds=cfg.sensor.interval_seconds,
             default_status=DefaultSensorStatus.RUNNING, jobs=[merge_job, maintenance_job],
             required_resource_keys={keys.table_resource},
             description=f"Watches the region manifests of {cfg.name}: new regions become partitions, new "

@@ -49,8 +49,8 @@ def free_port() -> int:
 
 
 def write_demo(path: str, regions: int, rows: int):
-    from memwal_core.tools import demo
     from memwal_core.state.store import open_store
+    from memwal_core.tools import demo
 
     loc = open_store(path)
     demo.create_table(loc, sharding="bucket", num_buckets=regions, base_rows=rows // 2, btree_index=True)

@@ -35,18 +35,15 @@ from typing import Any
 
 import lance
 import pyarrow as pa
+from helpers import tree
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from lance.mem_wal import evaluate_sharding_spec
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
-
 from memwal_core.observe import checks, reader
-
 from memwal_core.state import layout, region, table
 from memwal_core.state.store import open_store
-
-from helpers import tree
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 SCHEMA = pa.schema([
@@ -551,8 +548,8 @@ class MemWalMachine(RuleBasedStateMachine):
           base_retain=st.sampled_from([None, 1, 2]))
     def collect_garbage(self, keep: int, min_age: float, grace: float, base_retain: int | None) -> None:
         self.count("gc")
-        gc.run_gc(self.loc, gc.GcConfig(manifest_keep_versions=keep, manifest_min_age_s=min_age,
-                                        orphan_grace_s=grace, base_cleanup_retain_versions=base_retain,
+        gc.run_gc(self.loc, gc.GcOptions(manifest_retention=keep, manifest_min_age_seconds=min_age,
+                                        orphan_grace_seconds=grace, cleanup_base_versions_retain=base_retain,
                                         max_workers=2))
 
     @precondition(lambda self: self.loc is not None and self.crashes < 2)

@@ -8,8 +8,8 @@ import uuid
 import lance
 import pyarrow as pa
 
-from memwal_core.state import layout, region
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region
 
 
 def tree(root: str) -> dict[str, tuple[int, int]]:

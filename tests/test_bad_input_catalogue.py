@@ -29,19 +29,15 @@ from dataclasses import dataclass, field
 import lance
 import pyarrow as pa
 import pytest
+from helpers import plant_generation, tree
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec
 
-from memwal_core.observe import checks
-
-from memwal_core.tools import demo
-
 from memwal_core.jobs import gc, snapshot
-
+from memwal_core.observe import checks
 from memwal_core.state import layout, region, table
 from memwal_core.state.store import make_s3_client, open_store
+from memwal_core.tools import demo
 from memwal_pipeline.s3_demo import LocalS3
-
-from helpers import plant_generation, tree
 
 N_BUCKETS = 16
 
@@ -638,10 +634,9 @@ def test_version_gap_gc_alone_does_not_act_on_the_stale_view(tmp_path):
     loc.store.put(layout.version_hint_key(rid), json.dumps({"version": 6}).encode())
     assert region.load_latest(loc.store, rid).version == 6
     before = tree(root)
-    from datetime import timedelta
 
-    res = gc.run_gc(loc, gc.GcConfig(manifest_min_age_s=0, orphan_grace_s=0,
-                                     base_cleanup_older_than=timedelta(0)))
+    res = gc.run_gc(loc, gc.GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                                     cleanup_base_versions_older_than_seconds=0))
     err = res.region_errors[rid]
     assert err == (f"region {rid}: manifest version 7 is missing but version 8 exists (a gap in "
                    f"{layout.manifest_dir(rid)}/): the latest version found by probing, 6, is stale; not "
@@ -656,7 +651,7 @@ def test_version_gap_gc_alone_does_not_act_on_the_stale_view(tmp_path):
     assert r.regions_failed == {rid: err}
     # Restoring the missing version heals it: GC then trims on top of version 8.
     region.write_version_hint(loc.store, rid, 8)
-    res = gc.run_gc(loc, gc.GcConfig(manifest_min_age_s=3600, orphan_grace_s=0))
+    res = gc.run_gc(loc, gc.GcOptions(manifest_min_age_seconds=3600, orphan_grace_seconds=0))
     assert not res.region_errors and res.counts()["generation"] == 2
     assert [g.generation for g in region.load_latest(loc.store, rid).generations] == [3]
     assert checks.missing_generations(loc) == {}

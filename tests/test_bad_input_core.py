@@ -12,14 +12,12 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table
-
 from memwal_core.observe import reader
-from memwal_core.state.layout import UnsafePath
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, table
+from memwal_core.state.layout import UnsafePath
 from memwal_core.state.store import LocalStore
+from memwal_core.tools import demo
 
 
 def rows(first: int, n: int, version: int):

@@ -15,7 +15,6 @@ import pytest
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec
 
 from memwal_core.jobs import catchup
-
 from memwal_core.state import layout, region, table
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}

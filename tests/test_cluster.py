@@ -17,11 +17,11 @@ from pathlib import Path
 
 import lance
 import pytest
-
 from cluster import StandaloneCluster
-from memwal_core.tools import demo
+
 from memwal_core.state import table
 from memwal_core.state.store import make_s3_client, open_store
+from memwal_core.tools import demo
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

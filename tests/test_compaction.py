@@ -14,13 +14,10 @@ import pyarrow as pa
 import pytest
 
 from memwal_core.jobs import catchup, compaction, merge
-
-from memwal_core.tools import demo
-
 from memwal_core.observe import reader
-
+from memwal_core.options import CompactionOptions, from_mapping
 from memwal_core.state import table
-from memwal_core.jobs.compaction import CompactionOptions
+from memwal_core.tools import demo
 
 DIM = 8
 
@@ -71,9 +68,10 @@ def test_health_thresholds_and_plan_without_spark(table_loc):
     assert r.status == "healthy, skipped" and not r.committed
     assert table.open_dataset(table_loc).version == version
     assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
-    with pytest.raises(ValueError, match="unknown compaction option 'max_fragmentz'"):
-        CompactionOptions.from_dict({"max_fragmentz": 3})
-    assert CompactionOptions.from_dict({"max_fragments": "5", "retrain_vector_indexes": True}).max_fragments == 5
+    with pytest.raises(ValueError, match="compaction: unknown key 'max_fragmentz'.*'max_fragments'"):
+        from_mapping(CompactionOptions, {"max_fragmentz": 3}, "compaction")
+    assert from_mapping(CompactionOptions, {"max_fragments": "5", "retrain_vector_indexes": True},
+                        "compaction").max_fragments == 5
 
 
 def test_compaction_in_spark_keeps_progress_restores_catchup_and_time_travel(table_loc, spark):
@@ -286,11 +284,12 @@ def test_base_compaction_asset_metadata_and_healthy_skip(table_loc, spark):
     under the thresholds (it still materializes and reports the numbers)."""
     from dagster import DagsterInstance, FloatMetadataValue, IntMetadataValue, materialize
 
+    from memwal_core.options import SparkOptions
     from memwal_pipeline.config import TableConfig
     from memwal_pipeline.definitions import table_definitions
 
     w = fragmented_table(table_loc)
-    cfg = TableConfig(name="t", uri=table_loc.lance_uri, spark_master="local[2]",
+    cfg = TableConfig(name="t", uri=table_loc.lance_uri, spark=SparkOptions(master="local[2]"),
                       compaction=CompactionOptions(max_small_fragments=8))
     td = table_definitions(cfg)
     (asset,) = [a for a in td.assets if a.key.path[-1] == "base_compaction"]
@@ -341,7 +340,7 @@ def test_compaction_thresholds_per_table_in_config(tmp_path):
     assert a.compaction.max_small_fragments == 4 and a.compaction.max_deleted_row_ratio == 0.2
     assert a.compaction.retrain_vector_indexes and b.compaction == CompactionOptions()
     cfg.write_text("tables:\n  - {name: a, uri: data/a, compaction: {max_small_fragment: 4}}\n")
-    with pytest.raises(ConfigError, match="compaction: unknown compaction option 'max_small_fragment'"):
+    with pytest.raises(ConfigError, match="compaction: unknown key 'max_small_fragment'.*did you mean 'max_small_fragments'"):
         load_config(cfg)
     cfg.write_text("tables:\n  - {name: a, uri: data/a, compaction: {max_attempts: 0}}\n")
     with pytest.raises(ConfigError, match="max_attempts"):

@@ -19,20 +19,16 @@ import os
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import lance
 import pyarrow as pa
 import pytest
 
 from memwal_core.jobs import catchup, gc, merge
-
 from memwal_core.observe import checks, reader
-
-from memwal_core.tools import demo
-
 from memwal_core.state import table
 from memwal_core.state.store import open_store
+from memwal_core.tools import demo
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 SOAK = bool(os.environ.get("MEMWAL_SOAK"))
@@ -192,8 +188,8 @@ def _run(tmp_path, spark, seconds: float) -> None:
     t_final = time.time()
     assert not merge.merge(loc, spark).failed_regions
     catchup.run_catchup(loc)
-    final_gc = gc.run_gc(loc, gc.GcConfig(manifest_keep_versions=3, manifest_min_age_s=0, orphan_grace_s=0,
-                                          base_cleanup_older_than=timedelta(0)))
+    final_gc = gc.run_gc(loc, gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                                          cleanup_base_versions_older_than_seconds=0))
     base = as_dict(table.open_dataset(loc).to_table())
     lsm = as_dict(reader.lsm_table(loc))
     missing = checks.missing_generations(loc)
@@ -240,7 +236,6 @@ def test_generation_collected_under_a_stale_plan_is_skipped_not_an_error(tmp_pat
     """Found by the soak run: merger A plans generation g; merger B merges g and GC collects its
     directory; A's read of g then fails. A must skip g as already merged, not report the region
     as broken ("generation g: Dataset ... was not found")."""
-    from datetime import timedelta
 
     loc = open_store(str(tmp_path / "t"))
     demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
@@ -248,7 +243,7 @@ def test_generation_collected_under_a_stale_plan_is_skipped_not_an_error(tmp_pat
     w.write_round(80, overwrite=0.3, delete=0.05, puts_per_batch=10)
     stale = merge.plan_merge(loc)  # merger A's plan
     assert not merge.execute_merge(loc, merge.plan_merge(loc), spark).failed_regions  # merger B
-    res = gc.run_gc(loc, gc.GcConfig(manifest_min_age_s=0, orphan_grace_s=0, base_cleanup_older_than=timedelta(0)))
+    res = gc.run_gc(loc, gc.GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0))
     assert res.counts()["generation"] == sum(len(b.generations) for b in stale.batches)
     result = merge.execute_merge(loc, stale, spark)  # merger A goes on with its plan
     assert result.failed_regions == {}

@@ -28,16 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pytest
 
-from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
-
-from memwal_core.observe import checks, reader
-
-from memwal_core.tools import demo
-
 from memwal_core import faults
-
+from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+from memwal_core.observe import checks, reader
 from memwal_core.state import layout, region, table
 from memwal_core.state.store import open_store
+from memwal_core.tools import demo
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 JOB = os.path.join(PROCS, "reliability_job.py")
@@ -47,7 +43,6 @@ PARALLEL = 3  # killed subprocesses at once (2 cores: they are mostly interprete
 
 sys.path.insert(0, PROCS)
 from reliability_job import GC_CONFIG  # noqa: E402
-
 
 # ---------------------------------------------------------------------------------- helpers
 
@@ -206,7 +201,7 @@ def _gc_crash_points(template, tmp_path, spark, every: bool) -> None:
         assert not res.region_errors, what
         assert_reads_correctly(loc, model, what)
         # The same files as the un-killed run, but for old manifest versions: GC keeps the
-        # newest `manifest_keep_versions` counted from the version it planned from, so a rerun
+        # newest `manifest_retention` counted from the version it planned from, so a rerun
         # planning from the trimmed version may keep one version fewer (still contiguous).
         got = paths(d)
         assert non_manifest(got) == non_manifest(want_paths), \
@@ -214,7 +209,7 @@ def _gc_crash_points(template, tmp_path, spark, every: bool) -> None:
         for rid, versions in manifest_versions(got).items():
             want = manifest_versions(want_paths)[rid]
             assert max(versions) == max(want) and versions == list(range(min(versions), max(versions) + 1)), what
-            assert len(versions) >= GC_CONFIG.manifest_keep_versions and set(versions) <= set(want), what
+            assert len(versions) >= GC_CONFIG.manifest_retention and set(versions) <= set(want), what
         # Version hints: as the un-killed run left them, except after a kill between a trim
         # commit and its hint update: then the hint stays one version behind (best effort by
         # design: readers probe forward from it) and the rerun, which commits nothing, leaves it.

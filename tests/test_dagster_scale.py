@@ -7,23 +7,19 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, DagsterRunStatus, MetadataValue, materialize
+from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, MetadataValue, materialize
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from test_pipeline import cfg_for, make_table, rows
 
 from memwal_core.jobs import catchup, gc
-
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table
-
 from memwal_core.observe import status
+from memwal_core.state import layout, region, table
+from memwal_core.tools import demo
 from memwal_pipeline import failures
 from memwal_pipeline import metadata as bounded
 from memwal_pipeline.assets import catchup_markdown, holds_markdown
 from memwal_pipeline.checks import lag_report
 from memwal_pipeline.definitions import build_definitions, table_definitions
-
-from test_pipeline import cfg_for, make_table, rows
 
 
 @pytest.fixture
@@ -88,7 +84,6 @@ def test_range_run_materializes_only_regions_that_merged(table_loc, instance, sp
 def _wrong_schema(table_loc, rid: str, key: int) -> int:
     """A generation the merger refuses every time: its columns differ from the base table's."""
     import pyarrow as pa
-
     from helpers import plant_generation
 
     wrong = pa.table({"id": pa.array([key], pa.int64()), "n": pa.array([1], pa.int64()),
@@ -257,7 +252,7 @@ def test_gc_holds_say_what_is_kept_and_until_when(table_loc, spark):
 
     merge.merge(table_loc, spark)
     week = timedelta(days=7)
-    plan = gc.plan_gc(table_loc, gc.GcConfig(base_cleanup_older_than=week))
+    plan = gc.plan_gc(table_loc, gc.GcOptions(cleanup_base_versions_older_than_seconds=week.total_seconds()))
     holds = {h.reason: h for h in plan.holds}
     # The version written before the merge (merged = {}) is retained and reads every generation;
     # the btree index has not caught up either, but the first bound named wins per generation.
@@ -265,7 +260,7 @@ def test_gc_holds_say_what_is_kept_and_until_when(table_loc, spark):
     total = sum(h.generations for h in holds.values())
     assert total == sum(len(region.load_latest(table_loc.store, rid).generations) for rid in w.regions.values())
     catchup.run_catchup(table_loc)
-    plan = gc.plan_gc(table_loc, gc.GcConfig(base_cleanup_older_than=week))
+    plan = gc.plan_gc(table_loc, gc.GcOptions(cleanup_base_versions_older_than_seconds=week.total_seconds()))
     (tt,) = plan.holds
     assert tt.reason == "time_travel" and tt.bytes > 0 and tt.regions == 2
     newest_needing = max(v["timestamp"] for v in table.open_dataset(table_loc).versions()
@@ -286,7 +281,7 @@ def test_gc_holds_say_what_is_kept_and_until_when(table_loc, spark):
 
 
 def test_orphan_grace_default_is_a_day():
-    assert gc.GcConfig().orphan_grace_s >= 24 * 3600
+    assert gc.GcOptions().orphan_grace_seconds >= 24 * 3600
 
 
 def test_spark_connect_settings_apply_per_session_or_are_refused(tmp_path, monkeypatch):
@@ -319,8 +314,9 @@ def test_spark_connect_settings_apply_per_session_or_are_refused(tmp_path, monke
 
     from dagster import build_resources
 
-    from memwal_core.spark import connect as spark_connect
     from memwal_core.jobs.merge import merge_tasks
+    from memwal_core.options import SparkOptions
+    from memwal_core.spark import connect as spark_connect
     from memwal_pipeline.config import ConfigError, TableConfig
     from memwal_pipeline.resources import spark_resource
 
@@ -331,8 +327,8 @@ def test_spark_connect_settings_apply_per_session_or_are_refused(tmp_path, monke
     monkeypatch.setenv("MEMWAL_STATE_DIR", str(tmp_path / "state"))
 
     def cfg(name, master="local[1]", **conf):
-        return TableConfig(name=name, uri=str(tmp_path / name), spark_master=master, spark_connect=remote,
-                           spark_conf={k.replace("__", "."): v for k, v in conf.items()})
+        return TableConfig(name=name, uri=str(tmp_path / name), spark=SparkOptions(
+            master=master, connect=remote, conf={k.replace("__", "."): v for k, v in conf.items()}))
 
     a = cfg("a", memwal__merge__partitions="3", spark__sql__shuffle__partitions="5")
     b = cfg("b", memwal__merge__partitions="5")

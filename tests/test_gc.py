@@ -16,30 +16,25 @@ import sys
 import time
 import uuid
 from dataclasses import replace
-from datetime import timedelta
 
 import lance
 import pyarrow as pa
 import pytest
+from helpers import tree
 
 from memwal_core.jobs import catchup, gc, merge
-
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table, wal
-
 from memwal_core.observe import reader
-from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, table, wal
+from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
-
-from helpers import tree
+from memwal_core.tools import demo
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 
 # Collect as soon as allowed: no age or grace, and the base table's old versions cleaned first.
-FAST = gc.GcConfig(manifest_keep_versions=3, manifest_min_age_s=0, orphan_grace_s=0,
-                   base_cleanup_older_than=timedelta(0))
+FAST = gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                   cleanup_base_versions_older_than_seconds=0)
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -108,7 +103,7 @@ def check_plan(loc, plan: gc.GcPlan) -> None:
             if plan.config.keep_current_epoch_wal:
                 assert e.writer_epoch < m.writer_epoch, item
         elif item.kind == gc.MANIFEST:
-            assert item.number <= m.version - plan.config.manifest_keep_versions, item
+            assert item.number <= m.version - plan.config.manifest_retention, item
         else:
             name = item.path.rsplit("/", 1)[-1]
             assert name not in {g.path for g in m.generations} and item.number < m.current_generation, item
@@ -162,10 +157,10 @@ def test_randomized_interleaving(tmp_path, spark, seed):
             assert not merge.merge(loc, spark).failed_regions
         if rng.random() < 0.6:
             catchup.run_catchup(loc)
-        cfg = gc.GcConfig(manifest_keep_versions=rng.choice([1, 3, 10]), manifest_min_age_s=0,
-                          orphan_grace_s=0, keep_current_epoch_wal=rng.random() < 0.5)
+        cfg = gc.GcOptions(manifest_retention=rng.choice([1, 3, 10]), manifest_min_age_seconds=0,
+                          orphan_grace_seconds=0, keep_current_epoch_wal=rng.random() < 0.5)
         if rng.random() < 0.75:
-            gc.cleanup_base_versions(loc, replace(cfg, base_cleanup_older_than=timedelta(0)))
+            gc.cleanup_base_versions(loc, replace(cfg, cleanup_base_versions_older_than_seconds=0))
         keep = {rid: (sentinels(loc, rid), max(wal_positions(loc, rid))) for rid in w.regions.values()}
         before = tree(loc.store.root)
         plan = gc.plan_gc(loc, cfg)
@@ -219,7 +214,7 @@ def test_time_travel_keeps_generations_until_version_cleanup(tmp_path, spark):
 
     merge.merge(loc, spark)
     w.write_round(40, puts_per_batch=10)
-    keep_old = replace(FAST, base_cleanup_older_than=None)  # the old version stays retained
+    keep_old = replace(FAST, cleanup_base_versions_older_than_seconds=None)  # the old version stays retained
     res = gc.run_gc(loc, keep_old)
     assert res.counts()["generation"] == 0
     assert res.kept.get(f"generation:retained_version:{old_version}", 0) >= len(needed)
@@ -282,7 +277,7 @@ def test_orphans_grace_and_flush_in_progress(merged_template, tmp_path):
     stale = orphan("0000000b_gen_1", old)
     flushing = orphan(f"0000000c_gen_{m.current_generation}", old)  # a flush in progress
     bogus = orphan(f"tmp_gen_{m.current_generation - 1}", old)  # any *_gen_* name counts
-    cfg = gc.GcConfig(manifest_min_age_s=10**9, orphan_grace_s=3600)  # (the default grace is 24 h)
+    cfg = gc.GcOptions(manifest_min_age_seconds=10**9, orphan_grace_seconds=3600)  # (the default grace is 24 h)
     plan = gc.plan_gc(loc, cfg)
     orphans = {i.path for i in plan.items if i.kind == gc.ORPHAN}
     assert orphans == {stale, bogus}
@@ -291,7 +286,7 @@ def test_orphans_grace_and_flush_in_progress(merged_template, tmp_path):
     exists = lambda d: os.path.isdir(os.path.join(loc.store.root, d))  # noqa: E731
     assert exists(young) and exists(flushing) and not exists(stale) and not exists(bogus)
     # Grace 0 takes the young one too, never the one being flushed.
-    gc.run_gc(loc, replace(cfg, orphan_grace_s=0))
+    gc.run_gc(loc, replace(cfg, orphan_grace_seconds=0))
     assert not exists(young) and exists(flushing)
     assert lsm_rows(loc) == model
 
@@ -366,7 +361,7 @@ def test_crash_between_manifest_commit_and_delete(merged_template, tmp_path):
     assert lsm_rows(loc) == model  # the table reads correctly right after the crash
     assert_listed_exist(loc)
     # With the default grace the leftovers are young orphans and stay; with grace 0 they go.
-    res = gc.run_gc(loc, replace(FAST, orphan_grace_s=3600))
+    res = gc.run_gc(loc, replace(FAST, orphan_grace_seconds=3600))
     assert not {(i.region_id, i.path) for i in res.deleted} & leftovers
     res = gc.run_gc(loc, FAST)
     assert {(i.region_id, i.path) for i in res.deleted if i.kind == gc.ORPHAN} >= leftovers
@@ -475,12 +470,12 @@ def test_manifest_retention_and_version_hint(table_loc):
             put(w, model, 100 + 10 * i, 3, i)
     latest = region.load_latest(loc.store, rid).version
     assert latest >= 10
-    cfg = gc.GcConfig(manifest_keep_versions=4, manifest_min_age_s=3600)
+    cfg = gc.GcOptions(manifest_retention=4, manifest_min_age_seconds=3600)
     plan = gc.plan_gc(loc, cfg)
     assert not plan.items and plan.kept["manifest:young"] == latest - 4
     # A stale hint pointing at a version about to be deleted gets rewritten first.
     region.write_version_hint(loc.store, rid, 2)
-    res = gc.run_gc(loc, replace(cfg, manifest_min_age_s=0))
+    res = gc.run_gc(loc, replace(cfg, manifest_min_age_seconds=0))
     assert sorted(i.number for i in res.deleted) == list(range(1, latest - 3))
     assert manifest_versions(loc, rid) == list(range(latest - 3, latest + 1))
     assert region.read_version_hint(loc.store, rid) == latest
@@ -488,7 +483,7 @@ def test_manifest_retention_and_version_hint(table_loc):
     # A second run finds the prefix already gone (HEAD probes stop at the first missing one; the
     # directory is listed below that hole only after a delete that did not finish: #18.15).
     loc.store.stats.clear()
-    assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_s=0)).items
+    assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_seconds=0)).items
     assert loc.store.stats["list"] == 3  # regions, the region directory (orphans), GC's intent markers
     # Without the hint: memwal lists, pylance still opens, writes and flushes.
     os.unlink(os.path.join(loc.store.root, layout.version_hint_key(rid)))

@@ -14,24 +14,20 @@ import html
 import re
 import shutil
 import uuid
-from datetime import timedelta
 
 import lance
 import pyarrow as pa
-
-from memwal_core.tools import demo
-
-from memwal_core.jobs import gc, merge
-
-from memwal_core.state import layout, region, table
-
-from memwal_core.observe import reader, status
-from memwal_core.state.lance_mem_wal import merged_markers
-from memwal_core.state.store import make_s3_client, open_store
 from s3proxy import S3Proxy
 
-FAST = gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_grace_s=0,
-                   base_cleanup_older_than=timedelta(0), keep_current_epoch_wal=False)
+from memwal_core.jobs import gc, merge
+from memwal_core.observe import reader, status
+from memwal_core.state import layout, region, table
+from memwal_core.state.lance_mem_wal import merged_markers
+from memwal_core.state.store import make_s3_client, open_store
+from memwal_core.tools import demo
+
+FAST = gc.GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                   cleanup_base_versions_older_than_seconds=0, keep_current_epoch_wal=False)
 
 
 def _as_dict(t: pa.Table) -> dict:

@@ -11,11 +11,10 @@ import os
 import shutil
 import time
 
+import harness_machine as hm
 import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
-
-import harness_machine as hm
 
 SOAK = bool(os.environ.get("MEMWAL_SOAK"))
 

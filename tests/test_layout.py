@@ -11,10 +11,9 @@ import uuid
 
 import pytest
 
-from memwal_core.tools import demo
-
 from memwal_core.state import layout, region
 from memwal_core.state.layout import UnsafePath
+from memwal_core.tools import demo
 
 RID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 

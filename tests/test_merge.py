@@ -11,16 +11,12 @@ import time
 import lance
 import pyarrow as pa
 import pytest
-
-from memwal_core.tools import demo
+from helpers import plant_generation
 
 from memwal_core.jobs import merge
-
 from memwal_core.observe import reader
-
 from memwal_core.state import region, table
-
-from helpers import plant_generation
+from memwal_core.tools import demo
 
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 

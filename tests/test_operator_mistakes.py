@@ -14,13 +14,14 @@ import time
 
 import lance
 import pytest
-
-from memwal_core.tools import demo
-from memwal_core.state.store import open_store
-from memwal_pipeline import cli
-from memwal_pipeline.config import ConfigError, load_config, parse_size, single_table
-
 from helpers import tree
+
+from memwal_core.errors import OptionError
+from memwal_core.options import parse_size
+from memwal_core.state.store import open_store
+from memwal_core.tools import demo
+from memwal_pipeline import cli
+from memwal_pipeline.config import ConfigError, load_config, single_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -204,11 +205,11 @@ def test_config_sizes_numbers_and_shapes(tmp_path):
         tables:
           - {name: t, uri: data/t, merge: {budget_bytes: 256MB}}
     """)
-    assert load_config(p)[0].budget_bytes == 256 * 1024 * 1024
+    assert load_config(p)[0].merge.budget_bytes == 256 * 1024 * 1024
     assert parse_size("1.5g", "x") == 1536 * 1024 * 1024 and parse_size("64KiB", "x") == 65536
     assert parse_size(1000, "x") == 1000
     for bad in ("lots", "-5MB", "0", True):
-        with pytest.raises(ConfigError, match="budget_bytes|x:"):
+        with pytest.raises(OptionError, match="budget_bytes|x:"):
             parse_size(bad, "x")
     p = _write(tmp_path, """
         tables:
@@ -246,7 +247,7 @@ def test_cli_refuses_bad_base_versions_older_than(tmp_path, capsys, value):
     assert rc in (1, 2)
     assert len([ln for ln in err.splitlines() if "error" in ln]) == 1, err
     assert tree(root) == before
-    assert single_table(root, base_versions_older_than=0).cleanup_base_versions_older_than_seconds == 0
+    assert single_table(root, base_versions_older_than=0).gc.cleanup_base_versions_older_than_seconds == 0
 
 
 # ---------------------------------------------------------------- #18.14 one line, one JVM

@@ -13,7 +13,6 @@ from dagster import (
     AssetKey,
     DagsterInstance,
     EnvVar,
-    SensorResult,
     SkipReason,
     build_sensor_context,
     materialize,
@@ -21,9 +20,9 @@ from dagster import (
 )
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from memwal_core.tools import demo
-
+from memwal_core.options import GcOptions, SparkOptions
 from memwal_core.state import layout, region, table
+from memwal_core.tools import demo
 from memwal_pipeline.config import TableConfig, load_config
 from memwal_pipeline.definitions import build_definitions, table_definitions
 from memwal_pipeline.sensors import evaluate_tick
@@ -51,8 +50,9 @@ def make_table(loc, seed=1, regions=3, rounds=2):
 
 def cfg_for(loc, name="t", **kw) -> TableConfig:
     return TableConfig(name=name, uri=loc.lance_uri, storage_options=dict(loc.storage_options),
-                       spark_master="local[2]", manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                       cleanup_base_versions_older_than_seconds=0, **kw)
+                       spark=SparkOptions(master="local[2]"),
+                       gc=GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                                    cleanup_base_versions_older_than_seconds=0), **kw)
 
 
 def tick(defs, td, instance, cursor=None, through_dagster=None, now=None):
@@ -113,7 +113,7 @@ def test_config_file_two_tables_and_secret_env(tmp_path, monkeypatch):
     tables = load_config(cfg)
     assert [t.name for t in tables] == ["a", "b"]
     assert tables[0].uri == str(tmp_path / "data" / "a")
-    assert tables[1].secret_env == {"aws_secret_access_key": "B_SECRET"}
+    assert tables[1].secrets == {"aws_secret_access_key": "B_SECRET"}
     defs = build_definitions(tables)
     keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
     for t in ("a", "b"):
@@ -229,7 +229,7 @@ def test_sensor_partitions_requests_and_quiet_ticks(table_loc, instance, spark):
     assert [r for r in run_requests(result5) if r.job_name == "t_merge"] == []
     import time as _time
 
-    result6, _ = tick(defs, td, instance, cursor5, now=_time.time() + td.cfg.sensor_interval_seconds + 1)
+    result6, _ = tick(defs, td, instance, cursor5, now=_time.time() + td.cfg.sensor.interval_seconds + 1)
     assert [(r.partition_key, r.run_key) for r in run_requests(result6) if r.job_name == "t_merge"] == [
         (victim[1], f"{victim[1]}:{top5}@{merged}#2/{epoch}")]
 

@@ -17,11 +17,10 @@ import pytest
 from lance.dataset import LanceOperation
 from lance.mem_wal import CompactedSsTable
 
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table, wal
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, table, wal
 from memwal_core.state.store import open_store
+from memwal_core.tools import demo
 
 
 def roundtrip(cls, raw: bytes):

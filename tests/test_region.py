@@ -19,13 +19,11 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, wal
-
 from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, wal
 from memwal_core.state.store import LocalStore
+from memwal_core.tools import demo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "procs")

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from datetime import timedelta
 
 import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core.observe import checks
-
 from memwal_core.jobs import gc, merge, snapshot
-
+from memwal_core.observe import checks
 from memwal_core.state import layout, region, table
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
@@ -71,8 +68,8 @@ def test_region_value_established_in_batch_1_is_forgotten_in_batch_2(table_loc, 
     assert merged(table_loc)[rid] == bad - 1
 
 
-AGGRESSIVE_GC = gc.GcConfig(manifest_keep_versions=1, manifest_min_age_s=0, orphan_grace_s=0,
-                            base_cleanup_older_than=timedelta(0), base_cleanup_retain_versions=1)
+AGGRESSIVE_GC = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                            cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1)
 
 
 @OPEN("F2")

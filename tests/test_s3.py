@@ -20,7 +20,6 @@ import sys
 import textwrap
 import time
 import uuid
-from datetime import timedelta
 
 import pytest
 from dagster import (
@@ -31,23 +30,20 @@ from dagster import (
     partition_loading_context,
 )
 from dagster._serdes import serialize_value
+from s3proxy import Request, S3Proxy
+from test_ui import LOCATIONS, WebServer
 
 from memwal_core.jobs import catchup, gc, merge
-
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table, wal
-
+from memwal_core.jobs.snapshot import _hint_mutation
 from memwal_core.observe import reader, status
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.jobs.snapshot import _hint_mutation
+from memwal_core.state import layout, region, table, wal
 from memwal_core.state.store import StoreError, make_s3_client, open_store
+from memwal_core.tools import demo
 from memwal_pipeline.config import ConfigError, load_config
 from memwal_pipeline.definitions import build_definitions, table_definitions
 from memwal_pipeline.s3_demo import LocalS3
 from memwal_pipeline.sensors import evaluate_tick
-from s3proxy import Request, S3Proxy
-from test_ui import LOCATIONS, WebServer
 
 pytestmark = pytest.mark.s3
 
@@ -55,8 +51,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEMWAL = os.path.join(os.path.dirname(sys.executable), "memwal")
 SECRET_ENV = "MEMWAL_TEST_S3_SECRET"
 PREFIX = "table"
-FAST_GC = gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_grace_s=0,
-                      base_cleanup_older_than=timedelta(0))
+FAST_GC = gc.GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                      cleanup_base_versions_older_than_seconds=0)
 
 
 # ------------------------------------------------------------------------------- fixtures

@@ -12,22 +12,19 @@ import os
 import time
 
 import pytest
-from dagster import AssetKey, DagsterRunStatus, build_sensor_context
-
-from memwal_core.jobs import catchup, gc, snapshot
-
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table
-from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state.store import open_store
-from memwal_pipeline import liveness
-from memwal_pipeline.assets import gc_config
-from memwal_pipeline.definitions import build_definitions, table_definitions
-from memwal_pipeline.sensors import VERIFY_EVERY, SensorError, evaluate_tick
-
+from dagster import DagsterRunStatus, build_sensor_context
 from helpers import tree
 from test_pipeline import cfg_for, make_table, run_requests, tick
+
+from memwal_core.jobs import catchup, gc, snapshot
+from memwal_core.options import SensorOptions
+from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, table
+from memwal_core.state.store import open_store
+from memwal_core.tools import demo
+from memwal_pipeline import liveness
+from memwal_pipeline.definitions import build_definitions, table_definitions
+from memwal_pipeline.sensors import VERIFY_EVERY, SensorError, evaluate_tick
 
 INTERVAL = 30  # the shipped sensor interval (cfg_for keeps it)
 
@@ -72,7 +69,7 @@ def collect_cursor_versions(w, table_loc, cfg, rid: str, cursor_version: int) ->
     """Writers go on, then GC (keeping 2 manifest versions) collects the cursor's next one."""
     for _ in range(3):
         w.write_round(90, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    gc.run_gc(table_loc, gc_config(cfg))
+    gc.run_gc(table_loc, cfg.gc)
     assert not table_loc.store.exists(layout.manifest_key(rid, cursor_version + 1))
     latest = region.load_latest(table_loc.store, rid).version
     assert latest > cursor_version + 2
@@ -136,7 +133,7 @@ def test_damaged_state_rows_cost_a_recheck_not_the_sensor(table_loc, instance):
 
 # ------------------------------------------------------------------------------ #14.2
 def test_cancelled_and_failed_merge_runs_are_requested_again_until_the_cap(table_loc, instance):
-    w, cfg, td, defs = setup(table_loc, regions=2, merge_attempts=3)
+    w, cfg, td, defs = setup(table_loc, regions=2, sensor=SensorOptions(merge_attempts=3))
     t = time.time()
     data, cursor = tick(defs, td, instance, now=t)
     (req1,) = merge_requests(data)
@@ -183,7 +180,7 @@ def test_cancelled_and_failed_merge_runs_are_requested_again_until_the_cap(table
 
 
 def test_progress_resets_attempts_and_unsticks_a_region(table_loc, instance, spark):
-    w, cfg, td, defs = setup(table_loc, regions=2, merge_attempts=1)
+    w, cfg, td, defs = setup(table_loc, regions=2, sensor=SensorOptions(merge_attempts=1))
     t = time.time()
     data, cursor = tick(defs, td, instance, now=t)
     (req,) = merge_requests(data)
@@ -278,7 +275,7 @@ def test_sealed_region_merged_to_the_end_never_rewritten_then_retired(table_loc,
     snap = snapshot.build_snapshot(table_loc)
     assert sealed_rid not in snap.regions_failed
     catchup.run_catchup(table_loc)
-    r = gc.run_gc(table_loc, gc_config(cfg))
+    r = gc.run_gc(table_loc, cfg.gc)
     assert sealed_rid not in r.region_errors  # GC plans no trim (no manifest version) on a sealed region
     assert not [i for i in r.deleted if i.region_id == sealed_rid and i.kind == gc.GENERATION]
     assert tree(region_dir) == before

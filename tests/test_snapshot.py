@@ -18,14 +18,11 @@ import pyarrow as pa
 import pytest
 from lance.mem_wal import CompactedSsTable
 
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table
-
-from memwal_core.observe import reader
-
 from memwal_core.jobs import snapshot
+from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, table
+from memwal_core.tools import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROCS = os.path.join(ROOT, "tests", "procs")

@@ -87,9 +87,9 @@ def test_shared_keys_names_the_regions_and_counts():
 def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
     """The Spark job alone (no commit): one stats row per generation, and the newest live rows
     and tombstoned keys of every region equal what the pylance writers left."""
-    from memwal_core.tools import demo
-    from memwal_core.state import layout, region, routing, table
     from memwal_core.jobs import merge
+    from memwal_core.state import layout, region, table
+    from memwal_core.tools import demo
 
     demo.create_table(table_loc, sharding="bucket", num_buckets=3, base_rows=20)
     w = demo.Workload(table_loc, seed=5, key_space=300, max_memtable_rows=40)

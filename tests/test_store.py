@@ -16,11 +16,8 @@ import uuid
 
 import pytest
 
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table
-
 from memwal_core.observe import reader
+from memwal_core.state import layout, region, table
 from memwal_core.state.store import (
     LocalStore,
     NotFound,
@@ -29,6 +26,7 @@ from memwal_core.state.store import (
     StoreError,
     open_store,
 )
+from memwal_core.tools import demo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROCS = os.path.join(HERE, "procs")

@@ -15,13 +15,11 @@ import pytest
 from lance.dataset import Index, LanceOperation
 from lance.mem_wal import CompactedSsTable
 
-from memwal_core.tools import demo
-
-from memwal_core.state import layout, region, table
-
 from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, table
 from memwal_core.state.store import open_store
+from memwal_core.tools import demo
 
 
 def rows(first: int, n: int, version: int):

@@ -22,8 +22,8 @@ import pytest
 from dagster import DagsterInstance, materialize
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from memwal_core.tools import demo
 from memwal_core.state.store import open_store
+from memwal_core.tools import demo
 from memwal_pipeline.config import load_config
 from memwal_pipeline.definitions import table_definitions
 

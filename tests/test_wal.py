@@ -14,10 +14,9 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core.tools import demo
-
 from memwal_core.state import layout, region, wal
 from memwal_core.state.store import LocalStore
+from memwal_core.tools import demo
 
 
 def rows(first: int, n: int, version: int):

@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from datetime import timedelta
 
 import lance
 import pyarrow as pa
 import pytest
-
-from memwal_core.observe import checks, reader
+from helpers import plant_generation
 
 from memwal_core.jobs import gc, merge, snapshot
-
-from memwal_core.state import layout, region, table
+from memwal_core.observe import checks, reader
 from memwal_core.proto import memwal_pb2 as pb
-
-from helpers import plant_generation
+from memwal_core.state import layout, region, table
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 
@@ -77,8 +73,8 @@ class GroupWorkload:
                         self.model.pop(k, None)
 
 
-AGGRESSIVE_GC = gc.GcConfig(manifest_keep_versions=1, manifest_min_age_s=0, orphan_grace_s=0,
-                            base_cleanup_older_than=timedelta(0), base_cleanup_retain_versions=1)
+AGGRESSIVE_GC = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                            cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1)
 
 
 def rows(t: pa.Table, key: str = "id") -> dict:

@@ -47,17 +47,16 @@ import logging
 import os
 import pickle
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
 import lance
 import pyarrow as pa
 from lance.optimize import Compaction
 
-from memwal_core.jobs import catchup
-
 from memwal_core import faults
-
+from memwal_core.jobs import catchup
+from memwal_core.options import CompactionOptions
 from memwal_core.state import table
 from memwal_core.state.store import TableLocation
 
@@ -65,77 +64,6 @@ log = logging.getLogger("memwal.compaction")
 
 VECTOR_TYPES = ("IVF", "HNSW", "PQ", "SQ", "VECTOR")
 TASK_DDL = "task long, rewrite binary"
-
-
-@dataclass(frozen=True)
-class CompactionOptions:
-    """Thresholds (when compaction is worth it) and bounds (how much one run does).
-
-    Compaction runs when any data trigger fires: more than `max_fragments` fragments, more than
-    `max_small_fragments` small ones (fewer physical rows than `small_fragment_rows`), a small
-    share above `max_small_fragment_share` once there are at least `min_small_fragments`, or
-    more than `max_deleted_row_ratio` of the physical rows deleted (and at least
-    `min_deleted_rows`: on a small table deleted rows cost nothing worth a rewrite). Index
-    segments are merged when an index has more than `max_index_segments`.
-    """
-
-    max_fragments: int = 64
-    max_small_fragments: int = 16
-    min_small_fragments: int = 4
-    max_small_fragment_share: float = 0.5
-    small_fragment_rows: int = 262_144
-    max_deleted_row_ratio: float = 0.1
-    min_deleted_rows: int = 10_000
-    max_index_segments: int = 8
-    # How Lance rewrites (its own options), and the per-run bounds.
-    target_rows_per_fragment: int = 1_048_576
-    materialize_deletions_threshold: float = 0.1
-    max_bytes_per_run: int = 1 << 30
-    max_fragments_per_run: int = 256
-    max_attempts: int = 3  # plans executed before giving up to concurrent commits
-    restore_catchup: bool = True
-    retrain_vector_indexes: bool = False
-    retrain_drift_share: float = 0.5
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
-                raise ValueError(f"compaction option {f.name} must not be negative, got {v}")
-        if self.max_attempts < 1 or self.target_rows_per_fragment < 1:
-            raise ValueError("compaction options max_attempts and target_rows_per_fragment must be positive")
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None) -> "CompactionOptions":
-        """From a config mapping (memwal.yaml `compaction:`); unknown keys are an error."""
-        known = {f.name: f for f in fields(cls)}
-        out: dict[str, Any] = {}
-        for k, v in (raw or {}).items():
-            if k not in known:
-                raise ValueError(f"unknown compaction option {k!r} (known: {', '.join(sorted(known))})")
-            kind = type(known[k].default)
-            if kind is bool:
-                if not isinstance(v, bool):
-                    raise ValueError(f"compaction option {k} must be true or false, got {v!r}")
-                out[k] = v
-            else:
-                out[k] = kind(v)
-        return cls(**out)
-
-    def lance_options(self, excluded: list[int] | None = None) -> dict[str, Any]:
-        """`lance.optimize.CompactionOptions` for the plan.
-
-        The per-run bound is applied by excluding fragments (`bounded_plan`), not with Lance's
-        `max_source_bytes` / `max_source_fragments`: those include whole tasks only, so a
-        single task over the bound (all small fragments of a table form one task) would never
-        be compacted at all.
-        """
-        out: dict[str, Any] = {"target_rows_per_fragment": self.target_rows_per_fragment,
-                               "materialize_deletions": True,
-                               "materialize_deletions_threshold": self.materialize_deletions_threshold}
-        if excluded:
-            out["excluded_fragment_ids"] = sorted(excluded)
-        return out
 
 
 # ------------------------------------------------------------------------------------ health

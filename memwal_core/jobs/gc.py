@@ -29,14 +29,14 @@ the optional base-table version cleanup. Per region:
    leaves GC's intent marker `_memwal/gc_pending/{region}` (written before a region's WAL and
    manifest deletes, removed once they all went); for a marked region the WAL directory is
    listed once and what lies below the hole classified the same way.
-3. **Region manifest versions** below the newest `manifest_keep_versions` and older than
-   `manifest_min_age_s`, a prefix only (the versions left stay contiguous up to the latest),
+3. **Region manifest versions** below the newest `manifest_retention` and older than
+   `manifest_min_age_seconds`, a prefix only (the versions left stay contiguous up to the latest),
    never the latest (for a marked region, versions below a hole are found by one listing of
    the manifest directory). `version_hint.json` is rewritten to the latest version first when it is
    missing or points outside the versions that stay.
 4. **Orphan directories** `*_gen_*` in the region directory that the latest manifest does not
    list, whose generation is below its `current_generation` (a flush in progress writes its
-   directory before the manifest), and whose newest object is older than `orphan_grace_s`.
+   directory before the manifest), and whose newest object is older than `orphan_grace_seconds`.
    The latest manifest is read again right before they are deleted.
 
 Execution, per region: commit the trimmed manifest (`region.commit_next`: a lost race reloads
@@ -67,9 +67,9 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable
 
 from memwal_core import faults
-
-from memwal_core.state import layout, region, table, wal
+from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, table, wal
 from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")
@@ -85,30 +85,6 @@ CRASH_AFTER_MANIFEST_COMMIT = "gc.after_manifest_commit"
 
 class GcError(Exception):
     """GC cannot establish what is safe to delete for the whole table (nothing is deleted)."""
-
-
-@dataclass(frozen=True)
-class GcConfig:
-    manifest_keep_versions: int = 10
-    manifest_min_age_s: float = 3600.0
-    orphan_grace_s: float = 86400.0  # a day: far beyond any flush (Iceberg 3 d, Delta 7 d)
-    keep_current_epoch_wal: bool = True
-    # Option 5: the base table's own old versions, cleaned by `run_gc` before planning.
-    base_cleanup_older_than: timedelta | None = None
-    base_cleanup_retain_versions: int | None = None
-    max_workers: int = 16
-
-    def __post_init__(self) -> None:
-        if self.manifest_keep_versions < 1:
-            raise ValueError("manifest_keep_versions must be >= 1 (the latest is always kept)")
-        if self.manifest_min_age_s < 0 or self.orphan_grace_s < 0:
-            raise ValueError("ages must be >= 0")
-        if self.max_workers < 1:
-            raise ValueError("max_workers must be >= 1")
-
-    @property
-    def base_cleanup(self) -> bool:
-        return self.base_cleanup_older_than is not None or self.base_cleanup_retain_versions is not None
 
 
 @dataclass(frozen=True)
@@ -183,7 +159,7 @@ class RegionGcPlan:
 class GcPlan:
     table_uri: str
     table_version: int
-    config: GcConfig
+    config: GcOptions
     planned_at: float
     retained_versions: list[int]
     gating_indexes: list[str]
@@ -219,9 +195,6 @@ class GcPlan:
 
     def to_dict(self) -> dict[str, Any]:
         cfg = asdict(self.config)
-        for k in ("base_cleanup_older_than",):
-            if cfg[k] is not None:
-                cfg[k] = cfg[k].total_seconds()
         return {
             "table": self.table_uri, "table_version": self.table_version, "config": cfg,
             "retained_versions": self.retained_versions, "gating_indexes": self.gating_indexes,
@@ -378,7 +351,7 @@ def _list_dir(loc: TableLocation, directory: str, region_dir: str) -> list[Objec
 @dataclass
 class _Context:
     loc: TableLocation
-    config: GcConfig
+    config: GcOptions
     now: float
     merged: dict[str, int]
     catchup: dict[str, dict[str, int]]
@@ -466,7 +439,7 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
             rp.kept["orphan:empty"] += 1
             continue
         age = ctx.now - max(o.mtime for o in objs)
-        if age < cfg.orphan_grace_s:
+        if age < cfg.orphan_grace_seconds:
             rp.kept["orphan:young"] += 1
             continue
         rp.items.append(GcItem(ORPHAN, rid, odir, sum(o.size for o in objs),
@@ -586,9 +559,9 @@ def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -
     store, rid, cfg = ctx.loc.store, rp.region_id, ctx.config
     latest = m.version
     rp.hint = region.read_version_hint(store, rid)
-    first_candidate = latest - cfg.manifest_keep_versions
+    first_candidate = latest - cfg.manifest_retention
     rp.kept["manifest:latest"] += 1
-    rp.kept["manifest:retention_count"] += min(cfg.manifest_keep_versions, latest) - 1
+    rp.kept["manifest:retention_count"] += min(cfg.manifest_retention, latest) - 1
     existing: list[tuple[int, ObjectInfo]] = []
     v = first_candidate
     while v >= 1:
@@ -612,12 +585,12 @@ def _plan_manifests(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest) -
     lowest_kept = latest
     for i, (v, info) in enumerate(existing):
         age = ctx.now - info.mtime
-        if age < cfg.manifest_min_age_s:
+        if age < cfg.manifest_min_age_seconds:
             rp.kept["manifest:young"] += len(existing) - i
             lowest_kept = v
             break
         rp.items.append(GcItem(MANIFEST, rid, info.key, info.size,
-                               f"version {v} < latest {latest} - {cfg.manifest_keep_versions}, {age:.0f}s old",
+                               f"version {v} < latest {latest} - {cfg.manifest_retention}, {age:.0f}s old",
                                (info.key,), v))
     else:
         lowest_kept = max(1, first_candidate + 1)
@@ -634,10 +607,10 @@ def _pending(loc: TableLocation) -> set[str]:
     return out
 
 
-def plan_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[str] | None = None,
+def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
             now: float | None = None) -> GcPlan:
     """What GC would delete, and why; reads only (a dry run)."""
-    config = config or GcConfig()
+    config = config or GcOptions()
     now = time.time() if now is None else now
     ds = table.open_dataset(loc)
     state = table.read_memwal_state(loc, ds.version)
@@ -796,14 +769,14 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
     return result
 
 
-def cleanup_base_versions(loc: TableLocation, config: GcConfig) -> dict[str, int]:
+def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, int]:
     """Option 5: Lance's own `cleanup_old_versions` (tagged versions are left alone)."""
     ds = table.open_dataset(loc)
     kw: dict[str, Any] = {"error_if_tagged_old_versions": False}
     if config.base_cleanup_older_than is not None:
         kw["older_than"] = config.base_cleanup_older_than
-    if config.base_cleanup_retain_versions is not None:
-        kw["retain_versions"] = config.base_cleanup_retain_versions
+    if config.cleanup_base_versions_retain is not None:
+        kw["retain_versions"] = config.cleanup_base_versions_retain
     before = len(ds.versions())
     faults.op("lance_cleanup_old_versions")  # reliability tests: a crash point
     stats = ds.cleanup_old_versions(**kw)
@@ -812,10 +785,10 @@ def cleanup_base_versions(loc: TableLocation, config: GcConfig) -> dict[str, int
             "versions_before": before, "versions_after": len(table.open_dataset(loc).versions())}
 
 
-def run_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[str] | None = None,
+def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
            dry_run: bool = False, progress: Callable[[str], None] | None = None) -> GcResult:
     """Base-version cleanup (when configured and not a dry run), plan, execute."""
-    config = config or GcConfig()
+    config = config or GcOptions()
     base: dict[str, Any] | None = None
     if config.base_cleanup and not dry_run:
         try:
@@ -840,5 +813,5 @@ def run_gc(loc: TableLocation, config: GcConfig | None = None, *, regions: list[
     return result
 
 
-__all__ = ["GcConfig", "GcItem", "GcPlan", "GcResult", "RegionGcPlan", "GcError", "plan_gc", "execute_gc",
+__all__ = ["GcOptions", "GcItem", "GcPlan", "GcResult", "RegionGcPlan", "GcError", "plan_gc", "execute_gc",
            "run_gc", "cleanup_base_versions", "GcHold", "summarize_holds", "CRASH_AFTER_MANIFEST_COMMIT"]

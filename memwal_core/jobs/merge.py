@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
@@ -28,11 +27,9 @@ import lance
 import pyarrow as pa
 
 from memwal_core import faults
-
-from memwal_core.state import layout, region, routing
-
 from memwal_core.jobs import snapshot
 from memwal_core.spark import tasks as sparkpath
+from memwal_core.state import layout, region, routing
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids

@@ -49,9 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core import faults
-
-from memwal_core.state import layout, region, routing, table, wal
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, region, routing, table, wal
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.snapshot")

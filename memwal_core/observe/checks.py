@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import lance
 
-from memwal_core.state import layout, region, routing
 from memwal_core.observe.status import _GEN_MANIFEST
+from memwal_core.state import layout, region
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import NoPrimaryKey, open_dataset, primary_key, read_memwal_state
 

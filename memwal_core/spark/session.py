@@ -16,7 +16,8 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from memwal_core.spark import archive as jvm_archive, env as spark_env
+from memwal_core.spark import archive as jvm_archive
+from memwal_core.spark import env as spark_env
 
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.

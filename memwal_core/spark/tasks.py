@@ -23,17 +23,15 @@ import heapq
 import io
 import json
 import logging
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
 
-import warnings
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.

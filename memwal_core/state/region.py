@@ -18,8 +18,8 @@ from typing import Callable, Iterable
 
 from google.protobuf.message import DecodeError
 
-from memwal_core.state import layout
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout
 from memwal_core.state.store import NotFound, ObjectStore
 
 log = logging.getLogger("memwal.region")

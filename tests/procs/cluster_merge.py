@@ -15,7 +15,6 @@ import time
 import pyarrow as pa
 
 from memwal_core.jobs import merge
-
 from memwal_core.spark import session as spark
 from memwal_core.state.store import open_store
 
@@ -43,8 +42,8 @@ secs["merge"] = time.monotonic() - t0 - secs["session"]
 out["merge"] = {"generations_merged": r.generations_merged, "failed": r.failed_regions, "commits": r.commits}
 if extra.get("compact"):
     from memwal_core.jobs import compaction
+    from memwal_core.options import CompactionOptions
     from memwal_core.state import table
-    from memwal_core.jobs.compaction import CompactionOptions
 
     loc = open_store(uri)
     before = table.read_memwal_state(loc).merged
@@ -59,13 +58,14 @@ if s3_uri:
     from dagster import DagsterInstance, materialize
     from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
+    from memwal_core.options import SparkOptions
     from memwal_core.state import region
     from memwal_pipeline.config import TableConfig
     from memwal_pipeline.definitions import table_definitions
 
     cfg = TableConfig(name="t", uri=s3_uri, storage_options=extra["s3_options"],
-                      secret_env={"aws_secret_access_key": "MEMWAL_TEST_SECRET"},
-                      spark_master=master, spark_conf=extra["conf"])
+                      secrets={"aws_secret_access_key": "MEMWAL_TEST_SECRET"},
+                      spark=SparkOptions(master=master, conf=extra["conf"]))
     td = table_definitions(cfg)
     loc = td.resources["t_table"].process_config_and_initialize().location()
     regions = sorted(region.list_regions(loc.store).region_ids)

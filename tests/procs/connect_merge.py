@@ -7,13 +7,14 @@ import sys
 from dagster import DagsterInstance, materialize
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
+from memwal_core.options import SparkOptions
 from memwal_core.state import region
 from memwal_core.state.store import open_store
 from memwal_pipeline.config import TableConfig
 from memwal_pipeline.definitions import table_definitions
 
 uri, remote = sys.argv[1], sys.argv[2]
-td = table_definitions(TableConfig(name="t", uri=uri, spark_master=remote))
+td = table_definitions(TableConfig(name="t", uri=uri, spark=SparkOptions(master=remote)))
 regions = sorted(region.list_regions(open_store(uri).store).region_ids)
 with DagsterInstance.ephemeral() as instance:
     instance.add_dynamic_partitions(td.partitions.name, regions)

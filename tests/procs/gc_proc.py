@@ -8,7 +8,6 @@ die right after committing the first region manifest that unlists generations.
 import argparse
 import json
 import sys
-from datetime import timedelta
 
 from memwal_core.jobs import gc
 from memwal_core.state.store import open_store
@@ -22,8 +21,8 @@ def main() -> int:
     p.add_argument("--min-age", type=float, default=3600.0)
     p.add_argument("--base-cleanup", type=float, default=None)
     a = p.parse_args()
-    cfg = gc.GcConfig(manifest_keep_versions=a.keep, manifest_min_age_s=a.min_age, orphan_grace_s=a.grace,
-                      base_cleanup_older_than=None if a.base_cleanup is None else timedelta(seconds=a.base_cleanup))
+    cfg = gc.GcOptions(manifest_retention=a.keep, manifest_min_age_seconds=a.min_age, orphan_grace_seconds=a.grace,
+                      cleanup_base_versions_older_than_seconds=a.base_cleanup)
     result = gc.run_gc(open_store(a.uri), cfg)
     print(json.dumps(result.to_dict()))
     return 1 if result.region_errors else 0

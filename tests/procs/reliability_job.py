@@ -16,15 +16,13 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
-from datetime import timedelta
-
-from memwal_core.jobs import compaction, gc, merge, snapshot
 
 from memwal_core import faults
+from memwal_core.jobs import compaction, gc, merge, snapshot
 from memwal_core.state.store import open_store
 
-GC_CONFIG = gc.GcConfig(manifest_keep_versions=2, manifest_min_age_s=0, orphan_grace_s=0,
-                        base_cleanup_older_than=timedelta(0), max_workers=1)
+GC_CONFIG = gc.GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                        cleanup_base_versions_older_than_seconds=0, max_workers=1)
 
 
 def main() -> int:

@@ -16,13 +16,12 @@ import sys
 import time
 import traceback
 from collections import Counter
-from datetime import timedelta
 
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.state.store import open_store
 
-GC_CONFIG = gc.GcConfig(manifest_keep_versions=3, manifest_min_age_s=0, orphan_grace_s=0,
-                        base_cleanup_older_than=timedelta(seconds=2))
+GC_CONFIG = gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                        cleanup_base_versions_older_than_seconds=2)
 
 
 def main() -> int:

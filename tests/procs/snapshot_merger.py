@@ -17,8 +17,8 @@ import time
 import lance
 from lance.mem_wal import CompactedSsTable
 
-from memwal_core.tools import demo
 from memwal_core.state.lance_mem_wal import is_stale_merge
+from memwal_core.tools import demo
 
 
 def main() -> None:

@@ -1,0 +1,289 @@
+"""Every setting of a maintained table, defined once: name, type, default and validation.
+
+The jobs take these dataclasses, the `MemWalTable` Dagster component embeds them in its schema,
+`memwal.yaml` maps 1:1 onto them (a section per class, a key per field) and the CLI builds them
+from flags, so a setting has one name and one default everywhere. `from_mapping` is the one
+parser for hand-written mappings: unknown keys get a did-you-mean, sizes accept "256MB".
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import typing
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any, Mapping, TypeVar
+
+from memwal_core.errors import OptionError
+
+T = TypeVar("T")
+
+# Binary units, as Spark reads sizes ("256m" = 256 MiB); "256MB" and "256MiB" mean the same.
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# What Spark accepts as a master (SparkContext: "Master must either be yarn or start with
+# spark, k8s, or local", then its local[...] forms), and Spark Connect URLs.
+_SPARK_MASTER = re.compile(r"^(local|local\[(\d+|\*)\]|local\[(\d+|\*)\s*,\s*\d+\]|"
+                           r"local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]|yarn|"
+                           r"spark://\S+|k8s://\S+|sc://\S+)$")
+
+
+def unknown_keys(keys, known, where: str) -> None:
+    """Refuse a key that is not a setting (a typo such as `merg:` is an error, not ignored)."""
+    for k in keys:
+        if k not in known:
+            close = difflib.get_close_matches(str(k), [str(x) for x in known], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(map(str, known))}"
+            raise OptionError(f"{where}: unknown key {k!r}{hint}")
+
+
+def parse_size(value: Any, what: str) -> int:
+    """Bytes from an int or a size such as "256MB", "1.5g", "64KiB" (binary units)."""
+    if isinstance(value, bool):
+        raise OptionError(f"{what}: expected a size in bytes (e.g. 268435456 or 256MB), got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _SIZE.match(str(value))
+        if not m:
+            raise OptionError(f"{what}: expected a size in bytes (e.g. 268435456 or 256MB), got {value!r}")
+        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise OptionError(f"{what}: must be positive, got {value!r}")
+    return n
+
+
+def number(value: Any, what: str, kind: type, minimum: float) -> Any:
+    """An int or float >= minimum from a number or its string; bools, nan and inf refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise OptionError(f"{what}: expected a number, got {value!r}")
+    try:
+        n = kind(value)
+    except (TypeError, ValueError):
+        raise OptionError(f"{what}: expected {'an integer' if kind is int else 'a number'}, got {value!r}") from None
+    if kind is int and isinstance(value, float) and value != n:
+        raise OptionError(f"{what}: expected an integer, got {value!r}")
+    if not math.isfinite(n) or n < minimum:
+        raise OptionError(f"{what}: must be a finite number >= {minimum:g}, got {value!r}")
+    return n
+
+
+def seconds(value: Any, what: str) -> float:
+    """A duration in seconds: finite and >= 0 (`nan`, `inf` and negatives are refused)."""
+    return number(value, what, float, 0)
+
+
+def check_spark_master(value: Any, what: str = "spark master") -> str:
+    """A Spark master Spark can start (checked before a JVM is started for it)."""
+    if not isinstance(value, str) or not _SPARK_MASTER.match(value.strip()):
+        raise OptionError(f"{what}: {value!r} is not a Spark master (use local[*], local[N], spark://HOST:PORT, "
+                          "yarn, k8s://..., or sc://HOST:PORT)")
+    return value.strip()
+
+
+def _minimum(f) -> float:
+    return f.metadata.get("min", 0)
+
+
+def _convert(f, hint: Any, value: Any, what: str) -> Any:
+    """One field's value from a hand-written mapping, by the field's type and metadata."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # `X | None`
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    kind = f.metadata.get("kind")
+    if kind == "size":
+        return parse_size(value, what)
+    if kind == "spark_master":
+        return check_spark_master(value, what)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise OptionError(f"{what}: expected true or false, got {value!r}")
+        return value
+    if hint in (int, float):
+        return number(value, what, hint, _minimum(f))
+    if hint is str:
+        if not isinstance(value, str):
+            raise OptionError(f"{what}: expected a string, got {value!r}")
+        return value
+    if typing.get_origin(hint) is dict:
+        if not isinstance(value, Mapping):
+            raise OptionError(f"{what}: expected a mapping, got {type(value).__name__} {value!r}")
+        return {str(k): str(v) for k, v in value.items()}
+    return value
+
+
+def from_mapping(cls: type[T], raw: Mapping[str, Any] | None, where: str) -> T:
+    """`cls` from a hand-written mapping (a memwal.yaml section, CLI flags): every key must be
+    a field, every value is converted and checked, missing keys take the field's default."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise OptionError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
+    known = {f.name: f for f in fields(cls)}
+    unknown_keys(raw, known, where)
+    hints = typing.get_type_hints(cls)
+    values = {k: _convert(known[k], hints[k], v, f"{where}.{k}") for k, v in raw.items()}
+    try:
+        return cls(**values)
+    except OptionError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise OptionError(f"{where}: {e}") from None
+
+
+class _Checked:
+    """Field checks every options class shares: numbers >= their `min` metadata."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                if not math.isfinite(v) or v < _minimum(f):
+                    raise OptionError(f"{type(self).__name__}.{f.name} must be a finite number >= "
+                                      f"{_minimum(f):g}, got {v!r}")
+
+
+def _min(n: float, **meta: Any) -> dict:
+    return {"min": n, **meta}
+
+
+@dataclass(frozen=True)
+class SparkOptions(_Checked):
+    """Where the merge's data path runs."""
+
+    master: str = field(default="local[*]", metadata={"kind": "spark_master"})
+    conf: dict[str, str] = field(default_factory=dict)
+    # Dagster runs use a long-lived Spark Connect server here (started on first use, running
+    # `master`) instead of a JVM per run; None: each run starts `master` itself.
+    connect: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_spark_master(self.master, "spark.master")
+        if self.connect is not None and not (isinstance(self.connect, str) and self.connect.startswith("sc://")):
+            raise OptionError(f"spark.connect must be a Spark Connect URL like sc://127.0.0.1:15002, "
+                              f"got {self.connect!r}")
+
+
+@dataclass(frozen=True)
+class MergeOptions(_Checked):
+    """How much one merge batch takes (bytes of generations, and a count)."""
+
+    budget_bytes: int = field(default=256 * 1024 * 1024, metadata=_min(1, kind="size"))
+    max_generations: int = field(default=256, metadata=_min(1))
+
+
+@dataclass(frozen=True)
+class SnapshotOptions(_Checked):
+    """MemWAL index snapshots: up to `inline_threshold` regions inline, else an index file."""
+
+    inline_threshold: int = field(default=100, metadata=_min(0))
+
+
+@dataclass(frozen=True)
+class GcOptions(_Checked):
+    """What the garbage collector keeps: the newest `manifest_retention` manifest versions per
+    region, anything younger than the ages, and (unless cleaned first) every generation a
+    retained base-table version can time-travel to."""
+
+    manifest_retention: int = field(default=10, metadata=_min(1))  # the latest is always kept
+    manifest_min_age_seconds: float = 3600.0
+    orphan_grace_seconds: float = 86400.0  # a day: far beyond any flush (Iceberg 3 d, Delta 7 d)
+    # Lance's own cleanup_old_versions of the base table, run before planning (None: off).
+    cleanup_base_versions_older_than_seconds: float | None = None
+    cleanup_base_versions_retain: int | None = field(default=None, metadata=_min(1))
+    keep_current_epoch_wal: bool = True
+    max_workers: int = field(default=16, metadata=_min(1))
+
+    @property
+    def base_cleanup(self) -> bool:
+        return self.cleanup_base_versions_older_than_seconds is not None or self.cleanup_base_versions_retain is not None
+
+    @property
+    def base_cleanup_older_than(self) -> timedelta | None:
+        s = self.cleanup_base_versions_older_than_seconds
+        return None if s is None else timedelta(seconds=s)
+
+
+@dataclass(frozen=True)
+class SloOptions(_Checked):
+    """When the `merge_lag` and `catchup_gap` checks turn red."""
+
+    merge_lag_seconds: float = 600.0
+    catchup_gap_generations: int = 10
+
+
+@dataclass(frozen=True)
+class SensorOptions(_Checked):
+    """The manifest sensor: how often it looks, and how long it retries a region that stays put."""
+
+    interval_seconds: int = field(default=30, metadata=_min(1))
+    # Merge requests per region while its progress stays put (backoff doubling from the
+    # interval, capped); then the region is reported stuck instead of retried forever.
+    merge_attempts: int = field(default=6, metadata=_min(1))
+    max_backoff_seconds: float = 3600.0
+    # A merge run still STARTED after this long is failed by run monitoring (its worker may
+    # have died with the code server: the default run launcher cannot tell), freeing the pool.
+    merge_max_runtime_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class ScheduleOptions(_Checked):
+    """Periodic maintenance even without merges (orphans, WAL hints, retention)."""
+
+    maintenance_cron: str = "0 * * * *"
+
+
+@dataclass(frozen=True)
+class CompactionOptions(_Checked):
+    """Thresholds (when compaction is worth it) and bounds (how much one run does).
+
+    Compaction runs when any data trigger fires: more than `max_fragments` fragments, more than
+    `max_small_fragments` small ones (fewer physical rows than `small_fragment_rows`), a small
+    share above `max_small_fragment_share` once there are at least `min_small_fragments`, or
+    more than `max_deleted_row_ratio` of the physical rows deleted (and at least
+    `min_deleted_rows`: on a small table deleted rows cost nothing worth a rewrite). Index
+    segments are merged when an index has more than `max_index_segments`.
+    """
+
+    max_fragments: int = 64
+    max_small_fragments: int = 16
+    min_small_fragments: int = 4
+    max_small_fragment_share: float = 0.5
+    small_fragment_rows: int = 262_144
+    max_deleted_row_ratio: float = 0.1
+    min_deleted_rows: int = 10_000
+    max_index_segments: int = 8
+    # How Lance rewrites (its own options), and the per-run bounds.
+    target_rows_per_fragment: int = 1_048_576
+    materialize_deletions_threshold: float = 0.1
+    max_bytes_per_run: int = 1 << 30
+    max_fragments_per_run: int = 256
+    max_attempts: int = 3  # plans executed before giving up to concurrent commits
+    restore_catchup: bool = True
+    retrain_vector_indexes: bool = False
+    retrain_drift_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_attempts < 1 or self.target_rows_per_fragment < 1:
+            raise OptionError("compaction options max_attempts and target_rows_per_fragment must be positive")
+
+    def lance_options(self, excluded: list[int] | None = None) -> dict[str, Any]:
+        """`lance.optimize.CompactionOptions` for the plan.
+
+        The per-run bound is applied by excluding fragments (`bounded_plan`), not with Lance's
+        `max_source_bytes` / `max_source_fragments`: those include whole tasks only, so a
+        single task over the bound (all small fragments of a table form one task) would never
+        be compacted at all.
+        """
+        out: dict[str, Any] = {"target_rows_per_fragment": self.target_rows_per_fragment,
+                               "materialize_deletions": True,
+                               "materialize_deletions_threshold": self.materialize_deletions_threshold}
+        if excluded:
+            out["excluded_fragment_ids"] = sorted(excluded)
+        return out
