@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from memwal_core import faults
 from memwal_core.jobs import snapshot
+from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import layout, region, routing
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
@@ -36,8 +37,9 @@ from memwal_core.state.table import MemWalState, open_dataset, primary_key, read
 
 log = logging.getLogger("memwal.merge")
 
-DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
-DEFAULT_MAX_GENERATIONS = 256
+# The defaults are MergeOptions' (memwal_core/options.py): one default per setting.
+DEFAULT_BUDGET_BYTES = MergeOptions().budget_bytes
+DEFAULT_MAX_GENERATIONS = MergeOptions().max_generations
 
 
 class MergeError(Exception):

@@ -49,13 +49,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core import faults
+from memwal_core.options import SnapshotOptions
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import layout, region, routing, table, wal
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.snapshot")
 
-DEFAULT_INLINE_THRESHOLD = 100
+DEFAULT_INLINE_THRESHOLD = SnapshotOptions().inline_threshold  # one default: memwal_core/options.py
 SNAPSHOT_FILE = "index.lance"
 REGION_FIELD_PREFIX = "region_field_"
 SOURCE_COLUMN = "_region_field_source"
