@@ -67,6 +67,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable
 
 from memwal_core import faults
+from memwal_core.errors import MemwalError
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import layout, region, table, wal
@@ -83,7 +84,7 @@ KINDS = (GENERATION, WAL, MANIFEST, ORPHAN)
 CRASH_AFTER_MANIFEST_COMMIT = "gc.after_manifest_commit"
 
 
-class GcError(Exception):
+class GcError(MemwalError):
     """GC cannot establish what is safe to delete for the whole table (nothing is deleted)."""
 
 

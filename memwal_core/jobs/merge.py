@@ -27,6 +27,7 @@ import lance
 import pyarrow as pa
 
 from memwal_core import faults
+from memwal_core.errors import MemwalError
 from memwal_core.jobs import snapshot
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
@@ -42,8 +43,8 @@ DEFAULT_BUDGET_BYTES = MergeOptions().budget_bytes
 DEFAULT_MAX_GENERATIONS = MergeOptions().max_generations
 
 
-class MergeError(Exception):
-    pass
+class MergeError(MemwalError):
+    """A merge run cannot go on (a batch lost too many commit races, a key not expressible)."""
 
 
 @dataclass(frozen=True)

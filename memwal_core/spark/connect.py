@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
+from memwal_core.errors import MemwalError
 from memwal_core.spark import archive as jvm_archive
 
 
@@ -85,7 +86,7 @@ def stop_server(remote: str, state_dir: str | os.PathLike | None = None) -> None
                    check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-class ConnectConfMismatch(ValueError):
+class ConnectConfMismatch(MemwalError, ValueError):
     """A table asks a running Connect server for settings it was not started with."""
 
 

@@ -33,6 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_core.errors import MemwalError
+
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.
 warnings.filterwarnings("ignore", message="lance is not fork-safe")
@@ -128,7 +130,7 @@ def value_key(values: list) -> str:
     return json.dumps(values, sort_keys=True, default=str)
 
 
-class Refused(ValueError):
+class Refused(MemwalError, ValueError):
     """A generation that can never be merged as it is (schema, NULL keys): permanent."""
 
 

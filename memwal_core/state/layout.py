@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import uuid
 
+from memwal_core.errors import MemwalError
+
 MEM_WAL_DIR = "_mem_wal"
 MANIFEST_SUFFIX = ".binpb"
 WAL_SUFFIX = ".arrow"
@@ -23,7 +25,7 @@ _ORPHAN_CANDIDATE = re.compile(r"^.+_gen_([0-9]+)$")
 _BITREV = re.compile(r"^[01]{64}$")
 
 
-class UnsafePath(ValueError):
+class UnsafePath(MemwalError, ValueError):
     """A manifest-supplied path that could escape its region directory or is not a generation."""
 
 

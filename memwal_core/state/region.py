@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 
 from google.protobuf.message import DecodeError
 
+from memwal_core.errors import MemwalError
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import layout
 from memwal_core.state.store import NotFound, ObjectStore
@@ -25,7 +26,7 @@ from memwal_core.state.store import NotFound, ObjectStore
 log = logging.getLogger("memwal.region")
 
 
-class RegionError(Exception):
+class RegionError(MemwalError):
     """Something is wrong with one region; other regions are unaffected."""
 
     def __init__(self, region_id: str, message: str):

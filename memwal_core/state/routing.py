@@ -37,6 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from memwal_core.errors import MemwalError
+
 __all__ = [
     "RegionField",
     "RegionSpec",
@@ -55,7 +57,7 @@ UNSHARDED = "unsharded"
 SUPPORTED_TRANSFORMS = (BUCKET, IDENTITY, UNSHARDED)
 
 
-class UnsupportedTransform(ValueError):
+class UnsupportedTransform(MemwalError, ValueError):
     """A region field we cannot evaluate locally (Lance would refuse it too)."""
 
 

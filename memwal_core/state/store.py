@@ -17,13 +17,14 @@ from typing import Iterable, Iterator, Mapping, Protocol
 from urllib.parse import unquote, urlparse
 
 from memwal_core import faults
+from memwal_core.errors import MemwalError
 
 
-class StoreError(OSError):
+class StoreError(MemwalError, OSError):
     """An object-store request failed for a reason other than "not found"."""
 
 
-class NotFound(KeyError):
+class NotFound(MemwalError, KeyError):
     """The object does not exist."""
 
 

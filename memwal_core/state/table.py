@@ -19,6 +19,7 @@ import lance
 from google.protobuf.message import DecodeError
 
 from memwal_core import faults
+from memwal_core.errors import MemwalError
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state.store import NotFound, TableLocation
 
@@ -30,7 +31,7 @@ PK_METADATA_KEY = b"lance-schema:unenforced-primary-key"
 _U64_MAX = 2**64 - 1
 
 
-class TableError(Exception):
+class TableError(MemwalError):
     """The base table cannot be maintained as it is (clear, user-facing message)."""
 
 

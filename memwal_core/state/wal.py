@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from memwal_core.errors import MemwalError
 from memwal_core.state import layout
 from memwal_core.state.store import NotFound, ObjectStore
 
 
-class WalEntryError(ValueError):
+class WalEntryError(MemwalError, ValueError):
     pass
 
 
