@@ -123,10 +123,10 @@ def naive_tick(loc, previous: dict[str, int], parallel: bool) -> tuple[dict[str,
     """What a user writes: load every region's latest manifest, compare with the last tick."""
     ids = region.list_regions(loc.store).region_ids
     if parallel:
-        loaded = region.load_many(loc.store, ids)
+        loaded = region.load_many(loc.store, ids).manifests
     else:
         loaded = {rid: region.load_latest(loc.store, rid) for rid in ids}
-    versions = {rid: m.version for rid, m in loaded.items() if not isinstance(m, Exception)}
+    versions = {rid: m.version for rid, m in loaded.items()}
     changed = [rid for rid, v in versions.items() if previous.get(rid) != v]
     return versions, changed
 

@@ -29,11 +29,11 @@ and a digest, so each tick stores well under 2 KB whatever the number of regions
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dagster import (
@@ -90,22 +90,6 @@ class Cursor:
     def dump(self) -> str:
         return json.dumps({"epoch": self.epoch, "maintained_after": self.maintained_after, "state": self.digest},
                           sort_keys=True)
-
-
-def _probe(store, rids: list[str], state: liveness.SensorState, verify: set[str]) -> dict[str, int | Exception]:
-    def one(rid: str) -> int | Exception:
-        st = state.get(rid)
-        try:
-            if st is None or rid in verify:
-                return region.verified_latest_version(store, rid, st.version if st else 0)
-            return region.probe_latest_version(store, rid, st.version, start_exists=True)
-        except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
-            return e
-
-    if not rids:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(16, len(rids))) as pool:
-        return dict(zip(rids, pool.map(one, rids)))
 
 
 def _runs(instance, job_name: str, statuses: list) -> list:
@@ -211,40 +195,25 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
     if downtime and state.last_tick is not None:
         context.log.info(f"{cfg.name}: no tick for {now - state.last_tick:.0f} s: re-checking every region's "
                          "latest manifest version (old versions may have been collected meanwhile)")
-    latest = _probe(loc.store, active, state, verify)
-    failed = {rid for rid, v in latest.items() if isinstance(v, Exception)}
+    memwal_state = functools.cache(lambda: read_memwal_state(loc))
+    merged_once = functools.cache(lambda: memwal_state().merged)  # a property that decodes: read once
+    observed = status.observe_regions(loc, {rid: (state.get(rid).version if state.get(rid) else None)
+                                            for rid in active}, merged_once, verify=verify)
+    failed = {rid for rid, o in observed.items() if not o.ok}
     for rid in sorted(failed):
-        context.log.error(f"{cfg.name}: region {rid}: {latest[rid]}")
-    changed = {rid: v for rid, v in latest.items()
-               if rid not in failed and (state.get(rid) is None or v != state.get(rid).version)}
+        context.log.error(f"{cfg.name}: {observed[rid].error}")
+    changed = {rid: o for rid, o in observed.items() if o.changed}
 
     events = []
+    for rid, o in sorted(changed.items()):
+        rs = state.put(rid)
+        rs.version, rs.top, rs.sealed = o.version, o.manifest.top_generation, o.manifest.sealed
+        events.append(AssetObservation(asset_key=keys.asset("region_generations"), partition=rid,
+                                       metadata=region_metadata(o.status)))
     need_state = bool(changed) or any(
-        st.pending or (st.sealed and not st.retired) for rid, st in state.regions.items() if rid in latest)
-    mstate = read_memwal_state(loc) if need_state else None
-    merged = mstate.merged if mstate is not None else {}  # a property that decodes: read once
-    if changed:
-
-        def load(item: tuple[str, int]):
-            rid, version = item
-            try:
-                m = region.load_version(loc.store, rid, version)
-                return m, status.region_status(loc, m, merged.get(rid, 0))
-            except Exception as e:  # noqa: BLE001 - reported, the others proceed
-                return e
-
-        with ThreadPoolExecutor(max_workers=min(16, len(changed))) as pool:
-            loaded = list(pool.map(load, sorted(changed.items())))
-        for (rid, version), got in zip(sorted(changed.items()), loaded):
-            if isinstance(got, Exception):
-                context.log.error(f"{cfg.name}: region {rid}: {got}")
-                failed.add(rid)
-                continue
-            m, st = got
-            rs = state.put(rid)
-            rs.version, rs.top, rs.sealed = version, m.top_generation, m.sealed
-            events.append(AssetObservation(asset_key=keys.asset("region_generations"), partition=rid,
-                                           metadata=region_metadata(st)))
+        st.pending or (st.sealed and not st.retired) for rid, st in state.regions.items() if rid in observed)
+    mstate = memwal_state() if need_state else None
+    merged = merged_once() if mstate is not None else {}
 
     order = [*partition_order, *new_partitions]
     pos = {rid: i for i, rid in enumerate(order)}

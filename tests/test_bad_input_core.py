@@ -71,8 +71,10 @@ def test_truncated_manifest(two_regions):
         region.load_latest(loc.store, bad)
     assert bad in str(e.value) and key in str(e.value)
     loaded = region.load_many(loc.store, [bad, good])
-    assert isinstance(loaded[bad], region.CorruptManifest) and key in str(loaded[bad])
-    assert isinstance(loaded[good], region.RegionManifest) and loaded[good].generations
+    assert not loaded[bad].ok and loaded[bad].permanent and loaded[bad].manifest is None
+    assert isinstance(loaded[bad].error, region.CorruptManifest) and key in loaded[bad].message
+    assert loaded.region_errors == {bad: loaded[bad].message}
+    assert loaded[good].ok and loaded[good].manifest.generations and set(loaded.manifests) == {good}
     assert snapshot(loc.store.root) == before
 
 
@@ -91,8 +93,8 @@ def test_garbage_manifest(two_regions, garbage):
     msg = str(e.value)
     assert msg.startswith(f"region {bad}: ") and key in msg and f"version {version}" in msg
     loaded = region.load_many(loc.store, [good, bad])
-    assert isinstance(loaded[bad], region.CorruptManifest)
-    assert isinstance(loaded[good], region.RegionManifest)
+    assert isinstance(loaded[bad].error, region.CorruptManifest) and loaded[bad].permanent
+    assert isinstance(loaded[good].manifest, region.RegionManifest) and loaded[good].error is None
     assert snapshot(loc.store.root) == before
 
 
@@ -165,11 +167,12 @@ def test_region_without_manifest_is_reported_not_raised(two_regions):
     listing = region.list_regions(loc.store)
     assert sorted(listing.region_ids) == sorted(rids + [empty])
     loaded = region.load_many(loc.store, listing.region_ids)
-    assert isinstance(loaded[empty], region.MissingManifest)
-    assert str(loaded[empty]).startswith(f"region {empty}: ")
-    assert layout.manifest_dir(empty) in str(loaded[empty])
+    assert isinstance(loaded[empty].error, region.MissingManifest)
+    assert not loaded[empty].permanent  # a missing manifest may yet be written (a writer starting up)
+    assert loaded[empty].message.startswith(f"region {empty}: ")
+    assert layout.manifest_dir(empty) in loaded[empty].message
     for rid in rids:
-        assert isinstance(loaded[rid], region.RegionManifest) and loaded[rid].region_id == rid
+        assert loaded[rid].ok and loaded[rid].manifest.region_id == rid
     assert snapshot(loc.store.root) == before
 
 

@@ -102,7 +102,7 @@ def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
     specs = {s.spec_id: s for s in state.details.region_specs}
     rids = sorted({g.region_id for g in batch.generations})
     index = {r: i for i, r in enumerate(rids)}
-    manifests = region.load_many(table_loc.store, rids)
+    manifests = region.load_many(table_loc.store, rids).manifests
     cfg = sp.ReadConfig(pk=("id",), columns=tuple(f.name for f in ds.schema), storage_options=(),
                         routing=tuple((index[r], merge.routing_check(manifests[r], specs, ds.lance_schema))
                                       for r in rids))

@@ -628,9 +628,10 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     errors: dict[str, str] = {}
 
     def one(rid: str) -> RegionGcPlan:
-        m = loaded[rid]
-        if isinstance(m, Exception):
-            return RegionGcPlan(rid, error=f"{m}; region skipped")
+        got = loaded[rid]
+        if not got.ok:
+            return RegionGcPlan(rid, error=f"{got.message}; region skipped")
+        m = got.manifest
         try:
             return _plan_region(ctx, rid, m)
         except Exception as e:  # noqa: BLE001 - one broken region must not stop the others

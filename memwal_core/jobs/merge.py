@@ -142,12 +142,13 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
     loaded = region.load_many(loc.store, ids)
     walls: dict[str, Wall] = {}
     queues: dict[str, list[PlannedGeneration]] = {}
-    for rid, m in sorted(loaded.items()):
+    for rid, got in sorted(loaded.items()):
         done = merged.get(rid, 0)
-        if isinstance(m, Exception):
-            walls[rid] = Wall(done + 1, str(m), permanent=isinstance(m, region.CorruptManifest))
-            log.error("%s", m)
+        if not got.ok:
+            walls[rid] = Wall(done + 1, got.message, permanent=got.permanent)
+            log.error("%s", got.message)
             continue
+        m = got.manifest
         try:
             pending = [PlannedGeneration(rid, g.generation, layout.validate_generation_path(g.path, g.generation),
                                          _generation_bytes(loc, rid, g), g.physical_rows)
@@ -317,15 +318,15 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         return result
     state = read_memwal_state(loc, ds.version)
     specs = {s.spec_id: s for s in state.details.region_specs}
-    manifests = region.load_many(loc.store, sorted(plan.pending))
+    loaded = region.load_many(loc.store, sorted(plan.pending))
     run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), ds.schema, merge_tasks(spark), result,
                max_attempts)
-    for rid, m in manifests.items():
-        if isinstance(m, Exception):  # loaded when planned, not now: no routing to check it by
-            run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, str(m), permanent=isinstance(m, region.CorruptManifest)))
-        else:
-            run.routes[rid] = routing_check(m, specs, ds.lance_schema)
-    routed = {r: m for r, m in manifests.items() if run.routes.get(r)}
+    for rid, got in loaded.items():
+        if got.ok:
+            run.routes[rid] = routing_check(got.manifest, specs, ds.lance_schema)
+        else:  # loaded when planned, not now: no routing to check it by
+            run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, got.message, permanent=got.permanent))
+    routed = {r: m for r, m in loaded.manifests.items() if run.routes.get(r)}
     try:
         recorded = snapshot.recorded_values(loc, state)  # read once: values and other regions' owners
         values = region_values(loc, state, ds, routed, pk, expected_values or {}, recorded)

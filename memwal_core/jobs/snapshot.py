@@ -531,10 +531,10 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
 
     def one(rid: str) -> _RegionOutcome:
         got = loaded[rid]
-        if isinstance(got, Exception):
-            return _RegionOutcome(error=str(got))
+        if not got.ok:
+            return _RegionOutcome(error=got.message)
         out = _RegionOutcome()
-        m = got
+        m = got.manifest
         if update_hints:
             try:
                 m, out.hint, out.hint_error = refresh_hint(loc, m)

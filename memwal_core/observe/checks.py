@@ -50,10 +50,9 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     report = ExclusivityReport()
     loaded = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
     routes: dict[str, spark.RoutingCheck | None] = {}
-    for rid, m in sorted(loaded.items()):
-        if isinstance(m, Exception):
-            report.errors[rid] = str(m)
-            continue
+    manifests = loaded.manifests
+    report.errors.update(loaded.region_errors)
+    for rid, m in sorted(manifests.items()):
         try:
             routes[rid] = merge.routing_check(m, specs, ds.lance_schema)
         except Exception as e:  # noqa: BLE001 - reported per region
@@ -64,12 +63,12 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     except NoPrimaryKey:
         pk = []
     try:
-        values = merge.region_values(loc, state, ds, {rid: loaded[rid] for rid in routes}, pk, {})
+        values = merge.region_values(loc, state, ds, {rid: manifests[rid] for rid in routes}, pk, {})
     except snapshot.SnapshotError as e:  # recorded values exist but cannot be read
         report.errors.update({rid: f"region {rid}: {e}" for rid in routes})
         return report
     for rid, conf in sorted(routes.items()):
-        m = loaded[rid]
+        m = manifests[rid]
         own = spark.value_key([values[rid].get(f) for f in conf.field_ids]) if rid in values else None
         pending = [g for g in m.generations if g.generation > merged.get(rid, 0)][:max_generations_per_region]
         wanted = {c for _, c in conf.source_columns} | set(pk) | {spark.TOMBSTONE}
@@ -110,11 +109,9 @@ def missing_generations(loc: TableLocation, unreadable: dict[str, str] | None = 
     """
     out: dict[str, list[int]] = {}
     loaded = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
-    for rid, m in loaded.items():
-        if isinstance(m, Exception):
-            if unreadable is not None:
-                unreadable[rid] = str(m)
-            continue
+    if unreadable is not None:
+        unreadable.update(loaded.region_errors)
+    for rid, m in loaded.manifests.items():
         for g in m.generations:
             try:
                 key = f"{layout.generation_dir(rid, g.path, g.generation)}/{_GEN_MANIFEST}"

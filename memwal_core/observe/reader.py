@@ -40,7 +40,7 @@ def lsm_table(loc: TableLocation) -> pa.Table:
     ds = open_dataset(loc)
     state = read_memwal_state(loc, ds.version)
     loaded = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
-    errors = [e for e in loaded.values() if isinstance(e, Exception)]
-    if errors:
-        raise errors[0]
-    return lsm_read(ds, pending_snapshots(state, loaded))
+    for got in loaded.values():
+        if got.error is not None:
+            raise got.error
+    return lsm_read(ds, pending_snapshots(state, loaded.manifests))

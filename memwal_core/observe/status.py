@@ -8,8 +8,9 @@ manifest: one HEAD per region), pending rows and bytes, and each index's catch-u
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable, Collection, Mapping
 
 from memwal_core.state import layout, region
 from memwal_core.state.store import TableLocation
@@ -105,11 +106,11 @@ def table_status(loc: TableLocation, state: MemWalState | None = None, *, with_a
     now = time.time()
     regions = []
     for rid in sorted(loaded):
-        m = loaded[rid]
-        if isinstance(m, Exception):
-            regions.append(RegionStatus(rid, merged_generation=merged.get(rid, 0), error=str(m)))
+        got = loaded[rid]
+        if got.ok:
+            regions.append(region_status(loc, got.manifest, merged.get(rid, 0), now, with_age))
         else:
-            regions.append(region_status(loc, m, merged.get(rid, 0), now, with_age))
+            regions.append(RegionStatus(rid, merged_generation=merged.get(rid, 0), error=got.message))
     existing = [i["name"] for i in ds.list_indices()]
     gating = set(state.gating_indexes(existing))
     catchup = state.catchup
@@ -121,3 +122,72 @@ def table_status(loc: TableLocation, state: MemWalState | None = None, *, with_a
         gap = max([merged.get(rid, 0) - caught.get(rid, 0) for rid in merged] or [0])
         indexes.append(IndexStatus(name, dict(caught), name in gating, max(0, gap)))
     return TableStatus(loc.lance_uri, state.table_version, regions, indexes, listing.skipped)
+
+
+@dataclass(frozen=True)
+class RegionObservation:
+    """One look at a region (what a sensor tick needs): its latest manifest version and, when
+    that moved past the version the watcher knew, the manifest and its status; or why the
+    region could not be observed (`error`, naming the region; the others are unaffected)."""
+
+    region_id: str
+    version: int = 0                               # latest manifest version found (0: unknown)
+    manifest: region.RegionManifest | None = None  # read only when the version moved
+    status: RegionStatus | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def changed(self) -> bool:
+        """The version moved and the manifest at it was read."""
+        return self.manifest is not None
+
+
+def observe_regions(loc: TableLocation, known: Mapping[str, int | None], merged: Callable[[], Mapping[str, int]], *,
+                    verify: Collection[str] = (), max_workers: int = 16) -> dict[str, RegionObservation]:
+    """Observe the regions of `known` (region -> the manifest version the caller saw last; None:
+    never seen), cheaply: one HEAD per unchanged region.
+
+    A region seen before is probed from its known version + 1 (that version is taken to
+    exist); a region never seen, or one in `verify`, is probed from its version hint instead
+    (`region.verified_latest_version`), since a remembered version may have been collected by
+    GC meanwhile. Regions whose version moved are read at the version found and get a
+    `RegionStatus`; `merged()` (merge progress per region) is called once, and only then.
+    """
+    rids = list(known)
+    if not rids:
+        return {}
+    workers = max(1, min(max_workers, len(rids)))
+
+    def probe(rid: str) -> RegionObservation:
+        seen = known[rid]
+        try:
+            if seen is None or rid in verify:
+                v = region.verified_latest_version(loc.store, rid, seen or 0)
+            else:
+                v = region.probe_latest_version(loc.store, rid, seen, start_exists=True)
+        except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
+            return RegionObservation(rid, error=str(region.as_region_error(rid, e)))
+        return RegionObservation(rid, v)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        out = {o.region_id: o for o in pool.map(probe, rids)}
+    moved = sorted(rid for rid, o in out.items() if o.ok and o.version != known[rid])
+    if not moved:
+        return out
+    progress = merged()
+
+    def read(rid: str) -> RegionObservation:
+        v = out[rid].version
+        try:
+            m = region.load_version(loc.store, rid, v)
+            return RegionObservation(rid, v, m, region_status(loc, m, progress.get(rid, 0)))
+        except Exception as e:  # noqa: BLE001 - reported, the others proceed
+            return RegionObservation(rid, v, error=str(region.as_region_error(rid, e)))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(moved)))) as pool:
+        out.update((o.region_id, o) for o in pool.map(read, moved))
+    return out

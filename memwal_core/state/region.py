@@ -247,20 +247,69 @@ def load_latest(store: ObjectStore, region_id: str, start: int | None = None) ->
     return load_version(store, region_id, probe_latest_version(store, region_id, start))
 
 
+@dataclass(frozen=True)
+class RegionRead:
+    """One region's latest manifest, or why it could not be read: the one per-region outcome
+    every job and report works from (never a manifest-or-exception to tell apart by type)."""
+
+    region_id: str
+    manifest: RegionManifest | None = None
+    error: RegionError | None = None
+
+    def __post_init__(self) -> None:
+        if (self.manifest is None) == (self.error is None):
+            raise ValueError("a RegionRead holds a manifest or an error, exactly one")
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def permanent(self) -> bool:
+        """The manifest itself is wrong (corrupt, a gap): it stays so until repaired; anything
+        else (I/O, a missing manifest) may pass, and the next run reads again."""
+        return isinstance(self.error, CorruptManifest)
+
+    @property
+    def message(self) -> str:
+        """The error as reported (it names the region); empty when the read succeeded."""
+        return str(self.error) if self.error is not None else ""
+
+
+class RegionReads(dict[str, RegionRead]):
+    """Region id -> `RegionRead`, as `load_many` returns them."""
+
+    @property
+    def manifests(self) -> dict[str, RegionManifest]:
+        """The regions that were read, by region id."""
+        return {rid: r.manifest for rid, r in self.items() if r.manifest is not None}
+
+    @property
+    def region_errors(self) -> dict[str, str]:
+        """The regions that could not be read: region id -> what went wrong."""
+        return {rid: r.message for rid, r in self.items() if r.error is not None}
+
+
+def read_region(store: ObjectStore, region_id: str, start: int | None = None) -> RegionRead:
+    """`load_latest` as an outcome: a failure is returned (as a `RegionError`), never raised."""
+    try:
+        return RegionRead(region_id, manifest=load_latest(store, region_id, start))
+    except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
+        return RegionRead(region_id, error=as_region_error(region_id, e))
+
+
+def as_region_error(region_id: str, e: BaseException) -> RegionError:
+    """`e` as a `RegionError` naming the region (unchanged when it is one already)."""
+    return e if isinstance(e, RegionError) else RegionError(region_id, f"{type(e).__name__}: {e}")
+
+
 def load_many(store: ObjectStore, region_ids: Iterable[str], *, max_workers: int = 16,
-              starts: dict[str, int] | None = None) -> dict[str, RegionManifest | Exception]:
+              starts: dict[str, int] | None = None) -> RegionReads:
     """Latest manifests of many regions, probed in parallel; a failure is returned, not raised."""
     starts = starts or {}
-
-    def one(rid: str) -> RegionManifest | Exception:
-        try:
-            return load_latest(store, rid, starts.get(rid))
-        except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
-            return e if isinstance(e, RegionError) else RegionError(rid, f"{type(e).__name__}: {e}")
-
     ids = list(region_ids)
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(ids) or 1))) as pool:
-        return dict(zip(ids, pool.map(one, ids)))
+        return RegionReads(zip(ids, pool.map(lambda rid: read_region(store, rid, starts.get(rid)), ids)))
 
 
 # A change applied to a fresh copy of the latest manifest; returns False when, on that fresh
