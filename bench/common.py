@@ -287,7 +287,7 @@ def warm_up_merge(spark, root: str) -> float:
     t = time.perf_counter()
     r = merge.merge(loc, spark)
     took = time.perf_counter() - t
-    assert r.generations_merged and not r.failed_regions, r.to_dict()
+    assert r.generations_merged and not r.region_errors, r.to_dict()
     shutil.rmtree(path, ignore_errors=True)
     return took
 

@@ -172,7 +172,7 @@ def bench(name: str, loc, shape: Shape) -> None:
     result = gc.execute_gc(loc, plan)
     t2 = time.perf_counter()
     stats = dict(loc.store.stats)
-    assert not plan.errors and not result.region_errors, (plan.errors, result.region_errors)
+    assert not plan.region_errors and not result.region_errors, (plan.region_errors, result.region_errors)
     expected = shape.regions * shape.per_region
     assert plan.objects == expected and result.deleted_objects == expected, (plan.objects, result.deleted_objects)
     verify(loc, shape)

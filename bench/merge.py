@@ -316,8 +316,8 @@ def memwal_merge(path: str, spark, budget_bytes: int | None = None,
     with profile_memwal(phases, counts):
         r = merge.merge(loc, spark, progress=batches.append, **kw)
     total = time.perf_counter() - t
-    if r.failed_regions:
-        raise SystemExit(f"FAIL memwal merge refused regions: {r.failed_regions}")
+    if r.region_errors:
+        raise SystemExit(f"FAIL memwal merge refused regions: {r.region_errors}")
     phases["other"] = total - sum(phases.values())
     info = {"commits": r.commits, "batches": len(batches), "generations_merged": r.generations_merged,
             "rows_upserted": r.rows_upserted, "rows_deleted": r.rows_deleted, "conflicts": r.conflicts}

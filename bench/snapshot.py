@@ -57,7 +57,7 @@ def bench(n: int, root: str) -> float:
     t = time.perf_counter()
     r = snapshot.build_snapshot(loc)
     secs = time.perf_counter() - t
-    assert r.num_regions == n and not r.regions_failed, r.regions_failed
+    assert r.num_regions == n and not r.region_errors, r.region_errors
     assert len(r.hints_updated) == (n + 9) // 10, len(r.hints_updated)
     assert snapshot.read_snapshot(loc).num_rows == n
     assert table.read_memwal_state(loc).details.num_regions == n

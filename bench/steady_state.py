@@ -115,8 +115,8 @@ def run(a, base: str, window: int) -> int:
             t = time.perf_counter()
             r = merge.merge(loc, spark)
             merge_s = time.perf_counter() - t
-            if r.failed_regions or r.generations_merged != a.regions:
-                raise SystemExit(f"cycle {cycle} {name}: merge failed {r.failed_regions} "
+            if r.region_errors or r.generations_merged != a.regions:
+                raise SystemExit(f"cycle {cycle} {name}: merge failed {r.region_errors} "
                                  f"({r.generations_merged} generations)")
             t = time.perf_counter()
             catchup.run_catchup(loc)

@@ -125,8 +125,8 @@ def run_metadata(regions: list[str], result: merge.MergeResult, outcome: MergeOu
         "bytes_read": MetadataValue.int(result.bytes_read),
         "bytes_written": MetadataValue.int(result.bytes_written),
         "duration_s": MetadataValue.float(round(result.duration_s, 2)),
-        "failed_regions": MetadataValue.int(len(outcome.failures)),
-        "errors": MetadataValue.json(bounded.fit({f.region_id: f.error for f in outcome.failures})),
+        "regions_failed": MetadataValue.int(len(outcome.failures)),
+        "region_errors": MetadataValue.json(bounded.fit({f.region_id: f.error for f in outcome.failures})),
         "table_version": MetadataValue.int(result.table_version),
     }
 
@@ -259,14 +259,14 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
     def memwal_index(context) -> MaterializeResult:
         loc = _location(context, keys)
         r = snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold)
-        for rid, err in r.regions_failed.items():
+        for rid, err in r.region_errors.items():
             context.log.error(f"region {rid}: {err}")
         return MaterializeResult(metadata={
             "num_regions": MetadataValue.int(r.num_regions),
             "storage": MetadataValue.text(r.storage),
             "hints_updated": MetadataValue.int(len(r.hints_updated)),
-            "regions_failed": MetadataValue.int(len(r.regions_failed)),
-            "errors": MetadataValue.json(bounded.fit(r.regions_failed)),
+            "regions_failed": MetadataValue.int(len(r.region_errors)),
+            "region_errors": MetadataValue.json(bounded.fit(r.region_errors)),
             "committed": MetadataValue.bool(getattr(r, "committed", True)),
             "attempts": MetadataValue.int(r.attempts),
             "duration_s": MetadataValue.float(round(r.duration_s, 2)),
@@ -316,7 +316,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
             "held": MetadataValue.md(holds_markdown(holds)),
             "manifest_commits": MetadataValue.int(r.manifest_commits),
             "regions_failed": MetadataValue.int(len(r.region_errors)),
-            "errors": MetadataValue.json(bounded.fit(r.region_errors)),
+            "region_errors": MetadataValue.json(bounded.fit(r.region_errors)),
             "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 2)),
         }
         for h in holds:  # plotted: what GC keeps, per reason

@@ -34,7 +34,7 @@ def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckR
     worst = sorted(((r.oldest_pending_age_s, r.region_id, len(r.pending_generations)) for r in st.regions
                     if r.pending_generations and r.oldest_pending_age_s), reverse=True)[:n]
     over = sum(1 for r in st.regions if (r.oldest_pending_age_s or 0.0) > slo_s)
-    failed = st.failed_regions
+    failed = st.region_errors
     passed = age <= slo_s and not failed and not stuck
     severity = AssetCheckSeverity.ERROR if (stuck or failed) else AssetCheckSeverity.WARN
     md = {
@@ -49,8 +49,8 @@ def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckR
                                       "failed_runs": s.failed_runs, "permanent": s.permanent,
                                       "reason": bounded.short(s.reason, 120)} for s in stuck[:n // 2]]
                                     + ([{bounded.MORE: len(stuck) - n // 2}] if len(stuck) > n // 2 else [])),
-        "unreadable_regions": MetadataValue.int(len(failed)),
-        "unreadable": MetadataValue.json(bounded.top(failed, n // 2, text_limit=100)),
+        "regions_failed": MetadataValue.int(len(failed)),
+        "region_errors": MetadataValue.json(bounded.top(failed, n // 2, text_limit=100)),
     }
     if stuck:
         md["description"] = MetadataValue.text(bounded.short("; ".join(s.describe() for s in stuck[:2])))
@@ -95,7 +95,7 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
             "misrouted_rows": MetadataValue.int(sum(r.mixed.values())),
             "mixed_regions": MetadataValue.json(bounded.top(r.mixed, key=lambda kv: -kv[1])),
             "shared_values": MetadataValue.json(bounded.top({v: rids[:5] for v, rids in r.shared.items()})),
-            "errors": MetadataValue.json(bounded.top(r.errors))})
+            "region_errors": MetadataValue.json(bounded.top(r.region_errors))})
 
     @asset_check(asset=keys.asset("base_table"), name="merge_lag", required_resource_keys=res,
                  description=f"The oldest pending generation is younger than {cfg.slo.merge_lag_seconds:.0f} s "
@@ -130,12 +130,12 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
                  description="No generation listed in a region manifest is missing on disk, and every "
                              "region manifest can be read (a region that cannot be read cannot be checked).")
     def gc_consistency(context) -> AssetCheckResult:
-        unreadable: dict[str, str] = {}
-        missing = checks.missing_generations(loc_of(context), unreadable)
-        return AssetCheckResult(passed=not missing and not unreadable, severity=AssetCheckSeverity.ERROR, metadata={
+        region_errors: dict[str, str] = {}
+        missing = checks.missing_generations(loc_of(context), region_errors)
+        return AssetCheckResult(passed=not missing and not region_errors, severity=AssetCheckSeverity.ERROR, metadata={
             "missing_generations": MetadataValue.int(sum(len(v) for v in missing.values())),
             "regions": MetadataValue.json(bounded.top({k: v[:10] for k, v in missing.items()})),
-            "unreadable_regions": MetadataValue.int(len(unreadable)),
-            "unreadable": MetadataValue.json(bounded.top(unreadable))})
+            "regions_failed": MetadataValue.int(len(region_errors)),
+            "region_errors": MetadataValue.json(bounded.top(region_errors))})
 
     return [region_exclusivity, merge_lag, catchup_gap, gc_consistency]

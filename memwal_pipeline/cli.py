@@ -168,7 +168,7 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
             if watch.fired():
                 raise Interrupted(watch.signum, step)
             obs = result.get_asset_observation_events() if step == "merge" else []
-            run_errors = obs[-1].event_specific_data.asset_observation.metadata.get("errors") if obs else None
+            run_errors = obs[-1].event_specific_data.asset_observation.metadata.get("region_errors") if obs else None
             if not result.success and run_errors is not None and run_errors.value:
                 # A merge that left regions unmerged: one line per region, as the run recorded them.
                 report["steps"][step] = {"ok": False, "seconds": round(took, 3)}
@@ -188,7 +188,7 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
             if obs:  # merge: per-region materializations; the run's totals are an observation
                 md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()}
             report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
-            errors = md.get("errors") or {}
+            errors = md.get("region_errors") or md.get("errors") or {}  # per region, else (compaction) per index
             for key, err in (errors.items() if isinstance(errors, dict) else []):
                 report["failed"].append(f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}")
                 _say(f"[{cfg.name}] {step}: {err}")
@@ -350,7 +350,7 @@ def cmd_status(a) -> int:
     except Exception as e:  # noqa: BLE001 - status still shows the lag
         holds = []
         _say(f"warning: GC plan failed: {e}")
-    bad = 1 if (st.failed_regions or stuck) else 0
+    bad = 1 if (st.region_errors or stuck) else 0
     if a.json:
         print(json.dumps({**st.to_dict(), "stuck": [s.__dict__ for s in stuck],
                           "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]}, indent=2, default=str))

@@ -648,7 +648,7 @@ def test_version_gap_gc_alone_does_not_act_on_the_stale_view(tmp_path):
     assert checks.missing_generations(loc) == {}
     # The index builder refuses the region too (left out of the snapshot, reported).
     r = snapshot.build_snapshot(loc)
-    assert r.regions_failed == {rid: err}
+    assert r.region_errors == {rid: err}
     # Restoring the missing version heals it: GC then trims on top of version 8.
     region.write_version_hint(loc.store, rid, 8)
     res = gc.run_gc(loc, gc.GcOptions(manifest_min_age_seconds=3600, orphan_grace_seconds=0))

@@ -41,7 +41,7 @@ def fragmented_table(loc, *, rounds: int = 3, seed: int = 5) -> demo.Workload:
 def write_and_merge(w: demo.Workload, spark, rounds: int) -> None:
     for _ in range(rounds):
         w.write_round(60, overwrite=0.4, delete=0.1, puts_per_batch=10)
-        assert not merge.merge(w.loc, spark).failed_regions
+        assert not merge.merge(w.loc, spark).region_errors
 
 
 def test_health_thresholds_and_plan_without_spark(table_loc):

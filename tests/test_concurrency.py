@@ -186,7 +186,7 @@ def _run(tmp_path, spark, seconds: float) -> None:
 
     # Last merge, catch-up and GC in this process; then the differential checks.
     t_final = time.time()
-    assert not merge.merge(loc, spark).failed_regions
+    assert not merge.merge(loc, spark).region_errors
     catchup.run_catchup(loc)
     final_gc = gc.run_gc(loc, gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
                                           cleanup_base_versions_older_than_seconds=0))
@@ -242,11 +242,11 @@ def test_generation_collected_under_a_stale_plan_is_skipped_not_an_error(tmp_pat
     w = demo.Workload(loc, seed=31, key_space=200, max_memtable_rows=30)
     w.write_round(80, overwrite=0.3, delete=0.05, puts_per_batch=10)
     stale = merge.plan_merge(loc)  # merger A's plan
-    assert not merge.execute_merge(loc, merge.plan_merge(loc), spark).failed_regions  # merger B
+    assert not merge.execute_merge(loc, merge.plan_merge(loc), spark).region_errors  # merger B
     res = gc.run_gc(loc, gc.GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0))
     assert res.counts()["generation"] == sum(len(b.generations) for b in stale.batches)
     result = merge.execute_merge(loc, stale, spark)  # merger A goes on with its plan
-    assert result.failed_regions == {}
+    assert result.region_errors == {}
     assert result.commits == 0
     assert sorted(g for r in result.regions.values() for g in r.skipped_generations) == \
         sorted(g.generation for b in stale.batches for g in b.generations)

@@ -149,7 +149,7 @@ def template(tmp_path_factory, spark):
     w = demo.Workload(loc, seed=17, key_space=300, max_memtable_rows=30)
     for _ in range(2):
         w.write_round(100, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    assert not merge.merge(loc, spark).failed_regions
+    assert not merge.merge(loc, spark).region_errors
     w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
     rids = sorted(w.regions.values())
     # Durable WAL entries that are not flushed: the index builder raises their WAL hints. They
@@ -219,7 +219,7 @@ def _gc_crash_points(template, tmp_path, spark, every: bool) -> None:
                                               and hint == latest - 1), what
             assert loc.store.exists(layout.manifest_key(rid, hint)), what
         if every or k in (1, len(ops)):
-            assert not merge.merge(loc, spark).failed_regions
+            assert not merge.merge(loc, spark).region_errors
             assert base_rows(loc) == model, what
             merged_checked += 1
     assert merged_checked
@@ -270,7 +270,7 @@ def test_index_builder_killed_at_every_write(template, tmp_path, spark, inline_t
         assert_reads_correctly(loc, model, what)
         assert table.read_memwal_state(loc).merged == merged_before, what
         r = snapshot.build_snapshot(loc, inline_threshold=inline_threshold)
-        assert not r.regions_failed and not r.hint_errors, what
+        assert not r.region_errors and not r.hint_errors, what
         assert snapshot_rows(loc) == want_rows, what  # the same snapshot as the un-killed run
         assert table.open_dataset(loc).version == want_version, what
         assert table.read_memwal_state(loc).merged == merged_before, what  # progress never erased
@@ -281,7 +281,7 @@ def test_index_builder_killed_at_every_write(template, tmp_path, spark, inline_t
         leftovers += len([x for x in extra if idx_uuid not in x])
         assert_reads_correctly(loc, model, what)
     loc = open_store(cases[-1][2])
-    assert not merge.merge(loc, spark).failed_regions
+    assert not merge.merge(loc, spark).region_errors
     assert base_rows(loc) == model
     print_summary(f"index builder ({'inline' if inline_threshold else 'external'} snapshot)", ops, points,
                   time.monotonic() - t0)
@@ -342,7 +342,7 @@ def _merge_crash_points(merge_template, tmp_path, spark, monkeypatch, ks) -> Non
         assert table.read_memwal_state(loc).merged == expect, what
         assert_reads_correctly(loc, model, what)
         res = merge.merge(loc, spark, budget_bytes=budget)
-        assert not res.failed_regions, what
+        assert not res.region_errors, what
         assert res.commits == len(ops) - (k - 1), what
         assert base_rows(loc) == model, what
         assert table.read_memwal_state(loc).merged == want_merged, what
@@ -384,7 +384,7 @@ def test_compaction_killed_at_every_commit_then_rerun(tmp_path, spark):
     w = demo.Workload(loc, seed=29, key_space=400, max_memtable_rows=40)
     for _ in range(2):
         w.write_round(60, overwrite=0.4, delete=0.1, puts_per_batch=10)
-        assert not merge.merge(loc, spark).failed_regions
+        assert not merge.merge(loc, spark).region_errors
     catchup.run_catchup(loc)
     model, before = w.expected(), table.read_memwal_state(loc)
     assert before.catchup["id_btree"] == before.merged

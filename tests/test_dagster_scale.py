@@ -241,7 +241,7 @@ def test_checks_job_runs_exclusivity_and_gc_consistency_reports_unreadable(table
     out = defs.resolve_job_def("t_maintenance").execute_in_process(instance=instance, raise_on_error=False)
     gcc = next(c for c in out.get_asset_check_evaluations() if c.check_name == "gc_consistency")
     assert not gcc.passed and gcc.severity == AssetCheckSeverity.ERROR
-    assert bad in gcc.metadata["unreadable"].value
+    assert bad in gcc.metadata["region_errors"].value
 
 
 def test_gc_holds_say_what_is_kept_and_until_when(table_loc, spark):

@@ -129,7 +129,7 @@ def merged_template(tmp_path_factory, spark):
     w = demo.Workload(loc, seed=99, key_space=300, max_memtable_rows=30)
     for _ in range(2):
         w.write_round(100, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    assert not merge.merge(loc, spark).failed_regions
+    assert not merge.merge(loc, spark).region_errors
     w.write_round(60, overwrite=0.3, puts_per_batch=10)
     return root, w.expected(), dict(w.regions)
 
@@ -154,7 +154,7 @@ def test_randomized_interleaving(tmp_path, spark, seed):
     for step in range(4):
         w.write_round(90, overwrite=0.3, delete=0.05, absent_delete=0.02, puts_per_batch=10)
         if step % 2 == 0 or rng.random() < 0.4:
-            assert not merge.merge(loc, spark).failed_regions
+            assert not merge.merge(loc, spark).region_errors
         if rng.random() < 0.6:
             catchup.run_catchup(loc)
         cfg = gc.GcOptions(manifest_retention=rng.choice([1, 3, 10]), manifest_min_age_seconds=0,
@@ -165,7 +165,7 @@ def test_randomized_interleaving(tmp_path, spark, seed):
         before = tree(loc.store.root)
         plan = gc.plan_gc(loc, cfg)
         assert tree(loc.store.root) == before, "planning (a dry run) must touch nothing"
-        assert not plan.errors
+        assert not plan.region_errors
         check_plan(loc, plan)
         if rng.random() < 0.4:  # writers flush between plan and execute: the trim re-applies
             w.write_round(30, overwrite=0.3, puts_per_batch=10)
@@ -184,7 +184,7 @@ def test_randomized_interleaving(tmp_path, spark, seed):
                 assert not os.path.exists(os.path.join(loc.store.root, k))
     assert deleted["generation"] > 0 and deleted["wal"] > 0 and deleted["manifest"] > 0, deleted
     # Everything merged, caught up and cleaned: only generations above the limit are left.
-    assert not merge.merge(loc, spark).failed_regions
+    assert not merge.merge(loc, spark).region_errors
     catchup.run_catchup(loc)
     gc.run_gc(loc, FAST)
     state = table.read_memwal_state(loc)
@@ -391,7 +391,7 @@ def test_stale_writer_stays_fenced_after_gc(tmp_path, spark, keep_current_epoch)
         put(c, model, 400, 3, 4)
     fences = sentinels(loc, rid)
     assert len(fences) == 3
-    assert not merge.merge(loc, spark).failed_regions
+    assert not merge.merge(loc, spark).region_errors
     res = gc.run_gc(loc, replace(FAST, keep_current_epoch_wal=keep_current_epoch))
     assert res.counts()["wal"] > 0 and res.counts()["generation"] > 0
     with pytest.raises(OSError, match="fenced"):
@@ -499,7 +499,7 @@ def test_plan_to_dict_is_json(merged_template, tmp_path):
     loc, _, _ = copy_template(merged_template, tmp_path)
     plan = gc.plan_gc(loc, FAST)
     d = json.loads(json.dumps(plan.to_dict()))
-    assert d["counts"]["manifest"] > 0 and d["retained_versions"] and not d["errors"]
+    assert d["counts"]["manifest"] > 0 and d["retained_versions"] and not d["region_errors"]
     res = gc.run_gc(loc, FAST, dry_run=True)
     assert res.deleted == [] and res.base_cleanup is None
     json.dumps(res.to_dict())
@@ -512,7 +512,7 @@ def test_gc_on_s3(s3_table_loc, spark):
     w = demo.Workload(loc, seed=13, key_space=200, max_memtable_rows=30)
     for _ in range(2):
         w.write_round(80, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    assert not merge.merge(loc, spark).failed_regions
+    assert not merge.merge(loc, spark).region_errors
     w.write_round(40, puts_per_batch=10)
     res = gc.run_gc(loc, FAST)
     assert not res.region_errors

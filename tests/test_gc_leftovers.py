@@ -46,12 +46,12 @@ def test_survivors_of_a_partly_failed_delete_batch_are_collected_later(moto_serv
         w = demo.Workload(loc, seed=7, key_space=200, max_memtable_rows=20)
         for _ in range(3):
             w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-        assert not merge.merge(loc, spark).failed_regions
+        assert not merge.merge(loc, spark).region_errors
         w.write_round(20, puts_per_batch=10)
 
         gc.cleanup_base_versions(loc, FAST)
         plan = gc.plan_gc(loc, FAST)
-        assert not plan.errors and not plan.regions[next(iter(plan.regions))].leftover_scan
+        assert not plan.region_errors and not plan.regions[next(iter(plan.regions))].leftover_scan
         survivors: dict[str, bytes] = {}  # full S3 key -> bytes
         hit_regions = set()
         for kind in (gc.WAL, gc.MANIFEST):
@@ -89,7 +89,7 @@ def test_survivors_of_a_partly_failed_delete_batch_are_collected_later(moto_serv
         assert proxy.count("delete_batch") >= 1
 
         again = gc.plan_gc(loc, FAST)
-        assert not again.errors
+        assert not again.region_errors
         assert {rid for rid, rp in again.regions.items() if rp.leftover_scan} == hit_regions
         planned = {f"t/{k}" for i in again.items for k in i.keys}
         assert set(survivors) <= planned, sorted(set(survivors) - planned)
@@ -123,9 +123,9 @@ def test_percent_encoded_s3_prefix_means_what_lance_means(s3_bucket):
     regions = region.list_regions(loc.store).region_ids
     assert sorted(regions) == sorted(w.regions.values())
     st = status.table_status(loc)
-    assert not st.failed_regions and st.pending_generations > 0
+    assert not st.region_errors and st.pending_generations > 0
     plan = gc.plan_gc(loc, FAST)
-    assert not plan.errors and set(plan.regions) == set(regions)
+    assert not plan.region_errors and set(plan.regions) == set(regions)
     assert _as_dict(reader.lsm_table(loc)) == w.expected()
 
 
@@ -155,7 +155,7 @@ def test_region_reset_with_progress_ahead_is_refused(table_loc):
 
     gc.cleanup_base_versions(loc, FAST)
     plan = gc.plan_gc(loc, FAST)
-    assert rid in plan.errors and "current_generation" in plan.errors[rid]
+    assert rid in plan.region_errors and "current_generation" in plan.region_errors[rid]
     assert not plan.regions[rid].items and not plan.regions[rid].trim
     res = gc.run_gc(loc, FAST)
     assert rid in res.region_errors and not [i for i in res.deleted if i.region_id == rid]
@@ -163,5 +163,5 @@ def test_region_reset_with_progress_ahead_is_refused(table_loc):
     assert any(True for _ in loc.store.list(gen_dir)), "the new generation 1 was deleted"
 
     st = status.table_status(loc)
-    assert "current_generation" in st.failed_regions[rid]
+    assert "current_generation" in st.region_errors[rid]
     assert [g.generation for g in region.pending_generations(m, 0)] == [1]  # the region itself is fine

@@ -44,7 +44,7 @@ def test_randomized_differential(table_loc, spark, seed):
             w.write_round(150, overwrite=0.3, delete=0.05, absent_delete=0.02, puts_per_batch=15)
         budget = [10_000, 10**9][step % 2]  # alternate several small commits and one big one
         result = merge.merge(table_loc, spark, budget_bytes=budget)
-        assert not result.failed_regions
+        assert not result.region_errors
         assert result.commits >= 1
         assert lsm_rows(table_loc) == w.expected()
         merged = table.read_memwal_state(table_loc).merged
@@ -114,7 +114,7 @@ def test_two_merger_processes(table_loc, spark):
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-        assert json.loads(out.strip().splitlines()[-1])["failed_regions"] == {}
+        assert json.loads(out.strip().splitlines()[-1])["region_errors"] == {}
     results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
     assert sum(r["commits"] for r in results) >= 1
     assert base_rows(table_loc) == w.expected()
@@ -151,7 +151,7 @@ def test_crash_then_rerun_converges(tmp_path, spark):
             assert merged == {}, point  # nothing committed, not even half
         assert lsm_rows(loc) == w.expected(), point  # the table is correct right after the crash
         result = merge.merge(loc, spark)
-        assert not result.failed_regions
+        assert not result.region_errors
         assert base_rows(loc) == w.expected(), point
         assert merge.plan_merge(loc).batches == []
 

@@ -82,7 +82,7 @@ def test_after_gc_trims_the_first_generation_the_region_value_comes_from_an_unch
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     generation(table_loc, a, puts=[(1, 0), (2, 1)])
     generation(table_loc, b, puts=[(10, 3), (11, 5)])
-    assert not merge.merge(table_loc, spark).failed_regions
+    assert not merge.merge(table_loc, spark).region_errors
     gc.run_gc(table_loc, AGGRESSIVE_GC)
     assert [g.generation for g in region.load_latest(table_loc.store, a).generations] == []
     generation(table_loc, a, puts=[(3, 3), (4, 6)])              # all bucket 1: misrouted
@@ -117,10 +117,10 @@ def test_identity_on_non_key_column_with_snapshot_value(table_loc, spark, typ, v
 
     write(0)
     snap = snapshot.build_snapshot(table_loc)
-    assert not snap.regions_failed
+    assert not snap.region_errors
     write(100)
     res = merge.merge(table_loc, spark)
-    assert not res.failed_regions, res.failed_regions
+    assert not res.region_errors, res.region_errors
     assert len(base(table_loc)) == 2 * 2 * 2
 
 
@@ -143,7 +143,7 @@ def test_shared_key_detection_depends_on_batching(table_loc, spark):
     plan = merge.plan_merge(table_loc, max_generations=1)
     assert len(plan.batches) == 2
     res = merge.execute_merge(table_loc, plan, spark)
-    assert set(res.failed_regions) == {a, b}, (res.failed_regions, base(table_loc))
+    assert set(res.region_errors) == {a, b}, (res.region_errors, base(table_loc))
 
 
 @OPEN("F3b")
@@ -159,7 +159,7 @@ def test_a_wall_reorders_regions_and_an_older_row_overwrites_a_newer_one(table_l
     assert base(table_loc)[1]["grp"] == 3
     os.rename(d + ".away", d)
     run2 = merge.merge(table_loc, spark)
-    assert base(table_loc)[1]["grp"] == 3 or a in run2.failed_regions, (run2.failed_regions, base(table_loc)[1])
+    assert base(table_loc)[1]["grp"] == 3 or a in run2.region_errors, (run2.region_errors, base(table_loc)[1])
 
 
 def test_control_shared_key_in_one_batch_is_refused(table_loc, spark):
@@ -197,7 +197,7 @@ def test_composite_string_key_with_odd_names_and_values(table_loc, spark, bucket
                 w.delete(pa.table({"ten ant": pa.array([t]), "id": pa.array([step % 2 + 1], pa.int64())}))
                 model.pop((t, step % 2 + 1), None)
     res = merge.merge(table_loc, spark, max_generations=3)
-    assert not res.failed_regions, res.failed_regions
+    assert not res.region_errors, res.region_errors
     got = {(r["ten ant"], r["id"]): r for r in table.open_dataset(table_loc).to_table().to_pylist()}
     assert got == model
 
@@ -214,7 +214,7 @@ def test_generation_written_before_add_columns_is_not_refused(table_loc, spark):
     with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as w:
         w.put(pa.Table.from_pylist([{"id": 3, "grp": 0, "s": "c", "extra": 5}], schema=s2))
     res = merge.merge(table_loc, spark)
-    assert not res.failed_regions, res.failed_regions
+    assert not res.region_errors, res.region_errors
     assert {k: r["extra"] for k, r in base(table_loc).items()} == {1: None, 2: None, 3: 5}
 
 
@@ -227,7 +227,7 @@ def test_unreadable_snapshot_is_taken_as_no_snapshot(table_loc, spark):
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     generation(table_loc, a, puts=[(1, 0), (2, 1)])
     generation(table_loc, b, puts=[(10, 3), (11, 5)])
-    assert not merge.merge(table_loc, spark).failed_regions
+    assert not merge.merge(table_loc, spark).region_errors
     snap = snapshot.build_snapshot(table_loc, inline_threshold=0)
     assert snap.storage == "external"
     gc.run_gc(table_loc, AGGRESSIVE_GC)
@@ -239,7 +239,7 @@ def test_unreadable_snapshot_is_taken_as_no_snapshot(table_loc, spark):
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
     res = merge.merge(table_loc, spark)
-    assert res.regions[a].wall == 2 or a in res.failed_regions, res.regions[a]
+    assert res.regions[a].wall == 2 or a in res.region_errors, res.regions[a]
     assert merged(table_loc)[a] == 1
 
 
@@ -252,7 +252,7 @@ def test_snapshot_build_over_an_unreadable_previous_snapshot_rederives_values(ta
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     generation(table_loc, a, puts=[(1, 0), (2, 1)])
     generation(table_loc, b, puts=[(10, 3), (11, 5)])
-    assert not merge.merge(table_loc, spark).failed_regions
+    assert not merge.merge(table_loc, spark).region_errors
     snapshot.build_snapshot(table_loc, inline_threshold=0)
     gc.run_gc(table_loc, AGGRESSIVE_GC)
     generation(table_loc, a, puts=[(3, 3), (4, 6)])              # all bucket 1: misrouted
@@ -287,12 +287,12 @@ def test_delete_of_every_key_type_pylance_allows(table_loc, spark, typ, keys):
     rid = str(uuid.uuid4())
     with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as w:
         w.put(pa.Table.from_pylist([{"k": k, "s": "v1"} for k in keys], schema=schema))
-    assert not merge.merge(table_loc, spark).failed_regions
+    assert not merge.merge(table_loc, spark).region_errors
     with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as w:
         w.delete(pa.table({"k": pa.array(keys[:2], typ)}))
         w.put(pa.Table.from_pylist([{"k": keys[2], "s": "v2"}], schema=schema))
     res = merge.merge(table_loc, spark)
-    assert not res.failed_regions, res.failed_regions
+    assert not res.region_errors, res.region_errors
     got = {r["k"]: r["s"] for r in table.open_dataset(table_loc).to_table().to_pylist()}
     assert got == {keys[2]: "v2"}
 
@@ -307,7 +307,7 @@ def test_gc_keeps_the_unlisted_generation_behind_a_permanent_wall(table_loc, spa
     rid = str(uuid.uuid4())
     for k in range(2):
         generation(table_loc, rid, puts=[(k, 0)])
-    assert not merge.merge(table_loc, spark).failed_regions
+    assert not merge.merge(table_loc, spark).region_errors
     for k in range(2, 4):
         generation(table_loc, rid, puts=[(k, 0)])
     latest = region.load_latest(table_loc.store, rid)
@@ -348,11 +348,11 @@ def test_a_wall_another_merger_merged_past_is_not_reported_as_a_failure(table_lo
             os.rename(d, d + ".away")
         if len(calls) == 3:
             os.rename(d + ".away", d)
-            assert not merge.merge(table_loc, spark).failed_regions   # merger Y
+            assert not merge.merge(table_loc, spark).region_errors   # merger Y
     plan = merge.plan_merge(table_loc, max_generations=1)
     res = merge.execute_merge(table_loc, plan, spark, progress=interleave)
     assert merged(table_loc)[rid] == 3
-    assert rid not in res.failed_regions, res.regions[rid]
+    assert rid not in res.region_errors, res.regions[rid]
 
 
 @OPEN("F3c")
@@ -366,7 +366,7 @@ def test_a_misrouted_tombstone_deletes_another_regions_newer_put(table_loc, spar
     generation(table_loc, a, puts=[(1, 0)], deletes=[9])         # older: delete of key 9 (misrouted)
     generation(table_loc, b, puts=[(9, 3)])                      # newer: put of key 9 (its owner)
     res = merge.merge(table_loc, spark, max_generations=1)
-    assert 9 in base(table_loc) or {a, b} <= set(res.failed_regions), (res.failed_regions, base(table_loc))
+    assert 9 in base(table_loc) or {a, b} <= set(res.region_errors), (res.region_errors, base(table_loc))
 
 
 @OPEN("F8")
@@ -382,7 +382,7 @@ def test_generation_written_before_drop_columns_is_not_refused(table_loc, spark)
     with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as w:
         w.put(pa.Table.from_pylist([{"id": 3, "s": "c"}], schema=s2))
     res = merge.merge(table_loc, spark)
-    assert not res.failed_regions, res.failed_regions
+    assert not res.region_errors, res.region_errors
     assert sorted(base(table_loc)) == [1, 2, 3]
 
 
@@ -398,7 +398,7 @@ def test_snapshot_built_before_the_first_merge_records_unverified_values(table_l
     generation(table_loc, b, puts=[(10, 6), (11, 7)])
     snapshot.build_snapshot(table_loc)
     res = merge.merge(table_loc, spark)
-    assert set(res.stuck_regions) & {a, b}, (res.failed_regions, merged(table_loc))
+    assert set(res.stuck_regions) & {a, b}, (res.region_errors, merged(table_loc))
 
 
 def test_control_without_snapshot_the_second_claim_on_a_value_is_refused(table_loc, spark):
@@ -408,14 +408,14 @@ def test_control_without_snapshot_the_second_claim_on_a_value_is_refused(table_l
     generation(table_loc, a, puts=[(1, 3), (2, 5)])
     generation(table_loc, b, puts=[(10, 6), (11, 7)])
     res = merge.merge(table_loc, spark)
-    assert len(set(res.stuck_regions) & {a, b}) == 1, res.failed_regions
+    assert len(set(res.stuck_regions) & {a, b}) == 1, res.region_errors
 
 
 @OPEN("F10")
 def test_a_stuck_region_is_visible_to_the_merge_lag_check(table_loc, spark):
     """#13: a permanent refusal makes 'the merge_lag check go to ERROR'. The check
     (memwal_pipeline/checks.py) passes when the oldest pending age is within the SLO and
-    `status.table_status(...).failed_regions` is empty, with severity WARN; the status reads
+    `status.table_status(...).region_errors` is empty, with severity WARN; the status reads
     manifests only, so a region behind a permanent wall (misrouted generation, refused as such
     by the merge that just ran) is not failed there: the check stays green until the SLO age."""
     from memwal_core.observe import status
@@ -426,7 +426,7 @@ def test_a_stuck_region_is_visible_to_the_merge_lag_check(table_loc, spark):
     generation(table_loc, rid, puts=[(3, 3), (4, 5)])            # misrouted: permanent wall
     res = merge.merge(table_loc, spark)
     assert rid in res.stuck_regions
-    assert rid in status.table_status(table_loc).failed_regions
+    assert rid in status.table_status(table_loc).region_errors
 
 
 def test_gc_and_another_merger_between_plan_and_execute(table_loc, spark):
@@ -446,8 +446,8 @@ def test_gc_and_another_merger_between_plan_and_execute(table_loc, spark):
             done.append(merge.merge(table_loc, spark))
             gc.run_gc(table_loc, AGGRESSIVE_GC)
     res = merge.execute_merge(table_loc, plan, spark, progress=interleave)
-    assert not done[0].failed_regions
-    assert not res.failed_regions, res.failed_regions
+    assert not done[0].region_errors
+    assert not res.region_errors, res.region_errors
     assert res.generations_merged == 0
     assert merged(table_loc) == {a: 2, b: 2}
     assert sorted(base(table_loc)) == [0, 1, 10, 11]
@@ -464,7 +464,7 @@ def test_gc_does_not_collect_a_reset_regions_new_generations(table_loc, spark):
     rid = str(uuid.uuid4())
     for k in range(3):
         generation(table_loc, rid, puts=[(k, 0)])
-    assert not merge.merge(table_loc, spark).failed_regions
+    assert not merge.merge(table_loc, spark).region_errors
     assert merged(table_loc)[rid] == 3
     shutil.rmtree(os.path.join(table_loc.lance_uri, layout.region_dir(rid)))
     generation(table_loc, rid, puts=[(50, 0)])                   # new data, generation 1 again

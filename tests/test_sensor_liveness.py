@@ -276,7 +276,7 @@ def test_sealed_region_merged_to_the_end_never_rewritten_then_retired(table_loc,
     region_dir = os.path.join(table_loc.store.root, layout.region_dir(sealed_rid))
     before = tree(region_dir)
     snap = snapshot.build_snapshot(table_loc)
-    assert sealed_rid not in snap.regions_failed
+    assert sealed_rid not in snap.region_errors
     catchup.run_catchup(table_loc)
     r = gc.run_gc(table_loc, cfg.gc)
     assert sealed_rid not in r.region_errors  # GC plans no trim (no manifest version) on a sealed region

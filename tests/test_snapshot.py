@@ -98,7 +98,7 @@ def test_rows_equal_manifests_inline_and_external(table_loc, sharding, n):
                      epoch=1 + i % 5, replay=i, last_seen=i + 1, current_generation=1 + i % 4,
                      gens=tuple(range(1, 1 + i % 4)))
     result = snapshot.build_snapshot(loc)
-    assert result.num_regions == n and not result.regions_failed
+    assert result.num_regions == n and not result.region_errors
     assert result.inline == (n <= 100) and result.external == (n > 100)
     state = table.read_memwal_state(loc)
     assert state.table_version == result.table_version == before.table_version + 1
@@ -218,8 +218,8 @@ def test_broken_region_is_reported_and_left_out(table_loc):
     os.makedirs(os.path.join(loc.store.root, layout.MEM_WAL_DIR, "not-a-uuid"))
     result = snapshot.build_snapshot(loc)
     assert result.num_regions == 3
-    assert set(result.regions_failed) == {bad, empty}
-    assert "cannot be decoded" in result.regions_failed[bad]
+    assert set(result.region_errors) == {bad, empty}
+    assert "cannot be decoded" in result.region_errors[bad]
     assert [n for n, _ in result.skipped_dirs] == ["not-a-uuid"]
     got = sorted(str(uuid.UUID(bytes=b)) for b in snapshot.read_snapshot(loc).column("region_id").to_pylist())
     assert got == sorted(good)
@@ -357,7 +357,7 @@ def test_writer_in_other_process_flushes_while_builder_runs(table_loc, tmp_path)
             builds += 1
             hints += len(r.hints_updated)
             external += r.external
-            assert not r.regions_failed
+            assert not r.region_errors
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

@@ -95,7 +95,7 @@ def test_non_key_bucket_column_with_deletes_merges_over_many_batches(table_loc, 
     w.write(list(range(60)))
     w.write(list(range(0, 60, 3)), deletes=list(range(1, 60, 5)) + [1000])
     res = merge.merge(table_loc, spark, max_generations=2)  # the backlog spans many batches
-    assert not res.failed_regions, res.failed_regions
+    assert not res.region_errors, res.region_errors
     assert rows(table.open_dataset(table_loc).to_table()) == w.model
     assert merge.plan_merge(table_loc).batches == []
     assert checks.check_exclusivity(table_loc).ok  # the check routes live rows only, too
@@ -124,7 +124,7 @@ def test_an_unreadable_generation_is_a_wall_for_the_whole_run(table_loc, spark):
     os.rename(hidden, gen_dir(table_loc, rid, victim))
     assert rows(reader.lsm_table(table_loc)) == w.model  # nothing at or above the wall was collected
     again = merge.merge(table_loc, spark, max_generations=1)
-    assert not again.failed_regions
+    assert not again.region_errors
     assert merged(table_loc)[rid] == gens[-1].generation
     assert rows(table.open_dataset(table_loc).to_table()) == w.model
 
@@ -180,7 +180,7 @@ def test_snapshot_keeps_a_region_it_cannot_load(table_loc, spark):
     open(key, "wb").write(b"garbage")
     try:
         res = snapshot.build_snapshot(table_loc)
-        assert rid in res.regions_failed and res.num_regions == 2
+        assert rid in res.region_errors and res.num_regions == 2
         snap = snapshot.read_snapshot(table_loc)
         ids = {str(uuid.UUID(bytes=b)) for b in snap.column("region_id").to_pylist()}
         assert ids == set(w.regions.values())
@@ -204,7 +204,7 @@ def test_a_null_key_fails_only_its_region(table_loc, spark):
     bad = plant_generation(table_loc, bad_rid, pa.table({"id": [None, 300], "grp": [value, value], "s": ["a", "b"],
                                                          "_tombstone": [False, False]}, schema=schema))
     res = merge.merge(table_loc, spark)
-    assert set(res.failed_regions) == {bad_rid}
+    assert set(res.region_errors) == {bad_rid}
     assert res.regions[bad_rid].wall == bad and "NULL primary key" in res.regions[bad_rid].error
     for rid in rids[1:]:
         assert merged(table_loc)[rid] == res.regions[rid].merged_generation > 0
@@ -218,7 +218,7 @@ def test_a_key_column_name_that_is_not_an_identifier_is_quoted(table_loc, spark)
     w.write(list(range(20)))
     w.write([], deletes=[2, 4, 6])
     res = merge.merge(table_loc, spark)
-    assert not res.failed_regions, res.failed_regions
+    assert not res.region_errors, res.region_errors
     assert rows(table.open_dataset(table_loc).to_table(), "my key") == w.model
 
 
@@ -282,7 +282,7 @@ def test_a_generation_with_a_wrong_column_type_fails_its_region_only(table_loc, 
     res = merge.merge(table_loc, spark)
     r = res.regions[bad_rid]
     assert (r.wall, r.permanent) == (bad, True) and "column types differ" in r.error and "'s' is int64" in r.error
-    assert set(res.failed_regions) == {bad_rid}
+    assert set(res.region_errors) == {bad_rid}
     assert 700 not in rows(table.open_dataset(table_loc).to_table())
 
 
@@ -299,7 +299,7 @@ def test_a_region_may_not_adopt_a_value_another_region_owns(table_loc, spark):
     with ds.mem_wal_writer(a, max_memtable_rows=8) as wr:  # A: deletes only, no routable rows
         wr.delete(pa.table({"id": pa.array([1000], pa.int64())}))
     w.write([k for k in range(40) if w.bucket(k % 7) == b_b][:6])  # B: its own rows
-    assert not merge.merge(table_loc, spark).failed_regions
+    assert not merge.merge(table_loc, spark).region_errors
     snapshot.build_snapshot(table_loc)
     assert a not in snapshot.recorded_values(table_loc, table.read_memwal_state(table_loc))
     gc.run_gc(table_loc, AGGRESSIVE_GC)
@@ -322,6 +322,6 @@ def test_a_generation_written_before_add_columns_merges_with_nulls(table_loc, sp
     with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as wr:
         wr.put(pa.Table.from_pylist([{"id": 3, "grp": 3, "s": "c", "extra": 5}], schema=s2))
     res = merge.merge(table_loc, spark)
-    assert not res.failed_regions, res.failed_regions
+    assert not res.region_errors, res.region_errors
     assert {k: r["extra"] for k, r in rows(table.open_dataset(table_loc).to_table()).items()} == \
         {1: None, 2: None, 3: 5}

@@ -165,7 +165,7 @@ class GcPlan:
     retained_versions: list[int]
     gating_indexes: list[str]
     regions: dict[str, RegionGcPlan]
-    errors: dict[str, str] = field(default_factory=dict)  # region id -> error
+    region_errors: dict[str, str] = field(default_factory=dict)  # region id -> why it is skipped
 
     @property
     def items(self) -> list[GcItem]:
@@ -202,7 +202,7 @@ class GcPlan:
             "items": [i.to_dict() for i in self.items], "counts": self.counts(),
             "objects": self.objects, "bytes": self.bytes, "kept": self.kept,
             "limits": {rid: r.limit for rid, r in sorted(self.regions.items()) if not r.error},
-            "errors": dict(self.errors),
+            "region_errors": dict(self.region_errors),
             "holds": [asdict(h) | {"text": h.describe()} for h in self.holds],
         }
 
@@ -755,7 +755,7 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
 def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
     """Delete exactly what `plan` lists (orphans re-checked against the latest manifest)."""
     t0 = time.monotonic()
-    result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.errors))
+    result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors))
     todo = [rp for rp in plan.regions.values() if not rp.error and (rp.items or rp.trim or rp.leftover_scan)]
     workers = max(1, min(plan.config.max_workers, len(todo) or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -804,9 +804,9 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     plan = plan_gc(loc, config, regions=regions)
     plan_s = time.monotonic() - t0
     if progress:
-        progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.errors)} region errors")
+        progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.region_errors)} region errors")
     if dry_run:
-        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.errors))
+        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors))
     else:
         result = execute_gc(loc, plan)
     result.base_cleanup = base

@@ -234,7 +234,8 @@ class MergeResult:
     table_version: int = 0
 
     @property
-    def failed_regions(self) -> dict[str, str]:
+    def region_errors(self) -> dict[str, str]:
+        """Regions not merged as far as planned: region id -> why (their walls; see `Wall`)."""
         return {rid: r.error for rid, r in self.regions.items() if r.error}
 
     @property
@@ -249,7 +250,7 @@ class MergeResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["generations_merged"] = self.generations_merged
-        d["failed_regions"] = self.failed_regions
+        d["region_errors"] = self.region_errors
         d["stuck_regions"] = self.stuck_regions
         return d
 

@@ -93,7 +93,7 @@ class SnapshotResult:
     num_regions: int
     storage: str  # 'inline' | 'external' | 'none' (dry run)
     hints_updated: dict[str, tuple[int, int]]  # region -> (old hint, new hint)
-    regions_failed: dict[str, str]  # region -> error (its previous row is kept when there is one)
+    region_errors: dict[str, str]  # region -> error (its previous row is kept when there is one)
     table_version: int  # the version committed (dry run: the version read)
     duration_s: float
     index_uuid: str | None = None
@@ -591,7 +591,7 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
     result = SnapshotResult(
         num_regions=len(rows), storage="none", table_version=state.table_version, duration_s=0.0,
         hints_updated={r: o.hint for r, o in outcomes.items() if o.hint},
-        regions_failed={r: o.error for r, o in outcomes.items() if o.error},
+        region_errors={r: o.error for r, o in outcomes.items() if o.error},
         hint_errors={r: o.hint_error for r, o in outcomes.items() if o.hint_error},
         region_field_sources={o.row.manifest.region_id: o.row.fields.source for o in outcomes.values() if o.row},
         region_field_problems={o.row.manifest.region_id: o.row.fields.problem
@@ -599,7 +599,7 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
         skipped_dirs=list(listing.skipped), snapshot_ts_millis=ts_millis, dry_run=dry_run,
         regions_kept={rid: row.manifest.version for rid, row in kept.items()},
     )
-    for rid, err in result.regions_failed.items():
+    for rid, err in result.region_errors.items():
         if rid in kept:
             log.warning("region %s: %s; keeping its previous snapshot row (manifest version %d)",
                         rid, err, kept[rid].manifest.version)

@@ -26,11 +26,11 @@ class ExclusivityReport:
     region_values: dict[str, str] = field(default_factory=dict)  # region -> JSON of its value
     mixed: dict[str, int] = field(default_factory=dict)  # region -> rows outside its majority value
     shared: dict[str, list[str]] = field(default_factory=dict)  # value -> regions holding it
-    errors: dict[str, str] = field(default_factory=dict)
+    region_errors: dict[str, str] = field(default_factory=dict)  # regions that could not be checked
 
     @property
     def ok(self) -> bool:
-        return not (self.mixed or self.shared or self.errors)
+        return not (self.mixed or self.shared or self.region_errors)
 
 
 def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8) -> ExclusivityReport:
@@ -51,12 +51,12 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     loaded = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
     routes: dict[str, spark.RoutingCheck | None] = {}
     manifests = loaded.manifests
-    report.errors.update(loaded.region_errors)
+    report.region_errors.update(loaded.region_errors)
     for rid, m in sorted(manifests.items()):
         try:
             routes[rid] = merge.routing_check(m, specs, ds.lance_schema)
         except Exception as e:  # noqa: BLE001 - reported per region
-            report.errors[rid] = f"region {rid}: {type(e).__name__}: {e}"
+            report.region_errors[rid] = f"region {rid}: {type(e).__name__}: {e}"
     routes = {rid: conf for rid, conf in routes.items() if conf}  # manual or unsharded: nothing to route
     try:
         pk = primary_key(ds)
@@ -65,7 +65,7 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     try:
         values = merge.region_values(loc, state, ds, {rid: manifests[rid] for rid in routes}, pk, {})
     except snapshot.SnapshotError as e:  # recorded values exist but cannot be read
-        report.errors.update({rid: f"region {rid}: {e}" for rid in routes})
+        report.region_errors.update({rid: f"region {rid}: {e}" for rid in routes})
         return report
     for rid, conf in sorted(routes.items()):
         m = manifests[rid]
@@ -83,7 +83,7 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
                               "info": json.dumps({"routes": spark._route_counts(rows, conf, tuple(pk)),
                                                   "error": None})})
         except Exception as e:  # noqa: BLE001 - reported per region
-            report.errors[rid] = f"region {rid}: {type(e).__name__}: {e}"
+            report.region_errors[rid] = f"region {rid}: {type(e).__name__}: {e}"
             continue
         report.regions_checked += 1
         refusal = spark.first_refused(stats, own)
@@ -101,16 +101,16 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     return report
 
 
-def missing_generations(loc: TableLocation, unreadable: dict[str, str] | None = None) -> dict[str, list[int]]:
+def missing_generations(loc: TableLocation, region_errors: dict[str, str] | None = None) -> dict[str, list[int]]:
     """Region -> listed generations whose directory (its Lance manifest) is not on disk.
 
-    Regions whose manifest does not load cannot be checked: they are added to `unreadable`
+    Regions whose manifest does not load cannot be checked: they are added to `region_errors`
     (region -> error) when a dict is given, so a caller can report them as failing.
     """
     out: dict[str, list[int]] = {}
     loaded = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
-    if unreadable is not None:
-        unreadable.update(loaded.region_errors)
+    if region_errors is not None:
+        region_errors.update(loaded.region_errors)
     for rid, m in loaded.manifests.items():
         for g in m.generations:
             try:

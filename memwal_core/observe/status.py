@@ -61,7 +61,8 @@ class TableStatus:
         return max(ages) if ages else None
 
     @property
-    def failed_regions(self) -> dict[str, str]:
+    def region_errors(self) -> dict[str, str]:
+        """Regions whose manifest cannot be read or is malformed: region id -> why."""
         return {r.region_id: r.error for r in self.regions if r.error}
 
     def to_dict(self) -> dict[str, Any]:

@@ -39,7 +39,7 @@ out = {"driver_pid": os.getpid(), "python": sys.executable,
        "conf_python": session.sparkContext.getConf().get("spark.pyspark.python", "")}
 r = merge.merge(open_store(uri), session)
 secs["merge"] = time.monotonic() - t0 - secs["session"]
-out["merge"] = {"generations_merged": r.generations_merged, "failed": r.failed_regions, "commits": r.commits}
+out["merge"] = {"generations_merged": r.generations_merged, "failed": r.region_errors, "commits": r.commits}
 if extra.get("compact"):
     from memwal_core.jobs import compaction
     from memwal_core.options import CompactionOptions

@@ -25,7 +25,7 @@ def main() -> int:
         time.sleep(0.01)
     result = merge.merge(open_store(a.uri), spark, budget_bytes=a.budget)
     print(json.dumps(result.to_dict()))
-    return 1 if result.failed_regions else 0
+    return 1 if result.region_errors else 0
 
 
 if __name__ == "__main__":

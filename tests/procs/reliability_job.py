@@ -38,7 +38,7 @@ def main() -> int:
 
         spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
         r = merge.merge(loc, spark, budget_bytes=a.budget)
-        result, failed = r.to_dict(), r.failed_regions
+        result, failed = r.to_dict(), r.region_errors
     elif a.job == "compact":
         from memwal_core.spark.session import get_spark
 
@@ -47,7 +47,7 @@ def main() -> int:
         result, failed = r.to_dict(), r.errors
     elif a.job == "snapshot":
         r = snapshot.build_snapshot(loc, inline_threshold=a.inline_threshold, max_workers=1)
-        result, failed = asdict(r), r.regions_failed
+        result, failed = asdict(r), r.region_errors
     else:
         r = gc.run_gc(loc, GC_CONFIG)
         result, failed = r.to_dict(), r.region_errors

@@ -49,7 +49,7 @@ def main() -> int:
                 stats["conflicts"] += r.conflicts
                 stats["generations_merged"] += r.generations_merged
                 stats["skipped_generations"] += sum(len(x.skipped_generations) for x in r.regions.values())
-                errors.extend(r.failed_regions.values())
+                errors.extend(r.region_errors.values())
                 if not r.commits:
                     time.sleep(0.3)
             elif job == "index":
@@ -57,7 +57,7 @@ def main() -> int:
                 stats["snapshots"] += 1
                 stats["snapshot_attempts"] += s.attempts
                 stats["hints_updated"] += len(s.hints_updated)
-                errors.extend(f"snapshot: {e}" for e in s.regions_failed.values())
+                errors.extend(f"snapshot: {e}" for e in s.region_errors.values())
                 c = catchup.run_catchup(loc)
                 stats["indexes_optimized"] += sum(1 for o in c.indexes if o.optimized)
                 errors.extend(f"catchup {n}: {e}" for n, e in c.errors.items())
