@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 
 from memwal_core.spark import tasks as sp
@@ -40,9 +38,15 @@ def test_newest_rows_later_generation_then_later_position_wins():
     assert got == {1: ("g2-b", False), 2: ("g4", False), 3: ("g2", True)}
 
 
-def _stats(gen: int, routes=(), error=None, permanent=True) -> dict:
-    return {"region": 0, "generation": gen, "rows": 1, "bytes": 1,
-            "info": json.dumps({"routes": [list(r) for r in routes], "error": error, "permanent": permanent})}
+def _stats(gen: int, routes=(), error=None, permanent=True) -> sp.GenerationStats:
+    return sp.GenerationStats(0, gen, 1, 1, tuple((sp.value_key(v), c) for v, c in routes), error, permanent)
+
+
+def test_generation_stats_cross_from_task_to_driver_unchanged():
+    """The one encoding (task) and decoding (driver) of a stats row give back the same stats."""
+    for s in (_stats(3, [([5], 10), (["a", None], 2)]), _stats(4, error="columns differ: extra ['x']"),
+              _stats(5, error="unreadable after 3 tries: OSError: gone", permanent=False), _stats(6)):
+        assert sp.GenerationStats.from_row(s.region, s.generation, s.rows, s.bytes, s.info) == s
 
 
 def test_first_refused_reports_the_first_bad_generation_and_all_stray_rows():
@@ -113,8 +117,8 @@ def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
 
     for tasks in (1, 2, 8):  # one task for all regions, uneven groups, one task per region
         out = sp.read_and_dedup(spark, gens, cfg, tasks)
-        assert sorted((s["region"], s["generation"]) for s in out.stats) == sorted((r, g) for r, g, _, _ in gens)
-        assert all(json.loads(s["info"])["error"] is None for s in out.stats)
+        assert sorted((s.region, s.generation) for s in out.stats) == sorted((r, g) for r, g, _, _ in gens)
+        assert all(s.error is None and s.rows > 0 and s.routes for s in out.stats)
         assert out.shared == {} and out.shared_keys == 0
         live = sorted(pa.concat_tables(out.live).to_pylist(), key=lambda r: r["id"])
         deleted = {r["id"] for r in pa.concat_tables(out.deleted).to_pylist()}

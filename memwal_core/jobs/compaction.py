@@ -58,6 +58,7 @@ from memwal_core import faults
 from memwal_core.jobs import catchup
 from memwal_core.options import CompactionOptions
 from memwal_core.state import table
+from memwal_core.state.lance_mem_wal import is_commit_conflict
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.compaction")
@@ -371,11 +372,6 @@ class CompactionResult:
         return d
 
 
-def _is_conflict(e: BaseException) -> bool:
-    msg = str(e).lower()
-    return "conflict" in msg or "preempted" in msg
-
-
 def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
                        progress: Callable[[str], None] | None = None,
                        before_commit: Callable[[int], None] | None = None) -> CompactionResult:
@@ -422,7 +418,7 @@ def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
             try:
                 metrics = Compaction.commit(ds, rewrites)
             except OSError as e:
-                if not _is_conflict(e):
+                if not is_commit_conflict(e):
                     raise
                 result.conflicts += 1
                 if result.attempts >= o.max_attempts:

@@ -460,7 +460,7 @@ class _Run:
                       else f"merging stops before generation {wall.generation} in this run")
         self.result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
 
-    def establish(self, rid: str, stats: list[dict]) -> None:
+    def establish(self, rid: str, stats: list[sparkpath.GenerationStats]) -> None:
         """Adopt a region's value from its first routed generation (unanimous) when nothing
         authoritative gave one, unless another region owns that value; kept for the rest of the
         run, so later batches and re-runs check against it."""
@@ -523,14 +523,14 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
         if any(g.generation <= merged_now.get(g.region_id, 0) for g in gens):
             log.info("generations of this batch were merged by another merger meanwhile; re-reading the rest")
             continue
-        by_region: dict[int, list[dict]] = {}
+        by_region: dict[int, list[sparkpath.GenerationStats]] = {}
         for s in deduped.stats:
-            by_region.setdefault(s["region"], []).append(s)
+            by_region.setdefault(s.region, []).append(s)
         task_cut: dict[str, int] = {}  # region -> the generation the task stopped deduplicating at
         for ridx, rows in sorted(by_region.items()):
             rid = region_index[ridx]
             refusal = sparkpath.first_refused(rows, dict(cfg.own_values).get(ridx))  # what the task decided
-            task_cut[rid] = refusal.generation if refusal else max(s["generation"] for s in rows) + 1
+            task_cut[rid] = refusal.generation if refusal else max(s.generation for s in rows) + 1
             if refusal is not None:
                 result.regions[rid].offending_keys += refusal.offending_rows
                 run.stop(rid, Wall(refusal.generation, f"region {rid}: {refusal.message}", refusal.permanent))
@@ -641,15 +641,16 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
     result.rows_upserted += stats["num_inserted_rows"] + stats["num_updated_rows"]
     result.rows_deleted += stats["num_deleted_rows"]
     result.bytes_written += _bytes_written(new, new.version)
-    by_gen = {(s["region"], s["generation"]): s for s in deduped.stats}
+    by_gen = {(s.region, s.generation): s for s in deduped.stats}
     for g in gens:
         r = result.regions[g.region_id]
         r.generations_merged.append(g.generation)
         r.merged_generation = max(r.merged_generation, g.generation)
-        s = by_gen.get((index[g.region_id], g.generation), {})
-        r.rows_read += s.get("rows", 0)
-        r.bytes_read += s.get("bytes", 0)
-        result.bytes_read += s.get("bytes", 0)
+        s = by_gen.get((index[g.region_id], g.generation))
+        if s is not None:
+            r.rows_read += s.rows
+            r.bytes_read += s.bytes
+            result.bytes_read += s.bytes
     log.info("merged %d generations of %d regions: +%d upserted, -%d deleted, progress %s",
              len(gens), len(progress), stats["num_inserted_rows"] + stats["num_updated_rows"],
              stats["num_deleted_rows"], progress)

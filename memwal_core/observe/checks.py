@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import lance
@@ -72,24 +71,23 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
         own = spark.value_key([values[rid].get(f) for f in conf.field_ids]) if rid in values else None
         pending = [g for g in m.generations if g.generation > merged.get(rid, 0)][:max_generations_per_region]
         wanted = {c for _, c in conf.source_columns} | set(pk) | {spark.TOMBSTONE}
-        stats = []
+        stats: list[spark.GenerationStats] = []
         try:
             for g in pending:
                 uri = loc.child_uri(layout.generation_dir(rid, g.path, g.generation))
                 gen_ds = lance.dataset(uri, storage_options=loc.storage_options or None)
                 rows = gen_ds.to_table(columns=[c for c in gen_ds.schema.names if c in wanted])
                 report.rows_checked += rows.num_rows
-                stats.append({"generation": g.generation,
-                              "info": json.dumps({"routes": spark._route_counts(rows, conf, tuple(pk)),
-                                                  "error": None})})
+                stats.append(spark.GenerationStats(0, g.generation, rows.num_rows, rows.nbytes,
+                                                   spark.route_counts(rows, conf, tuple(pk))))
         except Exception as e:  # noqa: BLE001 - reported per region
             report.region_errors[rid] = f"region {rid}: {type(e).__name__}: {e}"
             continue
         report.regions_checked += 1
         refusal = spark.first_refused(stats, own)
         if own is None:
-            firsts = [json.loads(s["info"])["routes"] for s in stats if json.loads(s["info"])["routes"]]
-            own = spark.value_key(firsts[0][0][0]) if firsts and len(firsts[0]) == 1 else None
+            first = spark.first_routed_value(stats)
+            own = first[1] if first else None
         if own is not None:
             report.region_values[rid] = own
         if refusal is not None:

@@ -53,7 +53,7 @@ OUTPUT_SCHEMA = pa.schema([
     ("blob", pa.binary()),
     ("rows", pa.int64()),
     ("bytes", pa.int64()),
-    ("info", pa.string()),          # stats: JSON {routes: [[values, count]], error: str|None}
+    ("info", pa.string()),          # stats: `GenerationStats.info` (JSON), decoded once on the driver
 ])
 OUTPUT_DDL = "kind string, region int, generation long, blob binary, rows long, bytes long, info string"
 
@@ -101,8 +101,8 @@ class RoutingCheck:
         return [f["field_id"] for f in self.spec["fields"]]
 
 
-def _route_counts(table: pa.Table, check: RoutingCheck, pk: tuple[str, ...]) -> list:
-    """[[region value, rows]] over the rows that can be routed.
+def route_counts(table: pa.Table, check: RoutingCheck, pk: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """((region value as `value_key`, rows), ...) over the rows that can be routed.
 
     Live rows always; tombstones only when every routing column is a key column. A delete's
     tombstone carries only the key (NULL elsewhere), so a spec on a non-key column would send
@@ -117,17 +117,48 @@ def _route_counts(table: pa.Table, check: RoutingCheck, pk: tuple[str, ...]) -> 
         table = table.filter(pc.invert(table.column(TOMBSTONE).fill_null(False)))
     values = routing.region_values(spec, table, sources)
     if values.num_rows == 0:
-        return []
+        return ()
     if values.num_columns == 1:  # one field: value_counts is far cheaper than a group_by
         counts = pc.value_counts(values.column(0))
-        return [[[v], c] for v, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())]
+        return tuple((value_key([v]), c) for v, c in zip(counts.field("values").to_pylist(),
+                                                         counts.field("counts").to_pylist()))
     counts = values.group_by(values.column_names).aggregate([([], "count_all")])
-    return [[[r[c] for c in values.column_names], r["count_all"]] for r in counts.to_pylist()]
+    return tuple((value_key([r[c] for c in values.column_names]), r["count_all"]) for r in counts.to_pylist())
 
 
 def value_key(values: list) -> str:
     """A region value (one value per spec field) as a comparable string."""
     return json.dumps(values, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What a merge task found in one generation it read: the 'stats' row of its output.
+
+    It crosses from the Spark task to the driver as the row's columns plus `info` (JSON for
+    the variable part), encoded by `info` and decoded by `from_row` only, so both sides work
+    with this type. `routes` counts the routable rows per region value (`value_key`); `error`
+    says why the generation cannot be merged (`permanent`: the generation itself is wrong;
+    otherwise its read failed and may pass)."""
+
+    region: int                 # region index within the batch
+    generation: int
+    rows: int = 0
+    bytes: int = 0
+    routes: tuple[tuple[str, int], ...] = ()
+    error: str | None = None
+    permanent: bool = True
+
+    @property
+    def info(self) -> str:
+        return json.dumps({"routes": [list(r) for r in self.routes], "error": self.error,
+                           "permanent": self.permanent})
+
+    @classmethod
+    def from_row(cls, region: int, generation: int, rows: int, nbytes: int, info: str) -> "GenerationStats":
+        d = json.loads(info)
+        return cls(region, generation, rows, nbytes, tuple((str(v), int(c)) for v, c in d["routes"]),
+                   d["error"], bool(d.get("permanent", True)))
 
 
 class Refused(MemwalError, ValueError):
@@ -150,20 +181,19 @@ class Refusal:
     permanent: bool = True
 
 
-def first_routed_value(stats: list[dict]) -> tuple[int, str] | None:
+def first_routed_value(stats: list[GenerationStats]) -> tuple[int, str] | None:
     """(generation, value) of a region's first readable generation with routable rows, when all
     those rows route to one value: the region's value when nothing authoritative is known."""
-    for s in sorted(stats, key=lambda s: s["generation"]):
-        info = json.loads(s["info"])
-        if info["error"]:
+    for s in sorted(stats, key=lambda s: s.generation):
+        if s.error:
             return None
-        counts = {value_key(v) for v, _ in info["routes"]}
-        if counts:
-            return (s["generation"], next(iter(counts))) if len(counts) == 1 else None
+        values = {v for v, _ in s.routes}
+        if values:
+            return (s.generation, next(iter(values))) if len(values) == 1 else None
     return None
 
 
-def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
+def first_refused(stats: list[GenerationStats], own: str | None) -> Refusal | None:
     """The first generation of one region (stats rows, any order) that must not be merged.
 
     A generation is refused when its read failed (wrong columns, NULL keys, unreadable) or when
@@ -175,17 +205,15 @@ def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
     """
     first: Refusal | None = None
     offending = 0
-    for s in sorted(stats, key=lambda s: s["generation"]):
-        info = json.loads(s["info"])
-        if info["error"]:
-            first = first or Refusal(s["generation"], f"generation {s['generation']}: {info['error']}",
-                                     permanent=bool(info.get("permanent", True)))
+    for s in sorted(stats, key=lambda s: s.generation):
+        if s.error:
+            first = first or Refusal(s.generation, f"generation {s.generation}: {s.error}", permanent=s.permanent)
             continue
-        counts = Counter({value_key(v): c for v, c in info["routes"]})
+        counts = Counter(dict(s.routes))
         if counts and own is None:
             if len(counts) > 1:
                 first = first or Refusal(
-                    s["generation"], f"generation {s['generation']}: its rows route to {len(counts)} "
+                    s.generation, f"generation {s.generation}: its rows route to {len(counts)} "
                     "different region values and the region's own value is not established yet "
                     "(no MemWAL snapshot value, no earlier generation); the spec requires mutually "
                     "exclusive regions")
@@ -194,7 +222,7 @@ def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
             own = next(iter(counts))
         stray = sum(c for v, c in counts.items() if v != own)
         if stray:
-            first = first or Refusal(s["generation"], "")
+            first = first or Refusal(s.generation, "")
             offending += stray
     if first is not None and offending:
         first.offending_rows = offending
@@ -204,9 +232,10 @@ def first_refused(stats: list[dict], own: str | None) -> Refusal | None:
     return first
 
 
-def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, options) -> tuple[pa.Table, dict]:
+def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None,
+                     options) -> tuple[pa.Table, tuple[tuple[str, int], ...]]:
     """One generation's rows in row order (columns in base-table order + _tombstone), and its
-    stats info. Raises `Refused` when it can never be merged as it is (wrong columns, NULL
+    route counts. Raises `Refused` when it can never be merged as it is (wrong columns, NULL
     keys) and anything else when it could not be read."""
     import lance
 
@@ -242,26 +271,27 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, o
     if nulls:
         raise Refused(f"NULL primary key values ({', '.join(f'{c}: {n} rows' for c, n in nulls.items())}); "
                       "a row without a key cannot be upserted or deleted")
-    return table, {"routes": _route_counts(table, check, cfg.pk) if check else [], "error": None}
+    return table, route_counts(table, check, cfg.pk) if check else ()
 
 
-def _read_with_retries(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None,
-                       options) -> tuple[pa.Table | None, dict]:
-    """`_read_generation`, retried with back-off on failures that may pass (I/O, object-store
-    5xx, a directory briefly missing); a `Refused` generation is not retried."""
+def _read_with_retries(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, options, region: int,
+                       generation: int) -> tuple[pa.Table | None, GenerationStats]:
+    """`_read_generation` and its stats, retried with back-off on failures that may pass (I/O,
+    object-store 5xx, a directory briefly missing); a `Refused` generation is not retried."""
     import time
 
     delay = cfg.retry_backoff_s
     for attempt in range(1, max(1, cfg.read_attempts) + 1):
         try:
-            return _read_generation(ds_uri, cfg, check, options)
+            table, routes = _read_generation(ds_uri, cfg, check, options)
+            return table, GenerationStats(region, generation, table.num_rows, table.nbytes, routes)
         except Refused as e:
-            return None, {"routes": [], "error": str(e), "permanent": True}
+            return None, GenerationStats(region, generation, error=str(e), permanent=True)
         except Exception as e:  # noqa: BLE001 - reported per generation; the region stops for this run
             if attempt >= max(1, cfg.read_attempts):
                 first = str(e).splitlines()[0] if str(e) else ""
-                return None, {"routes": [], "permanent": False,
-                              "error": f"unreadable after {attempt} tries: {type(e).__name__}: {first}"}
+                return None, GenerationStats(region, generation, permanent=False,
+                                             error=f"unreadable after {attempt} tries: {type(e).__name__}: {first}")
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
@@ -287,11 +317,8 @@ def merge_regions(cfg: ReadConfig, groups: tuple, batches: Iterator[pa.RecordBat
     routes = dict(cfg.routing)
     own = dict(cfg.own_values)
 
-    def read(ridx: int, generation: int, uri: str) -> tuple[pa.Table | None, dict]:
-        table, info = _read_with_retries(uri, cfg, routes.get(ridx), options)
-        nrows, nbytes = (table.num_rows, table.nbytes) if table is not None else (0, 0)
-        return table, {"region": ridx, "generation": generation, "rows": nrows, "bytes": nbytes,
-                       "info": json.dumps(info)}
+    def read(ridx: int, generation: int, uri: str) -> tuple[pa.Table | None, GenerationStats]:
+        return _read_with_retries(uri, cfg, routes.get(ridx), options, ridx, generation)
 
     # Generations are read `read_threads` at a time: opening and scanning a small Lance dataset
     # is mostly waiting (file I/O, object-store round trips) with the GIL released.
@@ -304,15 +331,15 @@ def merge_regions(cfg: ReadConfig, groups: tuple, batches: Iterator[pa.RecordBat
                                         own.get(ridx) or None)
 
 
-def _merge_region(cfg: ReadConfig, ridx: int, read: list[tuple[pa.Table | None, dict]],
+def _merge_region(cfg: ReadConfig, ridx: int, read: list[tuple[pa.Table | None, GenerationStats]],
                   own: str | None) -> pa.RecordBatch:
     """One region's output from its generations' (table, stats) in ascending order: a stats row
     per generation, then its newest live rows and tombstoned keys over the generations before
     its first refused one."""
     stats = [s for _, s in read]
     refused = first_refused(stats, own)
-    keep = [t for t, s in read if refused is None or s["generation"] < refused.generation]
-    rows = [("stats", s["generation"], b"", s["rows"], s["bytes"], s["info"]) for s in stats]
+    keep = [t for t, s in read if refused is None or s.generation < refused.generation]
+    rows = [("stats", s.generation, b"", s.rows, s.bytes, s.info) for s in stats]
     del read
     if keep:
         newest = newest_rows(keep, list(cfg.pk))
@@ -357,7 +384,7 @@ def pack_regions(generations: list[tuple[int, int, str, int]], tasks: int) -> tu
 class Deduped:
     """One batch's newest rows, on the driver: bounded by the batch budget."""
 
-    stats: list[dict]                   # one per generation read: region, generation, rows, bytes, info
+    stats: list[GenerationStats]        # one per generation read
     live: list[pa.Table] = field(default_factory=list)
     deleted: list[pa.Table] = field(default_factory=list)
     live_region: list[int] = field(default_factory=list)      # region index of each `live` table
@@ -367,7 +394,7 @@ class Deduped:
 
     def only(self, regions: set[int]) -> "Deduped":
         """The part of this batch that belongs to `regions` (to commit them on their own)."""
-        return Deduped([s for s in self.stats if s["region"] in regions],
+        return Deduped([s for s in self.stats if s.region in regions],
                        [t for t, r in zip(self.live, self.live_region) if r in regions],
                        [t for t, r in zip(self.deleted, self.deleted_region) if r in regions],
                        [r for r in self.live_region if r in regions],
@@ -385,9 +412,9 @@ def read_and_dedup(spark, generations: list[tuple[int, int, str, int]], cfg: Rea
     regions = out.column("region").to_pylist()
     for i, kind in enumerate(out.column("kind").to_pylist()):
         if kind == "stats":
-            result.stats.append({"region": regions[i], "generation": out.column("generation")[i].as_py(),
-                                 "rows": out.column("rows")[i].as_py(), "bytes": out.column("bytes")[i].as_py(),
-                                 "info": out.column("info")[i].as_py()})
+            result.stats.append(GenerationStats.from_row(
+                regions[i], out.column("generation")[i].as_py(), out.column("rows")[i].as_py(),
+                out.column("bytes")[i].as_py(), out.column("info")[i].as_py()))
             continue
         table = from_blob(out.column("blob")[i].as_buffer())
         (result.live if kind == "live" else result.deleted).append(table)

@@ -32,9 +32,14 @@ def is_stale_merge(error: BaseException) -> bool:
 
 
 def is_commit_conflict(error: BaseException) -> bool:
-    """A merge commit lost to another commit (a stale marker, or Lance's commit conflict): the
-    merger re-reads progress and retries what is left; anything else is a real failure."""
-    return isinstance(error, OSError) and (is_stale_merge(error) or "conflict" in str(error).lower())
+    """A commit lost to another commit (a stale merge marker, Lance's commit conflict or
+    preemption): the caller re-reads and retries (merge, compaction) or reports the lost race
+    (the MemWAL index replace); anything else is a real failure. The one place memwal reads
+    Lance's conflict errors, so a change in their wording is fixed once."""
+    if not isinstance(error, OSError):
+        return False
+    msg = str(error).lower()
+    return is_stale_merge(error) or "conflict" in msg or "preempted" in msg
 
 
 def region_snapshot(region_id: str, current_generation: int,

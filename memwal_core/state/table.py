@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from memwal_core import faults
 from memwal_core.errors import MemwalError
 from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state.lance_mem_wal import is_commit_conflict
 from memwal_core.state.store import NotFound, TableLocation
 
 log = logging.getLogger("memwal.table")
@@ -212,7 +213,7 @@ def guarded_replace_details(loc: TableLocation, read: MemWalState,
                                        commit_lock=_guard(read.table_version),
                                        storage_options=loc.storage_options or None, max_retries=0)
     except OSError as e:
-        if "lost race" in str(e) or "conflict" in str(e).lower():
+        if "lost race" in str(e) or is_commit_conflict(e):  # "lost race": our own guard (`_guard`)
             raise LostRace(f"table {loc.lance_uri}: a commit landed after version "
                            f"{read.table_version}; MemWAL index not replaced") from None
         raise
