@@ -206,9 +206,9 @@ def test_time_travel_keeps_generations_until_version_cleanup(tmp_path, spark):
 
     old_version = table.open_dataset(loc).version
     old_state = table.read_memwal_state(loc, old_version)
-    old_manifests = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
+    old_manifests = region.load_many(loc.store, region.list_regions(loc.store).region_ids).manifests
     old_model = w.expected()
-    needed = {(rid, g.generation) for rid, m in old_manifests.manifests.items() for g in m.generations
+    needed = {(rid, g.generation) for rid, m in old_manifests.items() for g in m.generations
               if g.generation > old_state.merged.get(rid, 0)}
     assert needed
 
