@@ -21,13 +21,14 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import lance
 import pyarrow as pa
 
 from memwal_core import faults
 from memwal_core.jobs import snapshot
+from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import layout, region, routing
@@ -290,9 +291,6 @@ class _Clock:
         return time.monotonic() - self.t0
 
 
-ProgressFn = Callable[[str], None]
-
-
 def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: int = 5,
                   progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
     """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
@@ -340,11 +338,22 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         if check and rid in values:
             run.own[rid] = sparkpath.value_key([values[rid].get(f) for f in check.field_ids])
     run.owners.update({v: rid for rid, v in run.own.items()})
+    totals = {"batches": len(plan.batches), "generations": sum(len(b.generations) for b in plan.batches),
+              "bytes": sum(b.bytes for b in plan.batches), "regions": len(plan.pending)}
+    gens_merged = bytes_merged = 0
     for n, batch in enumerate(plan.batches, 1):
-        if progress:
-            progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
-                     f"{batch.bytes / 1e6:.1f} MB")
+        here = {"batch": n, "batch_generations": len(batch.generations), "batch_bytes": batch.bytes,
+                "batch_regions": len({g.region_id for g in batch.generations}), **totals}
+        report(progress, MergeProgress(**here, generations_merged=gens_merged, bytes_merged=bytes_merged,
+                                       finished=False))
         _merge_batch(run, batch)
+        for g in batch.generations:  # each generation is in one batch: count what committed
+            r = result.regions.get(g.region_id)
+            if r is not None and g.generation in r.generations_merged:
+                gens_merged += 1
+                bytes_merged += g.bytes
+        report(progress, MergeProgress(**here, generations_merged=gens_merged, bytes_merged=bytes_merged,
+                                       finished=True))
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
     return result
