@@ -207,7 +207,12 @@ def derive_region_fields(loc: TableLocation, spec: routing.RegionSpec, lance_sch
     key_only = columns <= set(pk)  # tombstone rows carry the key columns only
 
     problems = []
-    for g in [g for g in m.generations if upto is None or g.generation <= upto][:MAX_DERIVE_GENERATIONS]:
+    # With `upto` (the merger, GC) every merged generation still listed is tried: leading
+    # delete-only generations must not hide the value (a later routed generation would then be
+    # taken as the region's value). Only the routing columns are read; it stops at the first
+    # generation with rows. Without it (the snapshot builder) the first few are tried.
+    tried = [g for g in m.generations if upto is None or g.generation <= upto]
+    for g in tried if upto is not None else tried[:MAX_DERIVE_GENERATIONS]:
         try:
             key = layout.generation_dir(m.region_id, g.path, g.generation)
             gen_ds = lance.dataset(loc.child_uri(key), storage_options=loc.storage_options or None)
