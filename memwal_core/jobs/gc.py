@@ -358,33 +358,6 @@ class _Context:
     gating: list[str]
     retention: _Retention
     pending: set[str] = field(default_factory=set)  # regions with a GC intent marker
-    values: "_ValueSource | None" = None
-
-
-@dataclass
-class _ValueSource:
-    """What the merger derives a routed region's value from when no MemWAL snapshot records it
-    (`merge.region_values`: its oldest listed *merged* generations). GC must not trim that
-    generation away, or the value would come from the generation being checked (review F2)."""
-
-    specs: dict[int, Any]            # region spec id -> routing.RegionSpec
-    recorded: dict[str, dict] | None  # snapshot values; None: the snapshot is unreadable
-    lance_schema: Any
-    pk: list[str]
-
-    def generation(self, loc: TableLocation, m: region.RegionManifest, merged: int) -> int | None:
-        """The generation to keep listed (-1: all, the value cannot be derived now), or None."""
-        from memwal_core.jobs import snapshot  # local: snapshot is GC's peer, needed here only
-        from memwal_core.state import routing
-
-        spec = self.specs.get(m.message.region_spec_id)
-        if (not merged or spec is None or not spec.fields or (self.recorded is not None and m.region_id in self.recorded)
-                or all(f.transform == routing.UNSHARDED for f in spec.fields)):
-            return None
-        fv = snapshot.derive_region_fields(loc, spec, self.lance_schema, self.pk, m, upto=merged)
-        if fv.source.startswith("derived:gen_"):
-            return int(fv.source.rsplit("_", 1)[1])
-        return -1 if fv.source == "unknown" and fv.problem else None
 
 
 def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
@@ -417,15 +390,11 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
         return rp
     limit, bounds = _limit(ctx, rid)
     rp.limit = limit
-    value_gen = ctx.values.generation(ctx.loc, m, ctx.merged.get(rid, 0)) if ctx.values else None
 
     # 1. generations
     for g, gdir in listed:
         if m.sealed:  # no manifest version may be written on a sealed region, so no trim either
             rp.kept["generation:sealed"] += 1
-            continue
-        if value_gen is not None and g.generation <= limit and value_gen in (-1, g.generation):
-            rp.kept["generation:region_value"] += 1  # no snapshot records the region's value yet
             continue
         if g.generation <= limit and g.generation < m.current_generation:
             objs = _list_dir(ctx.loc, gdir, rdir)
@@ -638,21 +607,6 @@ def _pending(loc: TableLocation) -> set[str]:
     return out
 
 
-def _value_source(loc: TableLocation, state: table.MemWalState, ds) -> _ValueSource | None:
-    from memwal_core.jobs import snapshot
-
-    try:
-        pk = table.primary_key(ds)
-    except Exception:  # noqa: BLE001 - no primary key: nothing is merged, nothing derived
-        return None
-    try:
-        recorded: dict[str, dict] | None = snapshot.recorded_values(loc, state)
-    except snapshot.SnapshotError:
-        recorded = None
-    specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
-    return _ValueSource(specs, recorded, ds.lance_schema, pk)
-
-
 def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
             now: float | None = None) -> GcPlan:
     """What GC would delete, and why; reads only (a dry run)."""
@@ -668,8 +622,7 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     # in between can only make the limits computed above conservative.
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
-    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
-                   _value_source(loc, state, ds))
+    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc))
     plans: dict[str, RegionGcPlan] = {}
     errors: dict[str, str] = {}
 
