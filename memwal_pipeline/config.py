@@ -19,8 +19,16 @@ from typing import Annotated, Any, Mapping
 
 import dagster as dg
 import yaml
-from pydantic import BeforeValidator, Field, PlainValidator, TypeAdapter, ValidationError, ValidationInfo, \
-    WithJsonSchema, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
 
 from memwal_core.errors import OptionError
 from memwal_core.options import (

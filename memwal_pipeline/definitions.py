@@ -16,8 +16,8 @@ from pathlib import Path
 
 from dagster import (
     AssetSelection,
-    DefaultScheduleStatus,
     ComponentTree,
+    DefaultScheduleStatus,
     Definitions,
     DynamicPartitionsDefinition,
     ScheduleDefinition,
