@@ -159,7 +159,7 @@ class GenerationStats:
                            "permanent": self.permanent, "fields": [list(f) for f in self.fields]})
 
     @classmethod
-    def from_row(cls, region: int, generation: int, rows: int, nbytes: int, info: str) -> "GenerationStats":
+    def from_row(cls, region: int, generation: int, rows: int, nbytes: int, info: str) -> GenerationStats:
         d = json.loads(info)
         return cls(region, generation, rows, nbytes, tuple((str(v), int(c)) for v, c in d["routes"]),
                    d["error"], bool(d.get("permanent", True)),
