@@ -125,12 +125,12 @@ def _metadata_values(event) -> dict[str, Any]:
 def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
     """One maintenance pass over `cfg`'s table: the chosen assets, materialized in process."""
     from dagster import DagsterInstance, materialize
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from memwal_core.spark import session as spark
     from memwal_core.state import region
 
     from .definitions import table_definitions
+    from .tags import partition_range
 
     td = table_definitions(cfg)
     # Initialized first: `secrets:` are EnvVars, which only resolve through Dagster's config.
@@ -155,7 +155,7 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
                 if not regions:
                     report["steps"][step] = {"skipped": "no regions"}
                     continue
-                tags = {ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]}
+                tags = partition_range(regions[0], regions[-1])
             _say(f"[{cfg.name}] {step} ...")
             t0 = time.monotonic()
             try:
