@@ -68,10 +68,6 @@ class TableKeys:
     def partitions(self) -> str:
         return f"{self.name}_regions"
 
-    @property
-    def index_partitions(self) -> str:
-        return f"{self.name}_indexes"
-
     def asset(self, short: str) -> AssetKey:
         return AssetKey([self.name, short])
 

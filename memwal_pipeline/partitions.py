@@ -32,11 +32,8 @@ UNSHARDED = "unsharded"
 NOT_RECORDED = "not recorded yet"
 
 
-def region_partitions(table: str) -> DynamicPartitionsDefinition:
-    return DynamicPartitionsDefinition(name=f"{table}_regions")
-
-
 def index_partitions(table: str) -> DynamicPartitionsDefinition:
+    """`index_catchup`'s partitions (the region partitions are named by `assets.TableKeys`)."""
     return DynamicPartitionsDefinition(name=f"{table}_indexes")
 
 
@@ -65,7 +62,7 @@ class RegionLabels:
     unsharded: bool = False
 
     @classmethod
-    def load(cls, loc: TableLocation, state: MemWalState) -> "RegionLabels":
+    def load(cls, loc: TableLocation, state: MemWalState) -> RegionLabels:
         specs = [snapshot.spec_from_pb(s) for s in state.details.region_specs]
         unsharded = bool(specs) and all(f.transform == routing.UNSHARDED for s in specs for f in s.fields)
         try:

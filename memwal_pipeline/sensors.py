@@ -39,12 +39,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dagster import (
+    MAX_RUNTIME_SECONDS_TAG,
     AssetObservation,
     DagsterRunStatus,
     DefaultScheduleStatus,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
-    MAX_RUNTIME_SECONDS_TAG,
     MetadataValue,
     RunRequest,
     RunsFilter,

@@ -26,7 +26,12 @@ from memwal_core.options import SloOptions
 from memwal_core.state import table
 from memwal_core.tools import demo
 from memwal_pipeline.definitions import build_definitions, table_definitions
-from memwal_pipeline.partitions import NOT_RECORDED, UNSHARDED, RegionLabels, format_value
+from memwal_pipeline.partitions import (
+    NOT_RECORDED,
+    UNSHARDED,
+    RegionLabels,
+    format_value,
+)
 from memwal_pipeline.tags import partition_range
 
 
@@ -119,7 +124,7 @@ def test_index_partitions_region_values_and_per_index_catchup(table_loc, instanc
     assert instance.get_materialized_partitions(idx_key) == {"id_btree"}
 
     # A flush in one region: its observation names its value (the snapshot knows it by now).
-    value, rid = sorted(w.regions.items())[0]
+    value, rid = min(w.regions.items())
     keys = [k for k in range(300, 600) if w.region_value([k])[0] == value][:3]
     with w.dataset().mem_wal_writer(rid) as writer:
         writer.put(demo.rows_table([demo.row(k, 9) for k in keys]))
