@@ -19,7 +19,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/memwal demo
 
+# `dg check defs`: every defs.yaml against the MemWalTable schema, then the code location loads
+# (tests/test_component.py and tests/test_pipeline.py also run it and `dagster definitions validate`).
 test: $(STAMP)
+	$(BIN)/dg check defs
 	$(BIN)/python -m pytest -q
 
 ui: $(STAMP)

@@ -73,7 +73,7 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=200, help="operations per cycle (over all regions)")
     p.add_argument("--lookups", type=int, default=100)
     p.add_argument("--window", type=int, default=100, help="cycles compared first vs last (capped at cycles/4)")
-    p.add_argument("--final-reps", type=int, default=7)
+    p.add_argument("--final-reps", type=int, default=41)
     p.add_argument("--csv", help="write per-cycle rows here")
     p.add_argument("--workdir")
     p.add_argument("--quick", action="store_true")
@@ -156,10 +156,35 @@ def run(a, base: str, window: int) -> int:
     shutil.copytree(locs["on"].lance_uri, fresh)
     lance.dataset(fresh).optimize.compact_files(target_rows_per_fragment=1 << 30)
     floc = open_store(fresh)
-    final = {}
-    for name, loc in (("off", locs["off"]), ("on", locs["on"]), ("fresh", floc)):
+    # Interleaved, rotating order, many repetitions: a 10 ms scan on a shared 2-core machine
+    # is noisy, and a block of reps of one table after another would compare machine moments.
+    final_locs = {"off": locs["off"], "on": locs["on"], "fresh": floc}
+    samples: dict[str, list[float]] = {name: [] for name in final_locs}
+    for loc in final_locs.values():
         scan_s(loc)  # page in
-        final[name] = median([scan_s(loc) for _ in range(a.final_reps)])
+    names = list(final_locs)
+    for rep in range(a.final_reps):
+        for name in names[rep % 3:] + names[:rep % 3]:
+            samples[name].append(scan_s(final_locs[name]))
+    final = {name: median(xs) for name, xs in samples.items()}
+    ds_on = table.open_dataset(locs["on"])
+    on_state = {"fragments": len(ds_on.get_fragments()),
+                "fragment_rows": sorted(f.metadata.physical_rows for f in ds_on.get_fragments()),
+                "deleted_rows": sum(f.metadata.physical_rows for f in ds_on.get_fragments()) - ds_on.count_rows()}
+    # Then memwal's own compaction with every threshold at zero ("compact whatever is not
+    # optimal now") on "on": what one memwal compaction leaves, against Lance's full compaction.
+    forced = compaction.CompactionOptions(max_fragments=1, max_small_fragments=0, max_deleted_row_ratio=0.0,
+                                          min_deleted_rows=1, materialize_deletions_threshold=0.0)
+    final_c = compaction.compact(locs["on"], spark, forced)
+    samples["on_compacted"], samples["fresh_again"] = [], []
+    scan_s(locs["on"])
+    for rep in range(a.final_reps):
+        for name, loc in ((("on_compacted", locs["on"]), ("fresh_again", floc))[::1 if rep % 2 else -1]):
+            samples[name].append(scan_s(loc))
+    final["on_compacted"] = median(samples["on_compacted"])
+    final["fresh_again"] = median(samples["fresh_again"])
+    say(f"final scans (median of {a.final_reps}, interleaved): " + ", ".join(
+        f"{n} {v * 1e3:.1f} ms" for n, v in final.items()) + f"; 'on' at the end: {on_state}")
 
     def series(name: str, key: str) -> list[float]:
         return [r[key] for r in rows if r["table"] == name]
@@ -182,6 +207,9 @@ def run(a, base: str, window: int) -> int:
            lookups_last_on=median(series("on", "lookups_s")[-window:]),
            lookups_last_off=median(series("off", "lookups_s")[-window:]),
            scan_final_on=final["on"], scan_final_off=final["off"], scan_final_fresh=final["fresh"],
+           on_fragments_at_end=on_state["fragments"], on_deleted_rows_at_end=on_state["deleted_rows"],
+           scan_on_compacted_over_fresh=ratio(final["on_compacted"], final["fresh_again"]),
+           final_compaction=final_c.status,
            seconds=round(time.monotonic() - t_start))
     spark.stop()
     return 0

@@ -261,7 +261,7 @@ class CompactionOptions(_Checked):
     # How Lance rewrites (its own options), and the per-run bounds.
     target_rows_per_fragment: int = 1_048_576
     materialize_deletions_threshold: float = 0.1
-    max_bytes_per_run: int = 1 << 30
+    max_bytes_per_run: int = field(default=1 << 30, metadata={"kind": "size"})
     max_fragments_per_run: int = 256
     max_attempts: int = 3  # plans executed before giving up to concurrent commits
     restore_catchup: bool = True

@@ -34,7 +34,8 @@ def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckR
     worst = sorted(((r.oldest_pending_age_s, r.region_id, len(r.pending_generations)) for r in st.regions
                     if r.pending_generations and r.oldest_pending_age_s), reverse=True)[:n]
     over = sum(1 for r in st.regions if (r.oldest_pending_age_s or 0.0) > slo_s)
-    failed = st.failed_regions
+    stuck_ids = {s.region_id for s in stuck}  # a recorded wall shows in both: count it as stuck
+    failed = {rid: e for rid, e in st.failed_regions.items() if rid not in stuck_ids}
     passed = age <= slo_s and not failed and not stuck
     severity = AssetCheckSeverity.ERROR if (stuck or failed) else AssetCheckSeverity.WARN
     md = {
@@ -123,6 +124,9 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
         history = failures.recent_failures(context.instance, merge_job_name, regions=merged)
         stuck = failures.stuck_regions(history, merged)
         stuck += sensor_gave_up(context.instance, cfg.name, {s.region_id for s in stuck}, merged)
+        known = {s.region_id for s in stuck}  # walls the merger recorded (memwal_core.state.walls)
+        stuck += [failures.StuckRegion(r.region_id, r.wall, r.error or "", 0, True) for r in st.regions
+                  if r.wall is not None and r.region_id not in known]
         for s in stuck:
             context.log.error(s.describe())
         passed, severity, md = lag_report(st, cfg.slo.merge_lag_seconds, stuck)

@@ -1,5 +1,9 @@
 """`memwal`: demo, maintain and status, running the same Dagster definitions in process.
 
+A command works on one table: a URI (default settings), or `--config FILE --table NAME` (that
+table's settings); flags override settings and are checked by the same rules as the file.
+Progress of long jobs goes to stderr (one updating line on a terminal), so `--json` keeps
+stdout for the report.
 Errors are one clear line naming the region (a traceback only with --verbose); the exit
 status is non-zero when any step failed. Ctrl-C (SIGINT) or SIGTERM stops the pass: the step
 under way is abandoned (its commits are atomic: either in or not), no later step runs, and the
@@ -98,18 +102,180 @@ def _stop_spark() -> None:
         pass
 
 
-def _options(pairs: list[str]) -> dict[str, str]:
+def _options(pairs: list[str], flag: str = "--storage-option") -> dict[str, str]:
     out = {}
     for p in pairs or []:
         if "=" not in p:
-            raise CliError(f"--storage-option expects KEY=VALUE, got {p!r}")
+            raise CliError(f"{flag} expects KEY=VALUE, got {p!r}")
         k, v = p.split("=", 1)
         out[k.strip()] = v
     return out
 
 
 def _say(msg: str) -> None:
+    if _live is not None:
+        _live.end()
     print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table: a URI, or a table of a config file; flags over its settings
+
+
+def split_secrets(options: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(plain storage options, secret ones): a TableConfig holds no secret value (its
+    `secrets` name environment variables), so secrets given as flags travel beside it."""
+    from memwal_core.state.store import _S3_OPTION_ALIASES
+
+    from .config import SECRET_OPTIONS
+
+    canonical = {alias: name for name in SECRET_OPTIONS for alias in _S3_OPTION_ALIASES[name]}
+    plain = {k: v for k, v in options.items() if k.lower() not in canonical}
+    return plain, {canonical[k.lower()]: v for k, v in options.items() if k.lower() in canonical}
+
+
+def _secret_values(cfg, given: dict[str, str]) -> dict[str, str]:
+    """The table's secret storage options: `given` (flags), then each `secrets:` entry from
+    its environment variable. Values are never printed, not even in errors."""
+    out = dict(given)
+    for option, var in cfg.secrets.items():
+        if option in given:
+            continue
+        value = os.environ.get(var)
+        if not value:
+            raise CliError(f"table {cfg.name}: secret {option} is read from the environment variable {var}, "
+                           f"which is not set: export {var} (or pass --storage-option {option}=...)")
+        out[option] = value
+    return out
+
+
+def _configured_table(path: str, name: str | None):
+    """Table `name` of the config file at `path` (`name` may be omitted when it has one table)."""
+    import difflib
+
+    from .config import load_config
+
+    tables = load_config(path)
+    names = [t.name for t in tables]
+    if name is None:
+        if len(tables) == 1:
+            return tables[0]
+        raise CliError(f"{path} configures {len(tables)} tables ({', '.join(names) or 'none'}): "
+                       "choose one with --table NAME")
+    for t in tables:
+        if t.name == name:
+            return t
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise CliError(f"{path} has no table {name!r}{hint}; configured tables: {', '.join(names) or 'none'}")
+
+
+def _flag_value(value: str) -> Any:
+    """A flag's value read as memwal.yaml would read it (`0` is a number, `256MB` a string), so a
+    flag is checked by the same rule as the setting in the file, with the same message."""
+    import yaml
+
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    return parsed if isinstance(parsed, (int, float, str, bool)) else value
+
+
+def _override(options: Any, section: str, key: str, flag: str, value: Any) -> Any:
+    """`options` (a section of TableConfig) with `key` set from a flag, converted and checked
+    by `from_mapping` exactly as the config file's `section.key` is."""
+    from dataclasses import replace
+
+    from memwal_core.options import from_mapping
+
+    parsed = from_mapping(type(options), {key: value}, f"{flag}: {section}")
+    return replace(options, **{key: getattr(parsed, key)})
+
+
+def apply_flags(cfg, a) -> Any:
+    """`cfg` with the command line's settings over its own (flags win; `--spark-conf` keys are
+    merged over `spark.conf`)."""
+    from dataclasses import replace
+
+    merge, spark, gc, compaction = cfg.merge, cfg.spark, cfg.gc, cfg.compaction
+    if getattr(a, "budget", None) is not None:
+        merge = _override(merge, "merge", "budget_bytes", "--budget", _flag_value(a.budget))
+    if getattr(a, "max_generations", None) is not None:
+        merge = _override(merge, "merge", "max_generations", "--max-generations", _flag_value(a.max_generations))
+    if getattr(a, "spark_master", None) is not None:
+        spark = _override(spark, "spark", "master", "--spark-master", a.spark_master)
+    if getattr(a, "spark_conf", None):
+        spark = replace(spark, conf={**spark.conf, **_options(a.spark_conf, "--spark-conf")})
+    # The CLI is one short process: it runs its own session (`spark.master`), never the table's
+    # long-lived Connect server; `--spark-master sc://HOST:PORT` asks for a Connect server.
+    spark = replace(spark, connect=None)
+    if getattr(a, "base_versions_older_than", None) is not None:
+        gc = _override(gc, "gc", "cleanup_base_versions_older_than_seconds", "--base-versions-older-than",
+                       _flag_value(a.base_versions_older_than))
+    if getattr(a, "retrain_vector_indexes", False):
+        compaction = replace(compaction, retrain_vector_indexes=True)
+    return replace(cfg, merge=merge, spark=spark, gc=gc, compaction=compaction)
+
+
+def target(a) -> tuple[Any, dict[str, str]]:
+    """The table a command works on (`URI`, or `--config FILE [--table NAME]`: exactly one),
+    with the flags applied, and its secret storage options resolved."""
+    from dataclasses import replace
+
+    from .config import single_table
+
+    if a.table is not None and a.config is None:
+        raise CliError("--table NAME needs --config FILE (the file that configures the table)")
+    if a.config is None and a.uri is None:
+        raise CliError("which table? give its URI, or --config FILE [--table NAME]")
+    if a.config is not None and a.uri is not None:
+        raise CliError(f"give either a URI ({a.uri}) or --config FILE [--table NAME], not both")
+    plain, secrets = split_secrets(_options(a.storage_option))
+    if a.config is None:
+        cfg = single_table(a.uri, plain)
+    else:
+        cfg = _configured_table(a.config, a.table)
+        cfg = replace(cfg, storage_options={**cfg.storage_options, **plain})
+    return apply_flags(cfg, a), _secret_values(cfg, secrets)
+
+
+# ---------------------------------------------------------------------------------------------
+# progress
+
+
+class ProgressLine:
+    """Progress events of the jobs a pass runs, on stderr (stdout stays the --json report):
+    one line updated in place on a terminal, one plain line per event otherwise."""
+
+    def __init__(self, table: str, stream=None):
+        self.table = table
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.open = False
+
+    def __call__(self, event: Any) -> None:
+        from memwal_core.jobs.progress import MergeProgress
+
+        step = "merge: " if isinstance(event, MergeProgress) else ""
+        line = f"[{self.table}] {step}{event}"
+        if not self.tty:
+            print(line, file=self.stream, flush=True)
+            return
+        width = shutil.get_terminal_size((120, 24)).columns - 1
+        self.stream.write("\r\x1b[K" + line[:width])
+        self.stream.flush()
+        self.open = True
+
+    def end(self) -> None:
+        """Clear the line in place (the step's summary follows)."""
+        if self.open:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.open = False
+
+
+_live: ProgressLine | None = None  # the line _say clears before it prints
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,83 +288,107 @@ def _metadata_values(event) -> dict[str, Any]:
     return {k: getattr(v, "value", v) for k, v in md.items()}
 
 
-def run_pass(cfg, steps: list[str], *, verbose: bool = False) -> dict[str, Any]:
-    """One maintenance pass over `cfg`'s table: the chosen assets, materialized in process."""
-    from dagster import DagsterInstance, materialize
+def run_pass(cfg, steps: list[str], *, verbose: bool = False, secrets: dict[str, str] | None = None) -> dict[str, Any]:
+    """One maintenance pass over `cfg`'s table: the chosen assets, materialized in process.
+
+    `secrets`: the secret storage options (default: `cfg.secrets` read from the environment).
+    Progress of the jobs (merge batches) goes to stderr while the pass runs."""
+    from dagster import DagsterInstance
+
+    from memwal_core.jobs import progress
+
+    from .assets import TableKeys
+    from .definitions import table_definitions
+    from .resources import MemWalTable
+
+    global _live
+    td = table_definitions(cfg)
+    secrets = _secret_values(cfg, {}) if secrets is None else secrets
+    # The table resource with the secrets resolved here (a missing variable is one clear line).
+    table = MemWalTable(uri=cfg.uri, storage_options={**cfg.storage_options, **secrets})
+    resources = {**td.resources, TableKeys(cfg.name).table_resource: table}
+    loc = table.location()
+    report: dict[str, Any] = {"table": cfg.uri, "steps": {}, "failed": []}
+    run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if verbose else "CRITICAL"}}}}
+    _live = ProgressLine(cfg.name)
+    with DagsterInstance.ephemeral() as instance, _SignalWatch() as watch, progress.listening(_live):
+        try:
+            _run_steps(cfg, steps, td, resources, loc, instance, watch, run_config, report)
+        finally:
+            _live.end()
+            _live = None
+    return report
+
+
+def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch: _SignalWatch,
+               run_config: dict, report: dict[str, Any]) -> None:
+    from dagster import materialize
 
     from memwal_core.spark import session as spark
     from memwal_core.state import region
 
-    from .definitions import table_definitions
     from .tags import partition_range
 
-    td = table_definitions(cfg)
-    # Initialized first: `secrets:` are EnvVars, which only resolve through Dagster's config.
-    loc = td.resources[f"{cfg.name}_table"].process_config_and_initialize().location()
-    report: dict[str, Any] = {"table": cfg.uri, "steps": {}, "failed": []}
-    run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if verbose else "CRITICAL"}}}}
-    with DagsterInstance.ephemeral() as instance, _SignalWatch() as watch:
-        listing = region.list_regions(loc.store)
-        for name, reason in listing.skipped:
-            _say(f"warning: skipping _mem_wal/{name}: {reason}")
-        regions = sorted(listing.region_ids)
-        instance.add_dynamic_partitions(td.partitions.name, regions)
-        if "merge" in steps and regions and not cfg.spark.connect and _has_pending(loc):
-            spark.prestart(cfg.spark.master, cfg.spark.conf)  # no-op when the caller prestarted already
-        by_key = {a.key.path[-1]: a for a in td.assets}
-        for step in STEPS:
-            if step not in steps:
+    listing = region.list_regions(loc.store)
+    for name, reason in listing.skipped:
+        _say(f"warning: skipping _mem_wal/{name}: {reason}")
+    regions = sorted(listing.region_ids)
+    instance.add_dynamic_partitions(td.partitions.name, regions)
+    if "merge" in steps and regions and not cfg.spark.connect and _has_pending(loc):
+        spark.prestart(cfg.spark.master, cfg.spark.conf)  # no-op when the caller prestarted already
+    by_key = {a.key.path[-1]: a for a in td.assets}
+    for step in STEPS:
+        if step not in steps:
+            continue
+        asset_def = by_key[ASSET_OF_STEP[step]]
+        tags = {}
+        if step == "merge":
+            if not regions:
+                report["steps"][step] = {"skipped": "no regions"}
                 continue
-            asset_def = by_key[ASSET_OF_STEP[step]]
-            tags = {}
-            if step == "merge":
-                if not regions:
-                    report["steps"][step] = {"skipped": "no regions"}
-                    continue
-                tags = partition_range(regions[0], regions[-1])
-            _say(f"[{cfg.name}] {step} ...")
-            t0 = time.monotonic()
-            try:
-                result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
-                                     resources=td.resources, tags=tags, run_config=run_config,
-                                     raise_on_error=False)
-            except KeyboardInterrupt:  # outside Dagster's own handling (set-up, tear-down)
-                raise Interrupted(signal.SIGINT, step) from None
-            took = time.monotonic() - t0
-            if watch.fired():
-                raise Interrupted(watch.signum, step)
-            obs = result.get_asset_observation_events() if step == "merge" else []
-            run_errors = obs[-1].event_specific_data.asset_observation.metadata.get("errors") if obs else None
-            if not result.success and run_errors is not None and run_errors.value:
-                # A merge that left regions unmerged: one line per region, as the run recorded them.
-                report["steps"][step] = {"ok": False, "seconds": round(took, 3)}
-                for key, err in run_errors.value.items():
-                    line = f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}"
-                    report["failed"].append(line)
-                    _say(f"[{cfg.name}] {line}")
-                continue
-            if not result.success:
-                err = _first_failure(result)
-                report["steps"][step] = {"ok": False, "error": err, "seconds": took}
-                report["failed"].append(f"{step}: {err}")
-                _say(f"[{cfg.name}] {step} FAILED: {err}")
-                continue
-            mats = result.get_asset_materialization_events()
-            md = _metadata_values(mats[0]) if mats else {}
-            if obs:  # merge: per-region materializations; the run's totals are an observation
-                md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()}
-            report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
-            errors = md.get("errors") or {}
-            for key, err in (errors.items() if isinstance(errors, dict) else []):
-                report["failed"].append(f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}")
-                _say(f"[{cfg.name}] {step}: {err}")
-            _say(f"[{cfg.name}] {step} done in {took:.1f} s" + _summary(step, md))
-            for check in result.get_asset_check_evaluations():
-                if not check.passed:
-                    details = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
-                    _say(f"[{cfg.name}] check {check.check_name} FAILED: {details}")
-                    report["failed"].append(f"check {check.check_name}: {details}")
-    return report
+            tags = partition_range(regions[0], regions[-1])
+        _say(f"[{cfg.name}] {step} ...")
+        t0 = time.monotonic()
+        try:
+            result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
+                                 resources=resources, tags=tags, run_config=run_config,
+                                 raise_on_error=False)
+        except KeyboardInterrupt:  # outside Dagster's own handling (set-up, tear-down)
+            raise Interrupted(signal.SIGINT, step) from None
+        took = time.monotonic() - t0
+        if watch.fired():
+            raise Interrupted(watch.signum, step)
+        obs = result.get_asset_observation_events() if step == "merge" else []
+        run_errors = obs[-1].event_specific_data.asset_observation.metadata.get("errors") if obs else None
+        if not result.success and run_errors is not None and run_errors.value:
+            # A merge that left regions unmerged: one line per region, as the run recorded them.
+            report["steps"][step] = {"ok": False, "seconds": round(took, 3)}
+            for key, err in run_errors.value.items():
+                line = f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}"
+                report["failed"].append(line)
+                _say(f"[{cfg.name}] {line}")
+            continue
+        if not result.success:
+            err = _first_failure(result)
+            report["steps"][step] = {"ok": False, "error": err, "seconds": took}
+            report["failed"].append(f"{step}: {err}")
+            _say(f"[{cfg.name}] {step} FAILED: {err}")
+            continue
+        mats = result.get_asset_materialization_events()
+        md = _metadata_values(mats[0]) if mats else {}
+        if obs:  # merge: per-region materializations; the run's totals are an observation
+            md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()}
+        report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
+        errors = md.get("errors") or {}
+        for key, err in (errors.items() if isinstance(errors, dict) else []):
+            report["failed"].append(f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}")
+            _say(f"[{cfg.name}] {step}: {err}")
+        _say(f"[{cfg.name}] {step} done in {took:.1f} s" + _summary(step, md))
+        for check in result.get_asset_check_evaluations():
+            if not check.passed:
+                details = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
+                _say(f"[{cfg.name}] check {check.check_name} FAILED: {details}")
+                report["failed"].append(f"check {check.check_name}: {details}")
 
 
 def _has_pending(loc) -> bool:
@@ -235,13 +425,13 @@ def _first_failure(result) -> str:
     return "run failed"
 
 
-def dry_run(cfg) -> dict[str, Any]:
+def dry_run(cfg, secrets: dict[str, str] | None = None) -> dict[str, Any]:
     """Plans only: what each step would do. Touches nothing."""
     from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+    from memwal_core.state.store import open_store
 
-    from .resources import table_resource
-
-    loc = table_resource(cfg).process_config_and_initialize().location()
+    secrets = _secret_values(cfg, {}) if secrets is None else secrets
+    loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
     return {
         "table": cfg.uri,
         "merge": merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes, max_generations=cfg.merge.max_generations).to_dict(),
@@ -280,19 +470,13 @@ def _one_line(msg: str) -> str:
 
 
 def cmd_maintain(a) -> int:
-    from .config import single_table
-
     steps = [s.strip() for s in (a.only.split(",") if a.only else STEPS)]
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise CliError(f"--only: unknown step(s) {unknown}; choose from {','.join(STEPS)}")
     # Checked first: a bad option is one line, before any JVM starts or any step runs.
-    from memwal_core.options import CompactionOptions
-
-    cfg = single_table(a.uri, _options(a.storage_option), spark_master=a.spark_master,
-                       base_versions_older_than=a.base_versions_older_than,
-                       compaction=CompactionOptions(retrain_vector_indexes=a.retrain_vector_indexes))
-    loc = _open_table(cfg.uri, cfg.storage_options)
+    cfg, secrets = target(a)
+    loc = _open_table(cfg.uri, {**cfg.storage_options, **secrets})
     if "merge" in steps and not a.dry_run:
         # Before Dagster's imports and set-up (~4 s), so the JVM start and the first job's worker
         # start-up (~11 s cold on 2 cores) overlap them.
@@ -303,12 +487,12 @@ def cmd_maintain(a) -> int:
             if not cfg.spark.master.startswith("sc://") and jvm_archive.java_binary() is None:
                 # Otherwise the JVM launch fails twice (prestart, then the merge), trace each time.
                 raise CliError("no java found (JAVA_HOME or PATH): the merge runs on Spark, which needs Java 17")
-            spark.prestart(cfg.spark.master)
+            spark.prestart(cfg.spark.master, cfg.spark.conf)  # with its conf: the merge reuses this session
     if a.dry_run:
-        plan = dry_run(cfg)
+        plan = dry_run(cfg, secrets)
         print(json.dumps(plan, indent=2, default=str) if a.json else _format_plan(plan))
         return 0
-    report = run_pass(cfg, steps, verbose=a.verbose)
+    report = run_pass(cfg, steps, verbose=a.verbose, secrets=secrets)
     if a.json:
         print(json.dumps(report, indent=2, default=str))
     for line in report["failed"]:
@@ -342,7 +526,8 @@ def cmd_status(a) -> int:
     from memwal_core.observe import status
     from memwal_core.state.store import open_store
 
-    loc = open_store(a.uri, _options(a.storage_option))
+    cfg, secrets = target(a)
+    loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
     st = status.table_status(loc)
     stuck = _stuck(st)
     try:
@@ -468,7 +653,7 @@ def cmd_demo(a) -> int:
     report = run_pass(cfg, list(STEPS), verbose=a.verbose)
     got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
     ok = got == w.expected()
-    cmd_status(argparse.Namespace(uri=path, storage_option=[], json=False))
+    cmd_status(argparse.Namespace(uri=path, config=None, table=None, storage_option=[], json=False))
     print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
     for line in report["failed"]:
         _say(f"error: {line}")
@@ -539,6 +724,14 @@ def cmd_spark_env(a) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+def _table_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uri", nargs="?", help="the table (or --config FILE --table NAME)")
+    p.add_argument("--config", metavar="FILE", help="a memwal.yaml: work on one of its tables, with its settings")
+    p.add_argument("--table", metavar="NAME", help="the table's name in --config (optional if it has one)")
+    p.add_argument("--storage-option", action="append", metavar="K=V", default=[],
+                   help="over the table's storage_options (prefer the environment for secrets: `ps` shows flags)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="memwal", description="Maintenance plane for MemWAL Lance tables.")
     p.add_argument("--verbose", "-v", action="store_true", help="full tracebacks and Dagster logs")
@@ -553,10 +746,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="replace --path even if it is not a previous demo table")
     d.set_defaults(fn=cmd_demo)
 
-    m = sub.add_parser("maintain", help="one full maintenance pass over a MemWAL table")
-    m.add_argument("uri")
-    m.add_argument("--storage-option", action="append", metavar="K=V", default=[])
-    m.add_argument("--spark-master", default="local[*]")
+    m = sub.add_parser("maintain", help="one full maintenance pass over a MemWAL table",
+                       description="One maintenance pass over a table: its URI, or a table of a memwal.yaml "
+                                   "(--config FILE --table NAME, its settings; the flags below override "
+                                   "them). Progress goes to stderr; --json prints the report on stdout.")
+    _table_args(m)
+    m.add_argument("--budget", metavar="SIZE", help="merge.budget_bytes: bytes of generations per merge batch "
+                                                    "(e.g. 256MB)")
+    m.add_argument("--max-generations", metavar="N", help="merge.max_generations: generations per merge batch")
+    m.add_argument("--spark-master", metavar="MASTER",
+                   help="spark.master (default: the table's, else local[*]); the CLI runs its own session, "
+                        "not the table's spark.connect server (sc://HOST:PORT here asks for one)")
+    m.add_argument("--spark-conf", action="append", metavar="K=V", default=[],
+                   help="a Spark setting, merged over the table's spark.conf (repeatable)")
     m.add_argument("--only", help=f"comma-separated subset of {','.join(STEPS)}")
     m.add_argument("--base-versions-older-than", metavar="SECONDS",  # checked by options.seconds: one line
                    help="let GC first clean up base-table versions older than this (Lance's "
@@ -569,8 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     m.set_defaults(fn=cmd_maintain)
 
     s = sub.add_parser("status", help="per-region lag of a MemWAL table")
-    s.add_argument("uri")
-    s.add_argument("--storage-option", action="append", metavar="K=V", default=[])
+    _table_args(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_status)
 

@@ -1,19 +1,34 @@
-"""The tables to maintain: a YAML file (`MEMWAL_CONFIG`, default `memwal.yaml` at the repo root).
+"""A maintained table's settings: `TableConfig` (what the definitions and jobs take), its schema
+`TableSpec` (the attributes of the `MemWalTable` component in `defs/<table>/defs.yaml`, and of
+each `tables:` item of a `memwal.yaml`: one schema, so both accept and refuse the same settings),
+and `load_config` for `memwal.yaml` (`MEMWAL_CONFIG`, default `memwal.yaml` at the repo root).
 
-Secret storage options are never written in the file: the file names an environment variable
+Secret storage options are never written in a file: the file names an environment variable
 and the Dagster resource resolves it with `dagster.EnvVar` at run time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Mapping
 
+import dagster as dg
 import yaml
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
 
 from memwal_core.errors import OptionError
 from memwal_core.options import (
@@ -50,7 +65,6 @@ SECTIONS: dict[str, type] = {
     "slo": SloOptions, "sensor": SensorOptions, "schedule": ScheduleOptions, "compaction": CompactionOptions,
 }
 TOP_KEYS = ("tables",)
-TABLE_KEYS = ("name", "uri", "storage_options", "secrets", *SECTIONS)
 
 
 def table_identity(uri: str, storage_options: dict[str, str] | None = None) -> tuple[str, ...]:
@@ -102,37 +116,149 @@ class TableConfig:
         return f"memwal_{self.name}"
 
 
+# A size with a unit as `memwal_core.options.parse_size` reads it ("256MB", "1.5g", "64KiB").
+_SIZE_TEXT = r"^\s*\d+(\.\d+)?\s*[kmgtKMGT]?([iI]?[bB])?\s*$"
+
+
+def _section_schema(cls: type) -> dict[str, Any]:
+    """A section's JSON schema (editors, `dg utils inspect-component`): the dataclass's own,
+    closed to unknown keys, with sizes that also take units ("256MB")."""
+    schema = TypeAdapter(cls).json_schema()
+    schema["additionalProperties"] = False
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("kind") == "size":
+            prop = schema["properties"][f.name]
+            schema["properties"][f.name] = {"anyOf": [{"type": "integer", "minimum": 1},
+                                                      {"type": "string", "pattern": _SIZE_TEXT}],
+                                            "title": prop.get("title"), "default": prop.get("default")}
+    return schema
+
+
+def _section(cls: type) -> Any:
+    """A section of the schema: the options dataclass itself (its fields and defaults), parsed
+    by the core's `from_mapping` (did-you-mean for unknown keys, sizes with units)."""
+
+    def parse(value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, cls):  # from Python: TableSpec(..., merge=MergeOptions(...))
+            return value
+        return from_mapping(cls, value, info.field_name or cls.__name__)
+
+    return Annotated[cls, PlainValidator(parse, json_schema_input_type=cls), WithJsonSchema(_section_schema(cls))]
+
+
+def _strings(value: Any) -> Any:
+    """Storage options as strings, as Lance takes them (YAML reads `true` or `443` as non-strings)."""
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    return value
+
+
+_Strings = Annotated[dict[str, str], BeforeValidator(_strings)]
+
+
+class TableSpec(dg.Model):
+    """One maintained table as written by hand: `TableConfig`'s fields, one section per options
+    dataclass of `memwal_core.options` (same keys, same defaults: pydantic reads them from the
+    dataclass). A relative local `uri` is relative to the file that names it (memwal.yaml) or
+    to the project root (a component's defs.yaml)."""
+
+    name: str = Field(description="Identifier (letters, digits, _): prefixes asset keys, jobs and the pool.")
+    uri: str = Field(description="The table: a local path or s3://bucket/prefix.")
+    storage_options: _Strings = Field(default_factory=dict, description="Lance storage options, no secrets.")
+    secrets: _Strings = Field(default_factory=dict, description=(
+        f"Secret storage option ({', '.join(SECRET_OPTIONS)}) -> the environment variable holding it, "
+        "resolved with dagster.EnvVar at run time."))
+    spark: _section(SparkOptions) = SparkOptions()
+    merge: _section(MergeOptions) = MergeOptions()
+    snapshot: _section(SnapshotOptions) = SnapshotOptions()
+    gc: _section(GcOptions) = GcOptions()
+    slo: _section(SloOptions) = SloOptions()
+    sensor: _section(SensorOptions) = SensorOptions()
+    schedule: _section(ScheduleOptions) = ScheduleOptions()
+    compaction: _section(CompactionOptions) = CompactionOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, raw: Any) -> Any:
+        """An unknown key gets a did-you-mean (pydantic alone says "extra inputs are not permitted")."""
+        if isinstance(raw, Mapping):
+            name = raw.get("name")
+            unknown_keys(raw, list(cls.model_fields), f"table {name}" if isinstance(name, str) else "table")
+        return raw
+
+    @model_validator(mode="after")
+    def _valid_table(self) -> "TableSpec":
+        self.table_config()  # TableConfig's own checks (name, uri, secrets) at validation time
+        return self
+
+    def table_config(self, base: Path | None = None) -> TableConfig:
+        """The table as the definitions and jobs take it; a relative local `uri` against `base`."""
+        return TableConfig(name=self.name, uri=resolve_uri(self.uri, base) if base else self.uri,
+                           storage_options=dict(self.storage_options), secrets=dict(self.secrets),
+                           **{k: getattr(self, k) for k in SECTIONS})
+
+
+def validation_message(e: ValidationError) -> str:
+    """A pydantic ValidationError in memwal's words: our own message when one of our checks
+    refused the value (it names the key and what to do), else pydantic's with the key's path."""
+    lines = []
+    for err in e.errors():
+        cause = (err.get("ctx") or {}).get("error")
+        loc = ".".join(str(p) for p in err["loc"])
+        if isinstance(cause, OptionError):
+            lines.append(str(cause))
+        elif err["type"] == "missing":
+            lines.append(f"{loc!r} is required")
+        else:
+            lines.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    return "; ".join(lines)
+
+
 def table_from_mapping(raw: Any, where: str) -> TableConfig:
-    """A table from a hand-written mapping (memwal.yaml's `tables:` item): keys as the fields."""
-    try:
-        return _table(raw, where)
-    except ConfigError:
-        raise
-    except OptionError as e:
-        raise ConfigError(str(e)) from None
-
-
-def _table(raw: Any, where: str) -> TableConfig:
-    if not isinstance(raw, dict):
+    """A table from a hand-written mapping (a memwal.yaml `tables:` item): `TableSpec` validates
+    it, so memwal.yaml maps 1:1 onto the `MemWalTable` component's attributes."""
+    if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: a table must be a mapping (name:, uri:, ...), got {raw!r}")
-    unknown_keys(raw, TABLE_KEYS, where)
-    name = raw.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{where}: 'name' must be an identifier (letters, digits, _), got {name!r}")
-    where = f"{where} ({name})"
-    if not raw.get("uri") or not isinstance(raw.get("uri"), str):
-        raise ConfigError(f"{where}: 'uri' is required (a path or s3://bucket/prefix)")
-    plain = {}
-    for key in ("storage_options", "secrets"):
-        value = raw.get(key) or {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: '{key}' must be a mapping, got {type(value).__name__} {value!r}")
-        plain[key] = {str(k): str(v) for k, v in value.items()}
-    sections = {key: from_mapping(cls, raw.get(key), f"{where}: {key}") for key, cls in SECTIONS.items()}
     try:
-        return TableConfig(name=name, uri=raw["uri"], **plain, **sections)
+        return TableSpec.model_validate(raw).table_config()
+    except ValidationError as e:
+        raise ConfigError(f"{where}: {validation_message(e)}") from None
     except OptionError as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def check_tables(tables: list[TableConfig], where: str = "memwal") -> None:
+    """What no single table can check: unique names, each table configured once, one master per
+    Spark Connect server."""
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: table names must be unique, got {names}")
+    # One table under two names (or spellings of its path) would get two pools: its commits
+    # would no longer be serialized.
+    seen: dict[tuple[str, ...], str] = {}
+    for t in tables:
+        ident = table_identity(t.uri, t.storage_options)
+        if ident in seen:
+            raise ConfigError(f"{where}: tables {seen[ident]!r} and {t.name!r} are the same table ({t.uri}); "
+                              "configure each table once")
+        seen[ident] = t.name
+    check_connect_servers(tables)
+
+
+def check_connect_servers(tables: list[TableConfig]) -> None:
+    """Tables sharing a Spark Connect URL share its server, whose master is fixed at start:
+    refuse different masters at load time (per-session settings are fine; other fixed settings
+    are checked against the running server by `spark_connect.apply_session_conf`)."""
+    by_url: dict[str, TableConfig] = {}
+    for t in tables:
+        if not t.spark.connect:
+            continue
+        first = by_url.setdefault(t.spark.connect, t)
+        if first.spark.master != t.spark.master:
+            raise ConfigError(f"tables {first.name!r} and {t.name!r} share the Spark Connect server "
+                              f"{t.spark.connect} but ask for different masters ({first.spark.master!r}, "
+                              f"{t.spark.master!r}); one server runs one master: give one of them its own "
+                              "spark.connect port")
 
 
 def resolve_uri(uri: str, base: Path) -> str:
@@ -164,18 +290,7 @@ def load_config(path: str | os.PathLike | None = None) -> list[TableConfig]:
     for i, t in enumerate(listed):
         cfg = table_from_mapping(t, f"{path}: tables[{i}]")
         tables.append(replace(cfg, uri=resolve_uri(cfg.uri, path.parent)))
-    names = [t.name for t in tables]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{path}: table names must be unique, got {names}")
-    # One table under two names (or spellings of its path) would get two pools: its commits
-    # would no longer be serialized.
-    seen: dict[tuple[str, ...], str] = {}
-    for t in tables:
-        ident = table_identity(t.uri, t.storage_options)
-        if ident in seen:
-            raise ConfigError(f"{path}: tables {seen[ident]!r} and {t.name!r} are the same table ({t.uri}); "
-                              "configure each table once")
-        seen[ident] = t.name
+    check_tables(tables, str(path))
     return tables
 
 

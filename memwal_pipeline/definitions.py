@@ -1,16 +1,22 @@
 """Dagster definitions: one asset graph, sensor, jobs and schedule per configured table.
 
-Loaded by `workspace.yaml` (`dagster dev -w workspace.yaml`, `make ui`) and by the CLI, which
-materializes the same assets in process.
+`defs` is the code location: `workspace.yaml` (`dagster dev -w workspace.yaml`, `make ui`) and
+the dg project (`dg dev`, `dg check defs`; `[tool.dg]` in pyproject.toml) both load it. Its
+tables are the `MemWalTable` components of the defs folder (`memwal_pipeline/defs/<table>/
+defs.yaml`) plus the tables of memwal.yaml (`MEMWAL_CONFIG`, or memwal.yaml at the repo root when
+it exists): one schema, and a table configured in both is refused. The CLI materializes the same
+assets in process (`table_definitions`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from dagster import (
     AssetSelection,
+    ComponentTree,
     DefaultScheduleStatus,
     Definitions,
     DynamicPartitionsDefinition,
@@ -21,7 +27,7 @@ from dagster import (
 
 from .assets import TableKeys, build_assets
 from .checks import build_checks
-from .config import ConfigError, TableConfig, load_config
+from .config import DEFAULT_CONFIG, REPO_ROOT, TableConfig, TableSpec, check_connect_servers, check_tables, load_config  # noqa: F401
 from .partitions import index_partitions
 from .resources import spark_resource, table_resource
 from .sensors import build_maintenance_schedule, build_sensor
@@ -96,24 +102,8 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
                      checks_job, checks_schedule, indexes)
 
 
-def check_connect_servers(tables: list[TableConfig]) -> None:
-    """Tables sharing a Spark Connect URL share its server, whose master is fixed at start:
-    refuse different masters at load time (per-session settings are fine; other fixed settings
-    are checked against the running server by `spark_connect.apply_session_conf`)."""
-    by_url: dict[str, TableConfig] = {}
-    for t in tables:
-        if not t.spark.connect:
-            continue
-        first = by_url.setdefault(t.spark.connect, t)
-        if first.spark.master != t.spark.master:
-            raise ConfigError(f"tables {first.name!r} and {t.name!r} share the Spark Connect server "
-                              f"{t.spark.connect} but ask for different masters ({first.spark.master!r}, "
-                              f"{t.spark.master!r}); one server runs one master: give one of them its own "
-                              "spark.connect port")
-
-
 def build_definitions(tables: list[TableConfig]) -> Definitions:
-    check_connect_servers(tables)
+    check_tables(tables)
     parts = [table_definitions(t) for t in tables]
     return Definitions(
         assets=[a for p in parts for a in p.assets],
@@ -125,9 +115,40 @@ def build_definitions(tables: list[TableConfig]) -> Definitions:
     )
 
 
+DEFS_FOLDER = Path(__file__).resolve().parent / "defs"
+
+
+def project_tree() -> ComponentTree | None:
+    """The dg project of this checkout (`[tool.dg]` in the repo's pyproject.toml, the defs folder
+    `memwal_pipeline/defs`); None for an installed wheel, which carries no defs folder."""
+    if not DEFS_FOLDER.is_dir() or not (REPO_ROOT / "pyproject.toml").is_file():
+        return None
+    return ComponentTree.for_project(path_within_project=REPO_ROOT)
+
+
+def config_tables() -> list[TableConfig]:
+    """memwal.yaml's tables: the file `MEMWAL_CONFIG` names (it must exist), else the repo's
+    memwal.yaml when there is one."""
+    if os.environ.get("MEMWAL_CONFIG") or DEFAULT_CONFIG.is_file():
+        return load_config()
+    return []
+
+
+def location_definitions() -> Definitions:
+    """The defs folder's `MemWalTable` components and memwal.yaml's tables, checked together
+    (a table configured in both places would get two pools)."""
+    tree = project_tree()
+    from_file = config_tables()
+    if tree is None:
+        return build_definitions(from_file)
+    components = [c.table_config() for c in tree.get_all_components(TableSpec)]
+    check_tables(components + from_file, "defs folder and memwal.yaml")
+    return Definitions.merge(tree.build_defs(), build_definitions(from_file))
+
+
 @definitions
 def defs() -> Definitions:
     """The code location's definitions, built when Dagster loads them, never at import: the CLI
     and any other importer of this module work without a config file (`memwal maintain URI`
     from any directory after a plain `pip install`)."""
-    return build_definitions(load_config())
+    return location_definitions()

@@ -14,9 +14,10 @@ from memwal_core.state.store import TableLocation, open_store
 from .config import TableConfig
 
 
-class MemWalTable(ConfigurableResource):
-    """One MemWAL table. Secret storage options are separate fields so that they can be
-    `EnvVar`s: Dagster resolves them at run time and never shows their values."""
+class TableResource(ConfigurableResource):
+    """Where one MemWAL table is (a `MemWalTable` component's uri, storage options, secrets).
+    Secret storage options are separate fields so that they can be `EnvVar`s: Dagster resolves
+    them at run time and never shows their values."""
 
     uri: str
     storage_options: dict[str, str] = {}
@@ -64,9 +65,9 @@ class MemWalSpark(LazyPySparkResource):
             self._spark_session = get_spark(master, conf)
 
 
-def table_resource(cfg: TableConfig) -> MemWalTable:
+def table_resource(cfg: TableConfig) -> TableResource:
     secrets: dict[str, Any] = {k: EnvVar(v) for k, v in cfg.secrets.items()}
-    return MemWalTable(uri=cfg.uri, storage_options=cfg.storage_options, **secrets)
+    return TableResource(uri=cfg.uri, storage_options=cfg.storage_options, **secrets)
 
 
 def spark_resource(cfg: TableConfig) -> MemWalSpark:

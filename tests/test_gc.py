@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from helpers import tree
 
-from memwal_core.jobs import catchup, gc, merge
+from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import layout, region, table, wal
@@ -130,6 +130,7 @@ def merged_template(tmp_path_factory, spark):
     for _ in range(2):
         w.write_round(100, overwrite=0.3, delete=0.05, puts_per_batch=10)
     assert not merge.merge(loc, spark).failed_regions
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     w.write_round(60, overwrite=0.3, puts_per_batch=10)
     return root, w.expected(), dict(w.regions)
 
@@ -155,6 +156,7 @@ def test_randomized_interleaving(tmp_path, spark, seed):
         w.write_round(90, overwrite=0.3, delete=0.05, absent_delete=0.02, puts_per_batch=10)
         if step % 2 == 0 or rng.random() < 0.4:
             assert not merge.merge(loc, spark).failed_regions
+            snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
         if rng.random() < 0.6:
             catchup.run_catchup(loc)
         cfg = gc.GcOptions(manifest_retention=rng.choice([1, 3, 10]), manifest_min_age_seconds=0,
@@ -185,6 +187,7 @@ def test_randomized_interleaving(tmp_path, spark, seed):
     assert deleted["generation"] > 0 and deleted["wal"] > 0 and deleted["manifest"] > 0, deleted
     # Everything merged, caught up and cleaned: only generations above the limit are left.
     assert not merge.merge(loc, spark).failed_regions
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     catchup.run_catchup(loc)
     gc.run_gc(loc, FAST)
     state = table.read_memwal_state(loc)
@@ -200,6 +203,7 @@ def test_time_travel_keeps_generations_until_version_cleanup(tmp_path, spark):
     w = demo.Workload(loc, seed=5, key_space=200, max_memtable_rows=30)
     w.write_round(80, overwrite=0.3, delete=0.05, puts_per_batch=10)
     merge.merge(loc, spark)
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     first = gc.run_gc(loc, FAST)  # only the latest version is retained now
     assert first.counts()["generation"] > 0
     w.write_round(80, overwrite=0.3, delete=0.05, puts_per_batch=10)
@@ -213,6 +217,7 @@ def test_time_travel_keeps_generations_until_version_cleanup(tmp_path, spark):
     assert needed
 
     merge.merge(loc, spark)
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     w.write_round(40, puts_per_batch=10)
     keep_old = replace(FAST, cleanup_base_versions_older_than_seconds=None)  # the old version stays retained
     res = gc.run_gc(loc, keep_old)
@@ -237,6 +242,7 @@ def test_index_catchup_gates_generations(tmp_path, spark):
     w = demo.Workload(loc, seed=8, key_space=200, max_memtable_rows=30)
     w.write_round(80, overwrite=0.3, puts_per_batch=10)
     merge.merge(loc, spark)
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     merged1 = table.read_memwal_state(loc).merged
     res = gc.run_gc(loc, FAST)  # the index has not caught up: nothing merged may go
     assert res.counts()["generation"] == 0
@@ -245,6 +251,7 @@ def test_index_catchup_gates_generations(tmp_path, spark):
     catchup.run_catchup(loc)
     w.write_round(80, overwrite=0.3, puts_per_batch=10)
     merge.merge(loc, spark)  # merged moves on, catch-up stays at merged1
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     state = table.read_memwal_state(loc)
     assert state.catchup["id_btree"] == merged1 != state.merged
     res = gc.run_gc(loc, FAST)
@@ -392,6 +399,7 @@ def test_stale_writer_stays_fenced_after_gc(tmp_path, spark, keep_current_epoch)
     fences = sentinels(loc, rid)
     assert len(fences) == 3
     assert not merge.merge(loc, spark).failed_regions
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     res = gc.run_gc(loc, replace(FAST, keep_current_epoch_wal=keep_current_epoch))
     assert res.counts()["wal"] > 0 and res.counts()["generation"] > 0
     with pytest.raises(OSError, match="fenced"):
@@ -425,6 +433,7 @@ def test_writer_reopening_after_gc_appends_past_covered_positions(tmp_path, spar
     replay_after = region.load_latest(loc.store, rid).message.replay_after_wal_entry_position
     assert wal_positions(loc, rid) == list(range(1, replay_after + 1)) and replay_after >= 4
     merge.merge(loc, spark)
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     res = gc.run_gc(loc, replace(FAST, keep_current_epoch_wal=False))
     assert res.counts()["wal"] == replay_after - 1  # all but the tail
     assert wal_positions(loc, rid) == [replay_after]
@@ -513,6 +522,7 @@ def test_gc_on_s3(s3_table_loc, spark):
     for _ in range(2):
         w.write_round(80, overwrite=0.3, delete=0.05, puts_per_batch=10)
     assert not merge.merge(loc, spark).failed_regions
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     w.write_round(40, puts_per_batch=10)
     res = gc.run_gc(loc, FAST)
     assert not res.region_errors
@@ -528,3 +538,31 @@ def test_gc_on_s3(s3_table_loc, spark):
             lance.dataset(loc.child_uri(layout.generation_dir(rid, g.path, g.generation)),
                           storage_options=loc.storage_options).count_rows()
     assert lsm_rows(loc) == w.expected()
+
+
+def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_path, spark):
+    """Without a recorded routing value the merged generations are the merger's only authority
+    for what a region owns (a generation whose rows all route elsewhere is refused against
+    them): GC keeps them, says why, and collects them once the index builder recorded it."""
+    loc = open_store(str(tmp_path / "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
+    w = demo.Workload(loc, seed=21, key_space=200, max_memtable_rows=30)
+    w.write_round(80, overwrite=0.3, puts_per_batch=10)
+    assert not merge.merge(loc, spark).failed_regions
+    merged = table.read_memwal_state(loc).merged
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == 0
+    assert res.kept["generation:value_unrecorded"] == sum(merged.values())
+    assert [h.reason for h in res.holds] == ["value_unrecorded"]
+    snapshot.build_snapshot(loc)
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == sum(merged.values()) and not res.holds
+    assert lsm_rows(loc) == w.expected()
+
+    # An unsharded table has no region value to lose: nothing is held for it.
+    loc2 = open_store(str(tmp_path / "u"))
+    demo.create_table(loc2, sharding="unsharded", base_rows=20)
+    w2 = demo.Workload(loc2, seed=22, key_space=200, max_memtable_rows=30)
+    w2.write_round(60, puts_per_batch=10)
+    assert not merge.merge(loc2, spark).failed_regions
+    assert gc.run_gc(loc2, FAST).counts()["generation"] > 0

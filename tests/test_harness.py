@@ -132,3 +132,21 @@ def test_regression_unlisted_generation_behind_a_gap_survives_gc(machine):
           ("merge", {"budget": 10**9, "max_gens": 4, "via_plan": False}),
           ("collect_garbage", {"keep": 1, "min_age": 0.0, "grace": 0.0, "base_retain": None}),
           ("repair", {"pick": 0}), ("merge", {"budget": 1, "max_gens": 1, "via_plan": True}))
+
+
+def test_regression_misrouted_generation_after_gc_trimmed_the_merged_ones(machine):
+    """Soak (seed 9003): GC trimmed a region's merged generations before any MemWAL index
+    snapshot recorded its routing value; the merger then had nothing authoritative to check a
+    generation whose rows all route to another region, took that generation's own value as the
+    region's (first routed generation, unanimous, owner unknown) and merged it. GC now keeps a
+    sharded region's merged generations until a snapshot records its value."""
+    m = machine("bucket_key")
+    steps(m, ("put", {"keys": [1, 2, 3, 4, 5, 6]}), ("flush", {"r": 0}), ("flush", {"r": 1}), ("flush", {"r": 2}),
+          ("merge", {"budget": 10**9, "max_gens": 4, "via_plan": False}), ("catch_up", {"named": False, "retrain": False}),
+          ("collect_garbage", {"keep": 1, "min_age": 0.0, "grace": 0.0, "base_retain": 1}),
+          ("plant_bad", {"r": 0, "kind": "misrouted_all", "n": 1}),
+          ("merge", {"budget": 10**9, "max_gens": 4, "via_plan": False}),
+          ("build_snapshot", {"external": False, "hints": False}), ("catch_up", {"named": False, "retrain": False}),
+          ("collect_garbage", {"keep": 1, "min_age": 0.0, "grace": 0.0, "base_retain": 1}),
+          ("plant_bad", {"r": 1, "kind": "misrouted_all", "n": 1}),
+          ("merge", {"budget": 10**9, "max_gens": 4, "via_plan": True}))

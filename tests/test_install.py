@@ -73,3 +73,22 @@ def test_memwal_demo_and_status_run_outside_the_checkout(installed):
     st = _run(py, work, "-m", "memwal_pipeline.cli", "status", "t", "--json")
     assert st.returncode == 0, st.stdout + st.stderr
     assert "not found" not in st.stdout + st.stderr
+
+
+def test_the_installed_code_location_loads_memwal_yaml_and_ships_no_tables(installed):
+    """The wheel carries the MemWalTable component but not this checkout's defs folder (the demo
+    table): installed, the code location's tables are memwal.yaml's only."""
+    py, tmp = installed
+    work = tmp / "location"
+    work.mkdir()
+    (work / "memwal.yaml").write_text("tables:\n  - {name: mine, uri: data/mine, merge: {budget_bytes: 64MB}}\n")
+    code = ("import os, json, memwal_pipeline, memwal_pipeline.component as c, memwal_pipeline.definitions as d;"
+            "os.environ['MEMWAL_CONFIG'] = 'memwal.yaml';"
+            "defs = d.location_definitions();"
+            "print(json.dumps([os.path.isdir(os.path.join(os.path.dirname(memwal_pipeline.__file__), 'defs')),"
+            " sorted(k.to_user_string() for k in defs.resolve_all_asset_keys())]))")
+    out = _run(py, work, "-c", code)
+    assert out.returncode == 0, out.stdout + out.stderr
+    shipped_defs, keys = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not shipped_defs
+    assert keys and all(k.startswith("mine/") for k in keys)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from dagster import (
@@ -148,16 +149,20 @@ def test_config_spark_connect_for_runs(tmp_path):
                    "    spark: {master: 'local[3]', connect: 'sc://127.0.0.1:15999', conf: {a.b: '1'}}\n"
                    "  - name: y\n    uri: data/y\n")
     x, y = load_config(cfg)
-    assert x.spark_connect == "sc://127.0.0.1:15999" and y.spark_connect is None
+    assert x.spark.connect == "sc://127.0.0.1:15999" and y.spark.connect is None
     assert spark_resource(x).spark_config == {"spark.remote": "sc://127.0.0.1:15999", "memwal.connect.autostart": "true",
                                               "spark.master": "local[3]", "a.b": "1"}
     assert spark_resource(y).spark_config == {"spark.master": "local[*]"}
     cfg.write_text("tables:\n  - name: x\n    uri: data/x\n    spark: {connect: 'localhost:15002'}\n")
     with pytest.raises(ConfigError, match=r"spark.connect must be a Spark Connect URL"):
         load_config(cfg)
-    # The shipped default: runs share one long-lived local server.
-    (shipped,) = load_config(os.path.join(os.path.dirname(os.path.dirname(__file__)), "memwal.yaml"))
-    assert shipped.spark_connect == "sc://127.0.0.1:15002" and shipped.spark_master == "local[*]"
+    # The shipped demo table (a MemWalTable component): runs share one long-lived local server.
+    from dagster import ComponentTree
+
+    from memwal_pipeline.component import MemWalTable
+
+    (shipped,) = ComponentTree.for_project(path_within_project=Path(REPO)).get_all_components(MemWalTable)
+    assert shipped.spark.connect == "sc://127.0.0.1:15002" and shipped.spark.master == "local[*]"
 
 
 def test_definitions_validate_cli():

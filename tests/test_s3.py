@@ -368,7 +368,7 @@ def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
     run in this process to share its Spark session): every failed step is one line naming what
     failed. With the server back (same port, data intact) `memwal maintain` converges, without
     starting Spark since nothing is left to merge."""
-    from memwal_pipeline.cli import STEPS, run_pass
+    from memwal_pipeline.cli import STEPS, run_pass, split_secrets
     from memwal_pipeline.config import single_table
 
     bucket = new_bucket(raw)
@@ -384,8 +384,9 @@ def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
     # answered, then the server is gone.
     version = table.open_dataset(loc).version
     px.cut_after(lambda r: r.kind == "put_if_absent" and r.key.startswith(f"{PREFIX}/_versions/"))
-    cfg = single_table(uri, opts, spark_master="local[2]", base_versions_older_than=0)
-    report = run_pass(cfg, list(STEPS))
+    plain, secrets = split_secrets(opts)  # a TableConfig holds no secret values
+    cfg = single_table(uri, plain, spark_master="local[2]", base_versions_older_than=0)
+    report = run_pass(cfg, list(STEPS), secrets=secrets)
     assert px.cut_at is not None and px.is_down
     failed = report["failed"]
     assert [f.split(":", 1)[0] for f in failed] == ["merge", "compact", "index", "catchup", "gc"], failed

@@ -69,7 +69,7 @@ from typing import Any, Callable, Iterable
 from memwal_core import faults
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, table, wal
+from memwal_core.state import layout, region, routing, table, wal
 from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")
@@ -113,7 +113,10 @@ class GcHold:
     version still reads them; `until` = when the newest such version becomes old enough for
     the configured base-version cleanup, None when no cleanup is configured), `index_behind:<name>`
     (a gating index has not caught up), `not_merged` (pending; includes a region stuck behind
-    a wall). Bytes are the generations' `in_memory_bytes` from the manifests (no listing)."""
+    a wall), `value_unrecorded` (a sharded region's routing value is not yet in a MemWAL index
+    snapshot: its merged generations are the merger's authority for it until the index builder,
+    which runs before GC in the maintenance job, records it).
+    Bytes are the generations' `in_memory_bytes` from the manifests (no listing)."""
 
     reason: str
     generations: int
@@ -358,6 +361,9 @@ class _Context:
     gating: list[str]
     retention: _Retention
     pending: set[str] = field(default_factory=set)  # regions with a GC intent marker
+    # Sharded regions whose routing value no MemWAL index snapshot records authoritatively:
+    # their merged generations are the merger's only authority for it (see `unrecorded_regions`).
+    unrecorded: set[str] = field(default_factory=set)
 
 
 def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
@@ -369,6 +375,34 @@ def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
     if which is not None:
         bounds.append((f"retained_version:{which}", low))
     return min(b for _, b in bounds), bounds
+
+
+def unrecorded_regions(loc: TableLocation, state: table.MemWalState,
+                       manifests: dict[str, region.RegionManifest]) -> set[str]:
+    """Sharded regions whose routing value the MemWAL index snapshot does not record as
+    authoritative (derived from merged rows).
+
+    The merger checks every pending generation against the region's value, taken from the
+    snapshot or else from the region's merged generations. Trimming those before a snapshot
+    recorded the value would leave it nothing to check against but the pending rows themselves,
+    so a generation whose rows all belong to another region would be accepted (found by the
+    harness soak: a misrouted generation merged after GC). These regions keep their merged
+    generations until the next snapshot records the value. An unreadable snapshot counts as
+    recording nothing."""
+    from memwal_core.jobs import snapshot  # local: snapshot is heavy and GC plans without it otherwise
+
+    specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
+    sharded = {sid for sid, spec in specs.items()
+               if spec.fields and not all(f.transform == routing.UNSHARDED for f in spec.fields)}
+    need = {rid for rid, m in manifests.items() if m.message.region_spec_id in sharded}
+    if not need:
+        return set()
+    try:
+        recorded = snapshot.recorded_values(loc, state)
+    except Exception as e:  # noqa: BLE001 - unreadable: nothing is recorded as far as GC may assume
+        log.warning("MemWAL index snapshot unreadable (%s): merged generations of sharded regions are kept", e)
+        recorded = {}
+    return {rid for rid in need if not recorded.get(rid)}
 
 
 def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcPlan:
@@ -390,20 +424,23 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
         return rp
     limit, bounds = _limit(ctx, rid)
     rp.limit = limit
+    # Generations only: WAL entries and manifest versions do not carry the region's value.
+    gen_bounds = bounds + ([("value_unrecorded", 0)] if rid in ctx.unrecorded else [])
+    gen_limit = min(b for _, b in gen_bounds)
 
     # 1. generations
     for g, gdir in listed:
         if m.sealed:  # no manifest version may be written on a sealed region, so no trim either
             rp.kept["generation:sealed"] += 1
             continue
-        if g.generation <= limit and g.generation < m.current_generation:
+        if g.generation <= gen_limit and g.generation < m.current_generation:
             objs = _list_dir(ctx.loc, gdir, rdir)
             rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs),
-                                   f"generation {g.generation} <= merged and caught-up limit {limit}",
+                                   f"generation {g.generation} <= merged and caught-up limit {gen_limit}",
                                    tuple(o.key for o in objs), g.generation))
             rp.trim.append((g.generation, g.path))
         else:
-            why = next((name for name, b in bounds if g.generation > b), "not_flushed")
+            why = next((name for name, b in gen_bounds if g.generation > b), "not_flushed")
             rp.kept[f"generation:{why}"] += 1
             _hold(ctx, rp, _hold_reason(why), g)
     if "time_travel" in rp.held:
@@ -622,7 +659,9 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     # in between can only make the limits computed above conservative.
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
-    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc))
+    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
+                   unrecorded_regions(loc, state, {rid: m for rid, m in loaded.items()
+                                                   if not isinstance(m, Exception)}))
     plans: dict[str, RegionGcPlan] = {}
     errors: dict[str, str] = {}
 

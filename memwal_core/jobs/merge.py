@@ -16,21 +16,24 @@ instead. (It is also one commit instead of two; see docs/benchmarks.md.)
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import lance
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from memwal_core import faults
 from memwal_core.jobs import snapshot
+from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
-from memwal_core.state import layout, region, routing
+from memwal_core.state import layout, region, routing, walls
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
@@ -290,9 +293,6 @@ class _Clock:
         return time.monotonic() - self.t0
 
 
-ProgressFn = Callable[[str], None]
-
-
 def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: int = 5,
                   progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
     """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
@@ -311,6 +311,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     for rid, wall in plan.walls.items():
         result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
     if not plan.batches:
+        _record_walls(loc, plan, result, read_memwal_state(loc).merged, {})
         result.duration_s = clock.elapsed()
         result.table_version = plan.table_version
         return result
@@ -319,6 +320,9 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     manifests = region.load_many(loc.store, sorted(plan.pending))
     run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), ds.schema, merge_tasks(spark), result,
                max_attempts)
+    run.field_ids = tuple((f.name(), f.id()) for f in ds.lance_schema.fields())
+    run.evidence = {rid: rec for rid, rec in _recorded_walls(loc).items()
+                    if rid in plan.pending and rec.shared_keys is not None}
     for rid, m in manifests.items():
         if isinstance(m, Exception):  # loaded when planned, not now: no routing to check it by
             run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, str(m), permanent=isinstance(m, region.CorruptManifest)))
@@ -340,11 +344,25 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         if check and rid in values:
             run.own[rid] = sparkpath.value_key([values[rid].get(f) for f in check.field_ids])
     run.owners.update({v: rid for rid, v in run.own.items()})
+    totals = {"batches": len(plan.batches), "generations": sum(len(b.generations) for b in plan.batches),
+              "bytes": sum(b.bytes for b in plan.batches), "regions": len(plan.pending)}
+    gens_merged = bytes_merged = 0
     for n, batch in enumerate(plan.batches, 1):
-        if progress:
-            progress(f"batch {n}/{len(plan.batches)}: {len(batch.generations)} generations, "
-                     f"{batch.bytes / 1e6:.1f} MB")
+        here = {"batch": n, "batch_generations": len(batch.generations), "batch_bytes": batch.bytes,
+                "batch_regions": len({g.region_id for g in batch.generations}), **totals}
+        report(progress, MergeProgress(**here, generations_merged=gens_merged, bytes_merged=bytes_merged,
+                                       finished=False))
         _merge_batch(run, batch)
+        for g in batch.generations:  # each generation is in one batch: count what committed
+            r = result.regions.get(g.region_id)
+            if r is not None and g.generation in r.generations_merged:
+                gens_merged += 1
+                bytes_merged += g.bytes
+        report(progress, MergeProgress(**here, generations_merged=gens_merged, bytes_merged=bytes_merged,
+                                       finished=True))
+    merged_end = read_memwal_state(loc).merged
+    run.lift(merged_end)
+    _record_walls(loc, plan, result, merged_end, run.evidence)
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
     return result
@@ -449,6 +467,10 @@ class _Run:
     own: dict[str, str] = field(default_factory=dict)      # region -> its value (`value_key`)
     owners: dict[str, str] = field(default_factory=dict)   # value -> the region that owns it (any region)
     walls: dict[str, Wall] = field(default_factory=dict)
+    seen: list[tuple[str, pa.Table]] = field(default_factory=list)  # keys this run merged, by region
+    evidence: dict[str, walls.WallRecord] = field(default_factory=dict)  # region -> keys it must not merge
+    field_ids: tuple[tuple[str, int], ...] = ()                 # the base table's (name, Lance field id)
+    dropped: tuple[tuple[str, int], ...] | None = None          # those it dropped (looked up when needed)
 
     def stop(self, rid: str, wall: Wall) -> None:
         if rid not in self.walls or wall.generation < self.walls[rid].generation:
@@ -481,6 +503,23 @@ class _Run:
         w = self.walls.get(g.region_id)
         return w is None or g.generation < w.generation
 
+    def lift(self, merged: dict[str, int]) -> None:
+        """Forget transient walls another merger has merged past (they stop nothing any more and
+        would report a merged region as failed); a permanent wall stays reported: it is a
+        verdict on the generation's contents."""
+        for rid, r in self.result.regions.items():
+            if r.wall is not None and not r.permanent and r.wall <= merged.get(rid, 0):
+                log.info("region %s: generation %d was merged by another merger; its wall is lifted", rid, r.wall)
+                r.wall, r.error = None, None
+                self.walls.pop(rid, None)
+
+    def remember(self, deduped: sparkpath.Deduped, regions: dict[int, str]) -> None:
+        """Keep the keys a commit merged, per region, for the cross-batch exclusivity check."""
+        for tables, owners in ((deduped.live, deduped.live_region), (deduped.deleted, deduped.deleted_region)):
+            for t, ridx in zip(tables, owners):
+                if ridx in regions and t.num_rows:
+                    self.seen.append((regions[ridx], t.select(list(self.pk))))
+
 
 def _merge_batch(run: _Run, batch: MergeBatch) -> None:
     """Read, check, deduplicate and commit one batch; re-run the Spark job when what it read
@@ -497,8 +536,10 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
         cfg = sparkpath.ReadConfig(  # own values may have been established by an earlier round
             pk=run.pk, columns=run.columns, base_schema=run.schema, storage_options=tuple(sorted(loc.storage_options.items())),
             routing=tuple((index[rid], run.routes.get(rid)) for rid in region_ids),
-            own_values=tuple((index[rid], run.own[rid]) for rid in region_ids if rid in run.own))
+            own_values=tuple((index[rid], run.own[rid]) for rid in region_ids if rid in run.own),
+            base_field_ids=run.field_ids, dropped_fields=run.dropped)
         merged = read_memwal_state(loc).merged
+        run.lift(merged)
         gens = []
         for g in batch.generations:
             if g.generation <= merged.get(g.region_id, 0):
@@ -520,6 +561,10 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
         if any(g.generation <= merged_now.get(g.region_id, 0) for g in gens):
             log.info("generations of this batch were merged by another merger meanwhile; re-reading the rest")
             continue
+        if run.dropped is None and _unmatched_fields(deduped.stats):
+            run.dropped = _dropped_fields(loc, run.field_ids)  # once per run, only when a generation needs it
+            if _unmatched_fields(deduped.stats) & set(run.dropped):
+                continue  # re-read: those columns are projected away
         by_region: dict[int, list[dict]] = {}
         for s in deduped.stats:
             by_region.setdefault(s["region"], []).append(s)
@@ -535,6 +580,8 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
         if deduped.shared:
             _refuse_shared(deduped, gens, region_index, run)
             continue
+        if _refuse_across_batches(run, deduped, gens, region_index, merged_now):
+            continue
         if any(rid in run.walls and run.walls[rid].generation < cut for rid, cut in task_cut.items()):
             continue  # the driver stopped a region earlier than its task did: re-read without those rows
         gens = _in_order([g for g in gens if run.open(g)], merged_now, run)
@@ -547,6 +594,32 @@ def _merge_batch(run: _Run, batch: MergeBatch) -> None:
         if conflicts >= run.max_attempts:
             raise MergeError(f"gave up merging a batch after {run.max_attempts} conflicting attempts")
         log.info("merge commit lost to another merger (attempt %d); re-reading progress", conflicts)
+
+
+def _unmatched_fields(stats: list[dict]) -> set[tuple[str, int]]:
+    """(name, field id) of generation columns the base table's schema does not have as such."""
+    return {(n, i) for s in stats for n, i in json.loads(s["info"]).get("fields", [])}
+
+
+_SCHEMA_CACHE: dict[tuple[str, int], tuple[tuple[str, int], ...]] = {}  # versions are immutable
+
+
+def _dropped_fields(loc: TableLocation, current: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """(name, field id) of every top-level column some retained version of the base table had
+    and the current one does not (`drop_columns`, or dropped and re-added: a new field id). A
+    column whose version was cleaned up cannot be told from a foreign one: it stays refused."""
+    ds = open_dataset(loc)
+    seen: set[tuple[str, int]] = set()
+    for v in sorted((int(v["version"]) for v in ds.versions()), reverse=True):
+        key = (loc.lance_uri, v)
+        if key not in _SCHEMA_CACHE:
+            try:
+                _SCHEMA_CACHE[key] = tuple((f.name(), f.id()) for f in ds.checkout_version(v).lance_schema.fields())
+            except Exception as e:  # noqa: BLE001 - cleaned up meanwhile: nothing learnt from it
+                log.info("base table version %d unreadable while looking for dropped columns: %s", v, e)
+                continue
+        seen.update(_SCHEMA_CACHE[key])
+    return tuple(sorted(seen - set(current)))
 
 
 def _in_order(gens: list[PlannedGeneration], merged: dict[str, int], run: _Run) -> list[PlannedGeneration]:
@@ -579,6 +652,97 @@ def _refuse_shared(deduped: sparkpath.Deduped, gens: list[PlannedGeneration], re
         run.stop(rid, Wall(first, f"region {rid}: {deduped.shared_keys} primary keys also appear in another "
                                   f"region ({others}); the spec requires mutually exclusive regions, so none "
                                   "of these regions is merged", permanent=True))
+
+
+_SEEN, _NOW = "_memwal_seen_region", "_memwal_region"
+
+
+def _refuse_across_batches(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration],
+                           region_index: dict[int, str], merged: dict[str, int]) -> bool:
+    """The exclusivity check of `read_and_dedup` across the batches of the run (and, through
+    recorded evidence, across runs): a key of this batch that another region merged earlier in
+    this run means which row is newest is unknowable. The region of this batch is refused
+    (permanent: a writer broke exclusivity; its record keeps the keys so the next run refuses
+    it again while they are pending); the region that merged first stops for this run only
+    (its row is in the base table already; nothing of the refused region will overwrite it).
+    Also refused: a region whose pending rows hold a key its wall record names. Cost: a join
+    of this batch's keys (the build side, bounded by the batch budget) with the keys merged so
+    far in the run (memory: the key columns of every row the run merged). True: re-read."""
+    pk = list(run.pk)
+    parts = [(region_index[r], t) for t, r in zip(deduped.live + deduped.deleted,
+                                                  deduped.live_region + deduped.deleted_region) if t.num_rows]
+    if not parts or not (run.seen or run.evidence):
+        return False
+    now = pa.concat_tables([t.select(pk).append_column(_NOW, pa.array([rid] * t.num_rows, pa.string()))
+                            for rid, t in parts], promote_options="permissive")
+    hits: dict[str, tuple[pa.Table, list[str], bool]] = {}  # region -> (keys, other regions, from evidence)
+
+    def probe(earlier: list[tuple[str, pa.Table]], same: bool) -> None:
+        if not earlier:
+            return
+        seen = pa.concat_tables([t.select(pk).append_column(_SEEN, pa.array([rid] * t.num_rows, pa.string()))
+                                 for rid, t in earlier], promote_options="permissive")
+        both = seen.join(now, keys=pk, join_type="inner")
+        test = pc.equal if same else pc.not_equal
+        both = both.filter(test(both[_SEEN], both[_NOW]))
+        for rid in sorted(set(both[_NOW].to_pylist())):
+            if rid in hits:
+                continue
+            mine = both.filter(pc.equal(both[_NOW], rid))
+            others = ([run.evidence[rid].other_region or "another region"] if same
+                      else sorted(set(mine[_SEEN].to_pylist())))
+            hits[rid] = (mine.select(pk), others, same)
+
+    probe([(rid, rec.shared_keys) for rid, rec in run.evidence.items()], True)
+    probe(run.seen, False)
+    if not hits:
+        return False
+    for rid, (keys, others, recorded) in sorted(hits.items()):
+        first = min(g.generation for g in gens if g.region_id == rid)
+        run.result.regions[rid].offending_keys = max(run.result.regions[rid].offending_keys, keys.num_rows)
+        run.evidence[rid] = walls.WallRecord(rid, first, "", shared_keys=keys, other_region=others[0])
+        run.stop(rid, Wall(first, f"region {rid}: {keys.num_rows} primary keys of its generations from {first} on "
+                                  f"{'were found earlier in' if recorded else 'were merged in this run from'} "
+                                  f"region {', '.join(others)}; the spec requires mutually exclusive regions "
+                                  "(repair the generation: which row is newest is unknowable)", permanent=True))
+        for other in ([] if recorded else others):
+            if other not in run.walls:
+                run.stop(other, Wall(merged.get(other, 0) + 1, f"region {other}: primary keys it merged in this "
+                                     f"run are also in region {rid}'s pending generation {first} (refused); "
+                                     "stopped for this run, the next run continues", permanent=False))
+    return True
+
+
+def _recorded_walls(loc: TableLocation) -> dict[str, walls.WallRecord]:
+    try:
+        return walls.read_all(loc.store)
+    except Exception as e:  # noqa: BLE001 - a report, and evidence that only adds refusals
+        log.warning("wall records unreadable: %s: %s", type(e).__name__, e)
+        return {}
+
+
+def _record_walls(loc: TableLocation, plan: MergePlan, result: MergeResult, merged: dict[str, int],
+                  evidence: dict[str, walls.WallRecord]) -> None:
+    """Record this run's permanent walls (`state/walls.py`) and delete the records of regions
+    merged past theirs or looked at without being refused. Failing to write is logged: the
+    result reports the walls all the same."""
+    old = _recorded_walls(loc)
+    looked = set(plan.pending) | set(plan.walls)
+    stale = []
+    for rid, rec in old.items():
+        r = result.regions.get(rid)
+        if merged.get(rid, 0) >= rec.generation or (rid in looked and (r is None or r.wall is None)):
+            stale.append(rid)
+    try:
+        walls.clear(loc.store, stale)
+        for rid, r in sorted(result.regions.items()):
+            if r.wall is None or not r.permanent:
+                continue
+            ev = evidence.get(rid) or (old.get(rid) if rid not in stale else None)
+            walls.write(loc.store, walls.WallRecord(rid, r.wall, r.error or "", time.time(),
+                                                    ev.shared_keys if ev else None, ev.other_region if ev else None))
+    except Exception as e:  # noqa: BLE001
+        log.warning("could not record walls: %s: %s", type(e).__name__, e)
 
 
 def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration],
@@ -633,6 +797,7 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
             return False
         raise
     faults.point("merge.after_commit")
+    run.remember(deduped, {index[rid]: rid for rid in progress})
     new = open_dataset(loc)
     result.commits += 1
     result.rows_upserted += stats["num_inserted_rows"] + stats["num_updated_rows"]

@@ -61,7 +61,7 @@ SNAPSHOT_FILE = "index.lance"
 REGION_FIELD_PREFIX = "region_field_"
 SOURCE_COLUMN = "_region_field_source"
 TOMBSTONE = "_tombstone"
-MAX_DERIVE_GENERATIONS = 3  # generations tried (ascending) to find live rows for a region value
+MAX_DERIVE_GENERATIONS = 3  # unmerged generations tried (ascending) to find live rows for a region value
 
 FLUSHED_TYPE = pa.list_(pa.struct([("generation", pa.uint64()), ("path", pa.string())]))
 SNAPSHOT_COLUMNS = [
@@ -207,7 +207,12 @@ def derive_region_fields(loc: TableLocation, spec: routing.RegionSpec, lance_sch
     key_only = columns <= set(pk)  # tombstone rows carry the key columns only
 
     problems = []
-    for g in [g for g in m.generations if upto is None or g.generation <= upto][:MAX_DERIVE_GENERATIONS]:
+    # Every merged generation may be tried (the value must be found while one is listed: GC
+    # keeps them until a snapshot records it), at most MAX_DERIVE_GENERATIONS of the others.
+    accepted = upto if upto is not None else merged
+    listed = [g for g in m.generations if upto is None or g.generation <= upto]
+    older = [g for g in listed if accepted is not None and g.generation <= accepted]
+    for g in older + [g for g in listed if g not in older][:MAX_DERIVE_GENERATIONS]:
         try:
             key = layout.generation_dir(m.region_id, g.path, g.generation)
             gen_ds = lance.dataset(loc.child_uri(key), storage_options=loc.storage_options or None)

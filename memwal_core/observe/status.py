@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memwal_core.state import layout, region
+from memwal_core.state import layout, region, walls
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, read_memwal_state
 
@@ -32,6 +32,7 @@ class RegionStatus:
     pending_bytes: int = 0
     oldest_pending_age_s: float | None = None
     error: str | None = None
+    wall: int | None = None  # stuck behind this generation: a permanent wall the merger recorded
 
 
 @dataclass
@@ -104,12 +105,19 @@ def table_status(loc: TableLocation, state: MemWalState | None = None, *, with_a
     merged = state.merged
     now = time.time()
     regions = []
+    stuck = walls.read_all(loc.store)
     for rid in sorted(loaded):
         m = loaded[rid]
         if isinstance(m, Exception):
             regions.append(RegionStatus(rid, merged_generation=merged.get(rid, 0), error=str(m)))
         else:
             regions.append(region_status(loc, m, merged.get(rid, 0), now, with_age))
+        st, rec = regions[-1], stuck.get(rid)
+        # A record counts while its generation still waits (the merger deletes it once merged
+        # past; this also ignores one left behind by a merger that died before deleting it).
+        if rec is not None and rec.generation > st.merged_generation and (st.pending_generations or st.error):
+            st.wall = rec.generation
+            st.error = st.error or f"stuck at generation {rec.generation} (merge refusal): {rec.reason}"
     existing = [i["name"] for i in ds.list_indices()]
     gating = set(state.gating_indexes(existing))
     catchup = state.catchup

@@ -77,6 +77,8 @@ class ReadConfig:
     routing: tuple[tuple[int, "RoutingCheck | None"], ...]  # region index -> how its rows route (None: unchecked)
     own_values: tuple[tuple[int, str], ...] = ()  # region index -> its region value (`value_key`), if known
     base_schema: pa.Schema | None = None  # the base table's schema (types, nullability); None = unchecked
+    base_field_ids: tuple[tuple[str, int], ...] = ()  # the base table's top-level Lance field ids by name
+    dropped_fields: tuple[tuple[str, int], ...] | None = None  # (name, field id) the base dropped; None: not looked up
     read_threads: int = 4                # generations a task reads at once
     read_attempts: int = 3               # tries per generation before a read failure stops its region
     retry_backoff_s: float = 0.2         # first back-off between tries (doubles)
@@ -129,7 +131,13 @@ def value_key(values: list) -> str:
 
 
 class Refused(ValueError):
-    """A generation that can never be merged as it is (schema, NULL keys): permanent."""
+    """A generation that can never be merged as it is (schema, NULL keys): permanent.
+    `fields`: its (name, field id) pairs the base table's schema does not have (the driver
+    looks them up in the base table's history: a dropped column is projected away)."""
+
+    def __init__(self, message: str, fields: list | None = None):
+        super().__init__(message)
+        self.fields = fields or []
 
 
 @dataclass
@@ -210,7 +218,17 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, o
 
     ds = lance.dataset(ds_uri, storage_options=options)
     want = list(cfg.columns) + [TOMBSTONE]
-    names = [f.name for f in ds.schema]
+    # A generation carries the base table's Lance field ids of when it was written. A column whose
+    # (name, id) the base table dropped since (`drop_columns`; also a dropped column re-added under
+    # the same name, which gets a new id) is data the table no longer has: projected away, and a
+    # re-added column is then missing here (NULL, as for `add_columns`). A column the base never
+    # had stays refused: dropping it would silently drop data.
+    base_ids = dict(cfg.base_field_ids)
+    unmatched = sorted([f.name(), f.id()] for f in ds.lance_schema.fields()
+                       if f.name() != TOMBSTONE and base_ids and base_ids.get(f.name()) != f.id())
+    dropped = {tuple(x) for x in cfg.dropped_fields or ()}
+    gone = {n for n, i in unmatched if (n, i) in dropped}
+    names = [f.name for f in ds.schema if f.name not in gone]
     extra = sorted(set(names) - set(want))
     missing = sorted(set(want) - set(names))
     base = cfg.base_schema
@@ -220,7 +238,7 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, o
     evolved = base is not None and not extra and all(
         c != TOMBSTONE and c not in cfg.pk and base.field(c).nullable for c in missing)
     if (extra or missing) and not evolved:
-        raise Refused(f"columns differ from the base table: extra {extra}, missing {missing}")
+        raise Refused(f"columns differ from the base table: extra {extra}, missing {missing}", unmatched)
     if base is not None:
         wrong = [f"{c!r} is {ds.schema.field(c).type}, the base table's is {base.field(c).type}"
                  for c in cfg.columns if c in names and not ds.schema.field(c).type.equals(base.field(c).type)]
@@ -240,7 +258,8 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, o
     if nulls:
         raise Refused(f"NULL primary key values ({', '.join(f'{c}: {n} rows' for c, n in nulls.items())}); "
                       "a row without a key cannot be upserted or deleted")
-    return table, {"routes": _route_counts(table, check, cfg.pk) if check else [], "error": None}
+    return table, {"routes": _route_counts(table, check, cfg.pk) if check else [], "error": None,
+                   "fields": unmatched}
 
 
 def _read_with_retries(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None,
@@ -254,7 +273,7 @@ def _read_with_retries(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None,
         try:
             return _read_generation(ds_uri, cfg, check, options)
         except Refused as e:
-            return None, {"routes": [], "error": str(e), "permanent": True}
+            return None, {"routes": [], "error": str(e), "permanent": True, "fields": e.fields}
         except Exception as e:  # noqa: BLE001 - reported per generation; the region stops for this run
             if attempt >= max(1, cfg.read_attempts):
                 first = str(e).splitlines()[0] if str(e) else ""

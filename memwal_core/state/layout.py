@@ -17,6 +17,7 @@ VERSION_HINT = "version_hint.json"
 # memwal's own bookkeeping, beside Lance's directories and outside pylance's `_mem_wal/`.
 MEMWAL_DIR = "_memwal"
 GC_PENDING_DIR = f"{MEMWAL_DIR}/gc_pending"
+WALLS_DIR = f"{MEMWAL_DIR}/walls"
 
 _GEN_DIR = re.compile(r"^[0-9a-f]{8}_gen_([1-9][0-9]*)$")
 _ORPHAN_CANDIDATE = re.compile(r"^.+_gen_([0-9]+)$")
@@ -71,6 +72,13 @@ def gc_pending_key(region_id: str) -> str:
     if not is_region_id(region_id):
         raise UnsafePath(f"not a region id (UUID): {region_id!r}")
     return f"{GC_PENDING_DIR}/{region_id}"
+
+
+def wall_key(region_id: str) -> str:
+    """The merger's record of a region stuck behind a permanent wall (`state/walls.py`)."""
+    if not is_region_id(region_id):
+        raise UnsafePath(f"not a region id (UUID): {region_id!r}")
+    return f"{WALLS_DIR}/{region_id}.json"
 
 
 def wal_dir(region_id: str) -> str:

@@ -1,0 +1,187 @@
+"""The `MemWalTable` Dagster component: its schema is the core's options dataclasses, a defs.yaml
+and a memwal.yaml item are one schema, bad YAML is refused with a clear message by `dg check
+defs`, one table is configured once across components and memwal.yaml, and the repo's dg project
+and workspace both load (real `dg` and `dagster` CLIs, real component loading; no Spark)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from dagster import ComponentTree
+
+from memwal_pipeline import definitions
+from memwal_pipeline.component import MemWalTable
+from memwal_pipeline.config import SECTIONS, ConfigError, TableConfig, TableSpec, table_from_mapping
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+_ids = itertools.count()
+
+ASSETS = ("region_generations", "base_table", "base_compaction", "memwal_index", "index_catchup", "garbage")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MEMWAL_CONFIG"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _project(tmp_path: Path, tables: dict[str, str]) -> tuple[Path, str]:
+    """A dg project of an operator who installed memwal: one `defs/<table>/defs.yaml` per table
+    and the scaffolded `definitions.py` (`load_from_defs_folder`)."""
+    module = f"memwal_user_{os.getpid()}_{next(_ids)}"
+    root = tmp_path / "project"
+    (root / module / "defs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [project]
+        name = "{module}"
+        version = "0"
+        [tool.dg]
+        directory_type = "project"
+        [tool.dg.project]
+        root_module = "{module}"
+    """))
+    (root / module / "__init__.py").write_text("")
+    (root / module / "defs" / "__init__.py").write_text("")
+    (root / module / "definitions.py").write_text(textwrap.dedent("""
+        from pathlib import Path
+
+        import dagster as dg
+
+
+        @dg.definitions
+        def defs():
+            return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+    """))
+    for folder, attributes in tables.items():
+        (root / module / "defs" / folder).mkdir()
+        (root / module / "defs" / folder / "defs.yaml").write_text(
+            "type: memwal_pipeline.component.MemWalTable\nattributes:\n"
+            + textwrap.indent(textwrap.dedent(attributes).strip() + "\n", "  "))
+    return root, module
+
+
+def _load(root: Path, module: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(root))
+    return ComponentTree.for_project(path_within_project=root)
+
+
+def _chain(e: BaseException) -> str:
+    """Every message of an exception and its causes (Dagster wraps a component's error)."""
+    out = []
+    while e is not None:
+        out.append(str(e))
+        e = e.__cause__ or e.__context__
+    return "\n".join(out)
+
+
+def test_schema_is_the_core_dataclasses():
+    """One name and one default per setting: the component's fields are TableConfig's, and each
+    section's schema is its options dataclass, defaults included."""
+    assert set(TableSpec.model_fields) == {f.name for f in dataclasses.fields(TableConfig)}
+    assert issubclass(MemWalTable, TableSpec)
+    schema = MemWalTable.get_model_cls().model_json_schema()
+    for key, cls in SECTIONS.items():
+        section = schema["properties"][key]
+        assert section["additionalProperties"] is False
+        defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        assert {k: p.get("default") for k, p in section["properties"].items() if k in defaults} == defaults, key
+        assert set(section["properties"]) == {f.name for f in dataclasses.fields(cls)}, key
+    # Omitted sections are the dataclasses' defaults; sizes take units; Python takes the dataclasses.
+    spec = TableSpec(name="t", uri="data/t", merge={"budget_bytes": "64MB"})
+    assert spec.gc == SECTIONS["gc"]() and spec.merge.budget_bytes == 64 << 20
+    assert TableSpec(name="t", uri="x", merge=SECTIONS["merge"](max_generations=3)).merge.max_generations == 3
+
+
+def test_defs_yaml_and_memwal_yaml_are_one_schema(tmp_path, monkeypatch):
+    attributes = """
+        name: events
+        uri: data/events
+        storage_options: {aws_region: eu-west-1}
+        secrets: {aws_secret_access_key: EVENTS_SECRET}
+        spark: {master: "local[2]", connect: "sc://127.0.0.1:15999"}
+        merge: {budget_bytes: 128MB}
+        gc: {cleanup_base_versions_older_than_seconds: 60}
+        compaction: {max_small_fragments: 4}
+    """
+    root, module = _project(tmp_path, {"events": attributes})
+    (component,) = _load(root, module, monkeypatch).get_all_components(MemWalTable)
+    import yaml
+
+    from_file = table_from_mapping(yaml.safe_load(textwrap.dedent(attributes)), "memwal.yaml: tables[0]")
+    # A relative uri: against the project root for a component, against memwal.yaml's folder there.
+    assert component.table_config() == dataclasses.replace(from_file, uri=str(root / "data" / "events"))
+    assert component.merge.budget_bytes == 128 << 20 and component.compaction.max_small_fragments == 4
+
+
+def test_component_builds_the_table_definitions(tmp_path, monkeypatch):
+    root, module = _project(tmp_path, {"a": "name: a\nuri: data/a\n", "b": "name: b\nuri: s3://bucket/b\n"})
+    defs = _load(root, module, monkeypatch).build_defs()
+    keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
+    assert keys == {f"{t}/{a}" for t in "ab" for a in ASSETS}
+    assert {s.name for s in defs.sensors} == {"a_manifest_sensor", "b_manifest_sensor"}
+    assert defs.resources["a_table"].uri == str(root / "data" / "a")
+
+
+@pytest.mark.parametrize("attributes, message", [
+    ("name: t\nuri: data/t\nmerg: {}\n", r"unknown key 'merg' \(did you mean 'merge'\?\)"),
+    ("name: t\nuri: data/t\ngc: {manifest_retension: 3}\n", r"gc: unknown key 'manifest_retension'.*'manifest_retention'"),
+    ("name: t\nuri: data/t\nmerge: {budget_bytes: lots}\n", r"merge.budget_bytes: expected a size in bytes"),
+    ("name: t\nuri: data/t\nspark: {master: 'lokal[2]'}\n", r"is not a Spark master"),
+    ("name: 't-1'\nuri: data/t\n", r"name must be an identifier"),
+    ("name: t\nuri: s3://b/t\nstorage_options: {aws_secret_access_key: oops}\n", r"under 'secrets'"),
+])
+def test_bad_attributes_are_refused_by_name(tmp_path, monkeypatch, attributes, message):
+    """The component refuses what memwal.yaml refuses, in the same words."""
+    import re
+
+    root, module = _project(tmp_path, {"t": attributes})
+    with pytest.raises(Exception) as e:
+        _load(root, module, monkeypatch).build_defs()
+    assert re.search(message, _chain(e.value)), _chain(e.value)
+    import yaml
+
+    with pytest.raises(ConfigError, match=message):
+        table_from_mapping(yaml.safe_load(attributes), "memwal.yaml: tables[0]")
+
+
+def test_one_table_is_one_component(tmp_path, monkeypatch):
+    root, module = _project(tmp_path, {"a": "name: a\nuri: data/t\n", "b": "name: b\nuri: ./data/t/\n"})
+    with pytest.raises(Exception) as e:
+        _load(root, module, monkeypatch).build_defs()
+    assert "tables 'a' and 'b' are the same table" in _chain(e.value)
+
+
+def test_code_location_refuses_a_table_in_both_defs_and_memwal_yaml(tmp_path, monkeypatch):
+    """The repo's code location: the defs folder's components plus memwal.yaml's tables."""
+    demo = REPO / "demo_data" / "demo_table"
+    config = tmp_path / "memwal.yaml"
+    config.write_text(f"tables:\n  - {{name: other, uri: {tmp_path / 'other'}}}\n")
+    monkeypatch.setenv("MEMWAL_CONFIG", str(config))
+    keys = {k.to_user_string() for k in definitions.location_definitions().resolve_all_asset_keys()}
+    assert keys == {f"{t}/{a}" for t in ("demo", "other") for a in ASSETS}
+    config.write_text(f"tables:\n  - {{name: demo2, uri: {demo}/}}\n")
+    with pytest.raises(ConfigError, match="'demo' and 'demo2' are the same table"):
+        definitions.location_definitions()
+
+
+def test_dg_check_defs(tmp_path):
+    """`dg check defs` passes on this project, and names the file, line and key of a mistake in
+    an operator's project."""
+    out = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=REPO, env=_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "All definitions loaded successfully" in out.stdout + out.stderr
+    root, module = _project(tmp_path, {"events": "name: events\nuri: data/events\nmerge: {budjet_bytes: 256MB}\n"})
+    out = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=root, env=_env(), capture_output=True,
+                         text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert f"{module}/defs/events/defs.yaml:5" in text and "'budjet_bytes' was unexpected" in text, text[-3000:]
