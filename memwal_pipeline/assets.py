@@ -44,7 +44,7 @@ from . import failures
 from . import metadata as bounded
 from .config import TableConfig
 from .partitions import RegionLabels, index_partitions
-from .resources import MemWalSpark, MemWalTable
+from .resources import MemWalSpark, TableResource
 
 # BackfillPolicy.single_run is what the Spark merge wants; Dagster flags the parameter as beta.
 warnings.filterwarnings("ignore", message=".*backfill_policy.*", category=Warning)
@@ -176,7 +176,7 @@ def _known(f: failures.RegionFailure, history: failures.RegionHistory | None) ->
     return (bool(f.permanent) and any(h.permanent for h in same)) or len(same) >= failures.STUCK_AFTER
 
 
-def _table(context, keys: TableKeys) -> MemWalTable:
+def _table(context, keys: TableKeys) -> TableResource:
     """The table's resource (per-table key: see the module docstring)."""
     return getattr(context.resources, keys.table_resource)
 

@@ -299,13 +299,13 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False, secrets: dict[str,
 
     from .assets import TableKeys
     from .definitions import table_definitions
-    from .resources import MemWalTable
+    from .resources import TableResource
 
     global _live
     td = table_definitions(cfg)
     secrets = _secret_values(cfg, {}) if secrets is None else secrets
     # The table resource with the secrets resolved here (a missing variable is one clear line).
-    table = MemWalTable(uri=cfg.uri, storage_options={**cfg.storage_options, **secrets})
+    table = TableResource(uri=cfg.uri, storage_options={**cfg.storage_options, **secrets})
     resources = {**td.resources, TableKeys(cfg.name).table_resource: table}
     loc = table.location()
     report: dict[str, Any] = {"table": cfg.uri, "steps": {}, "failed": []}
