@@ -50,10 +50,10 @@ def make_table(loc, seed=1, regions=3, rounds=2):
 
 
 def cfg_for(loc, name="t", **kw) -> TableConfig:
-    return TableConfig(name=name, uri=loc.lance_uri, storage_options=dict(loc.storage_options),
-                       spark=SparkOptions(master="local[2]"),
-                       gc=GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                                    cleanup_base_versions_older_than_seconds=0), **kw)
+    kw.setdefault("spark", SparkOptions(master="local[2]"))
+    kw.setdefault("gc", GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                                  cleanup_base_versions_older_than_seconds=0))
+    return TableConfig(name=name, uri=loc.lance_uri, storage_options=dict(loc.storage_options), **kw)
 
 
 def tick(defs, td, instance, cursor=None, through_dagster=None, now=None):
