@@ -4,20 +4,32 @@ index_catchup -> garbage.
 Each asset is a thin call into memwal_core (plan + execute) that turns the result into
 numeric metadata the UI plots. Every asset that commits to the table runs in the table's
 pool (limit 1 in dagster_home/dagster.yaml), so commits to one table are serialized.
+
+Partitions (`partitions.py`): region_generations and base_table by region, index_catchup by
+base-table index; the other assets are table-wide.
+
+Resources are named per table (`{table}_table`, `{table}_spark`) and reached through
+`required_resource_keys`, not typed parameters: a typed parameter's name *is* its resource key,
+and one code location holds many tables, so every table's asset would ask for the same key
+(`table`) with a different value. Dagster refuses that, also with asset-level `resource_defs`
+("Conflicting versions of resource with key 'table' were provided to different assets"; tried
+on 1.13.27). `_table` / `_spark` give the typed resource back.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Dagster checks the `context` annotation by identity.
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from dagster import (
+    AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
     AssetObservation,
     BackfillPolicy,
     DynamicPartitionsDefinition,
+    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -31,6 +43,8 @@ from memwal_core.state.table import open_dataset, primary_key, read_memwal_state
 from . import failures
 from . import metadata as bounded
 from .config import TableConfig
+from .partitions import RegionLabels, index_partitions
+from .resources import MemWalSpark, TableResource
 
 # BackfillPolicy.single_run is what the Spark merge wants; Dagster flags the parameter as beta.
 warnings.filterwarnings("ignore", message=".*backfill_policy.*", category=Warning)
@@ -58,7 +72,8 @@ class TableKeys:
         return AssetKey([self.name, short])
 
 
-def region_metadata(st: status.RegionStatus) -> dict[str, Any]:
+def region_metadata(st: status.RegionStatus, value: str | None = None) -> dict[str, Any]:
+    """A region's observed state; `value` is its readable routing value (`bucket=3`)."""
     md: dict[str, Any] = {
         "manifest_version": MetadataValue.int(st.manifest_version),
         "writer_epoch": MetadataValue.int(st.writer_epoch),
@@ -70,9 +85,19 @@ def region_metadata(st: status.RegionStatus) -> dict[str, Any]:
         "pending_bytes": MetadataValue.int(st.pending_bytes),
         "oldest_pending_age_s": MetadataValue.float(round(float(st.oldest_pending_age_s or 0.0), 3)),
     }
+    if value is not None:
+        md["region_value"] = MetadataValue.text(value)
     if st.error:
         md["error"] = MetadataValue.text(st.error)
     return md
+
+
+def merge_freshness(cfg: TableConfig) -> FreshnessPolicy:
+    """base_table goes stale when no region merged for `slo.merge_lag_seconds` (at least a minute:
+    Dagster's smallest window). Dagster measures time since the last materialization of any
+    region, so an idle table (nothing flushed) goes stale too; `merge_lag` is the exact measure
+    (age of the oldest pending generation)."""
+    return FreshnessPolicy.time_window(fail_window=timedelta(seconds=max(60.0, float(cfg.slo.merge_lag_seconds))))
 
 
 class MergeFailed(Exception):
@@ -93,11 +118,12 @@ class MergeOutcome:
         r = result.regions.get(rid) if result else None
         return max(self.plan_merged.get(rid, 0), r.merged_generation if r else 0)
 
-    def region_metadata(self, rid: str, result: merge.MergeResult) -> dict[str, Any]:
+    def region_metadata(self, rid: str, result: merge.MergeResult, value: str | None = None) -> dict[str, Any]:
         """The region's own numbers (plotted per partition) and a few facts of the run, labelled as such."""
         r = result.regions.get(rid)
         after = self.merged_after(rid, result)
-        return {
+        md = {} if value is None else {"region_value": MetadataValue.text(value)}
+        return md | {
             "generations_merged": MetadataValue.int(len(r.generations_merged) if r else 0),
             "merged_generation": MetadataValue.int(after),
             "pending_generations": MetadataValue.int(sum(1 for g in self.planned.get(rid, []) if g > after)),
@@ -150,12 +176,30 @@ def _known(f: failures.RegionFailure, history: failures.RegionHistory | None) ->
     return (bool(f.permanent) and any(h.permanent for h in same)) or len(same) >= failures.STUCK_AFTER
 
 
+def _table(context, keys: TableKeys) -> TableResource:
+    """The table's resource (per-table key: see the module docstring)."""
+    return getattr(context.resources, keys.table_resource)
+
+
+def _spark(context, keys: TableKeys) -> MemWalSpark:
+    return getattr(context.resources, keys.spark_resource)
+
+
 def _location(context, keys: TableKeys):
-    return getattr(context.resources, keys.table_resource).location()
+    return _table(context, keys).location()
 
 
-def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> list:
+def _labels(loc) -> RegionLabels:
+    try:
+        return RegionLabels.load(loc, read_memwal_state(loc))
+    except Exception:  # noqa: BLE001 - a label never fails a run that did its work
+        return RegionLabels()
+
+
+def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
+                 indexes: DynamicPartitionsDefinition | None = None) -> list:
     keys = TableKeys(cfg.name)
+    indexes = indexes or index_partitions(cfg.name)
     group = cfg.name
     table_res = {keys.table_resource}
 
@@ -163,32 +207,37 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
            required_resource_keys=table_res,
            description="Flushed generations of one region, observed from its latest manifest "
                        "(the manifest sensor records observations; materializing refreshes them).")
-    def region_generations(context) -> MaterializeResult:
+    def region_generations(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
         rid = context.partition_key
         m = region.load_latest(loc.store, rid)
-        st = status.region_status(loc, m, read_memwal_state(loc).merged.get(rid, 0))
-        context.log.info(f"region {rid}: manifest v{m.version}, pending generations {st.pending_generations}")
-        return MaterializeResult(metadata=region_metadata(st))
+        mstate = read_memwal_state(loc)
+        st = status.region_status(loc, m, mstate.merged.get(rid, 0))
+        value = RegionLabels.load(loc, mstate).label(rid)
+        context.log.info(f"region {rid} ({value}): manifest v{m.version}, pending generations "
+                         f"{st.pending_generations}")
+        return MaterializeResult(metadata=region_metadata(st, value))
 
     @asset(key=keys.asset("base_table"), partitions_def=partitions, group_name=group, kinds={"lance", "spark"},
            deps=[region_generations], pool=cfg.pool, backfill_policy=BackfillPolicy.single_run(),
            output_required=False, required_resource_keys=table_res | {keys.spark_resource},
+           freshness_policy=merge_freshness(cfg),
            description="The base table with the region's flushed generations merged in "
                        "(Spark dedup, one marked merge_insert per byte-bounded batch). A run over a "
                        "range of regions merges them in one Spark job and records a materialization "
                        "only for the regions it merged; it fails, naming region, generation and "
                        "reason, when a region could not be merged.")
-    def base_table(context):
+    def base_table(context: AssetExecutionContext):
         loc = _location(context, keys)
         regions = list(context.partition_keys)
         primary_key(open_dataset(loc))  # a table without a primary key: a clear error before any Spark
         plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes, max_generations=cfg.merge.max_generations,
                                 regions=regions)
         # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
-        spark = getattr(context.resources, keys.spark_resource).spark_session if plan.batches else None
+        spark = _spark(context, keys).spark_session if plan.batches else None
         result = merge.execute_merge(loc, plan, spark, progress=context.log.info)
         outcome = merge_outcome(plan, result)
+        labels = _labels(loc) if outcome.merged or outcome.failures else RegionLabels()
         for rid in outcome.merged:
             r = result.regions[rid]
             context.log.info(f"region {rid}: merged generations {r.generations_merged} "
@@ -205,7 +254,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         for rid in outcome.merged:
             if rid not in failing:
                 yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
-                                           metadata=outcome.region_metadata(rid, result))
+                                           metadata=outcome.region_metadata(rid, result, labels.label(rid)))
         if not outcome.failures:
             return
         for f in outcome.failures:
@@ -227,7 +276,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         for rid in regions if per_partition else []:
             if rid not in failing and rid not in outcome.merged:
                 yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
-                                           metadata=outcome.region_metadata(rid, result))
+                                           metadata=outcome.region_metadata(rid, result, labels.label(rid)))
         context.instance.add_run_tags(context.run_id, failures.run_tags(outcome.failures))
         shown = "; ".join(f.describe() for f in new[:5])
         more = f" (and {len(new) - 5} more)" if len(new) > 5 else ""
@@ -239,12 +288,12 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
                        "threshold is passed (planned here, rewritten in Spark tasks, committed here; "
                        "bounded per run), merges index segments past their threshold; otherwise "
                        "reports 'healthy, skipped'. Merge progress and index catch-up are kept.")
-    def base_compaction(context) -> MaterializeResult:
+    def base_compaction(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
         plan = compaction.plan_compaction(loc, cfg.compaction)
         context.log.info(f"compaction plan: {plan.summary}")
         # The lazy session starts only when there are fragments to rewrite.
-        spark = getattr(context.resources, keys.spark_resource).spark_session if plan.tasks else None
+        spark = _spark(context, keys).spark_session if plan.tasks else None
         r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info)
         for name, err in r.errors.items():
             context.log.error(f"index {name}: {err}")
@@ -256,7 +305,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
            required_resource_keys=table_res,
            description="Snapshot of every region manifest in the MemWAL index (inline up to the "
                        "threshold, else an external Lance file); refreshes each region's WAL hint.")
-    def memwal_index(context) -> MaterializeResult:
+    def memwal_index(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
         r = snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold)
         for rid, err in r.region_errors.items():
@@ -274,31 +323,46 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition) -> l
         })
 
     @asset(key=keys.asset("index_catchup"), kinds={"lance"}, deps=[memwal_index], group_name=group, pool=cfg.pool,
+           partitions_def=indexes, backfill_policy=BackfillPolicy.single_run(),
            required_resource_keys=table_res,
-           description="Base-table indexes brought up to date (optimize_indices, codebooks kept); "
-                       "each index's caught-up generation per region as Lance recorded it.")
-    def index_catchup(context) -> MaterializeResult:
+           description="One partition per base-table index: the index brought up to date "
+                       "(optimize_indices, codebooks kept) and its caught-up generation per region as "
+                       "Lance recorded it (gap per region in the metadata). A maintenance run spans every "
+                       "index partition; it catches up every index of the table, so GC downstream sees "
+                       "all of them current.")
+    def index_catchup(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
+        # Every index, not only the run's partitions: an index created since the sensor's last
+        # tick has no partition yet but gates GC all the same.
         r = catchup.run_catchup(loc)
-        rows = r.rows
-        md: dict[str, Any] = {
-            "indexes": MetadataValue.int(len(r.indexes)),
-            "max_gap": MetadataValue.int(max([row.gap for row in rows] or [0])),
-            "not_caught_up": MetadataValue.int(len(r.not_caught_up)),
-            "unindexed_rows_after": MetadataValue.int(sum(o.unindexed_rows_after or 0 for o in r.indexes)),
-            "catchup": MetadataValue.md(catchup_markdown(rows)),
-        }
-        for o in r.indexes:
-            md[f"gap/{o.name}"] = MetadataValue.int(max([row.gap for row in rows if row.index_name == o.name] or [0]))
         for name, err in r.errors.items():
             context.log.error(f"index {name}: {err}")
-        return MaterializeResult(metadata=md)
+        if not (context.has_partition_key or context.has_partition_key_range):
+            # A run without an index range (no index partition yet, or launched by hand): one
+            # table-wide record, as before indexes had partitions.
+            return MaterializeResult(metadata=catchup_summary(r))
+        outcomes = {o.name: o for o in r.indexes}
+        labels = _labels(loc)
+        for name in context.partition_keys:
+            o = outcomes.get(name)
+            if o is None:
+                context.log.warning(f"index {name} no longer exists on the table (its partition is removed "
+                                    "by the sensor's next maintenance request)")
+            context.add_asset_metadata(index_metadata(o, labels), partition_key=name)
+        unpartitioned = sorted(set(outcomes) - set(context.partition_keys))
+        if unpartitioned:
+            context.log.info(f"caught up indexes without a partition yet (the sensor adds them): {unpartitioned}")
+        return MaterializeResult(metadata={
+            "run/indexes": MetadataValue.int(len(r.indexes)),
+            "run/max_gap": MetadataValue.int(max([row.gap for row in r.rows] or [0])),
+            "table_version": MetadataValue.int(r.table_version),
+        })
 
     @asset(key=keys.asset("garbage"), kinds={"lance"}, deps=[index_catchup], group_name=group, pool=cfg.pool,
            required_resource_keys=table_res,
            description="Garbage collection: merged and caught-up generations, their WAL files, old "
                        "manifest versions and orphaned directories; never what a reader still needs.")
-    def garbage(context) -> MaterializeResult:
+    def garbage(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
         r = gc.run_gc(loc, cfg.gc, progress=context.log.info)
         for rid, err in r.region_errors.items():
@@ -352,6 +416,55 @@ def compaction_metadata(plan: compaction.CompactionPlan, r: compaction.Compactio
     for name, n in sorted(after.index_segments.items()):
         md[f"segments/{name}"] = MetadataValue.int(n)
     return md
+
+
+def catchup_summary(r: catchup.CatchupResult) -> dict[str, Any]:
+    """Every index in one record (a run without index partitions; what `memwal maintain` prints)."""
+    rows = r.rows
+    md: dict[str, Any] = {
+        "indexes": MetadataValue.int(len(r.indexes)),
+        "max_gap": MetadataValue.int(max([row.gap for row in rows] or [0])),
+        "not_caught_up": MetadataValue.int(len(r.not_caught_up)),
+        "unindexed_rows_after": MetadataValue.int(sum(o.unindexed_rows_after or 0 for o in r.indexes)),
+        "catchup": MetadataValue.md(catchup_markdown(rows)),
+    }
+    for o in r.indexes:
+        md[f"gap/{o.name}"] = MetadataValue.int(max([row.gap for row in rows if row.index_name == o.name] or [0]))
+    return md
+
+
+def index_metadata(o: catchup.IndexOutcome | None, labels: RegionLabels, n: int = bounded.TOP_N) -> dict[str, Any]:
+    """One index's partition: its gap (plotted), how many regions lag, the `n` furthest behind
+    with their region value (bounded), whether it gates GC. `None`: the index was dropped."""
+    if o is None:
+        return {"exists": MetadataValue.bool(False), "gap": MetadataValue.int(0)}
+    behind = sorted((r for r in o.regions if r.gap > 0), key=lambda r: (-r.gap, r.region_id))
+    md: dict[str, Any] = {
+        "exists": MetadataValue.bool(True),
+        "index_type": MetadataValue.text(o.index_type),
+        "gating": MetadataValue.bool(o.gating),
+        "caught_up": MetadataValue.bool(o.caught_up),
+        "gap": MetadataValue.int(max([r.gap for r in o.regions] or [0])),
+        "regions": MetadataValue.int(len(o.regions)),
+        "regions_behind": MetadataValue.int(len(behind)),
+        "optimized": MetadataValue.bool(o.optimized),
+        "unindexed_rows_after": MetadataValue.int(o.unindexed_rows_after or 0),
+        "region_gaps": MetadataValue.md(region_gaps_markdown(behind, labels, n)),
+    }
+    if o.error:
+        md["error"] = MetadataValue.text(bounded.short(o.error))
+    return md
+
+
+def region_gaps_markdown(behind, labels: RegionLabels, n: int = bounded.TOP_N) -> str:
+    if not behind:
+        return "_caught up in every region_"
+    lines = ["| region | value | caught up | merged | gap |", "|---|---|---|---|---|"]
+    lines += [f"| {r.region_id} | {labels.label(r.region_id)} | {r.caught_up_generation} | {r.merged_generation} "
+              f"| {r.gap} |" for r in behind[:n]]
+    if len(behind) > n:
+        lines.append(f"| … {len(behind) - n} more | | | | |")
+    return "\n".join(lines)
 
 
 def catchup_markdown(rows, n: int = bounded.TOP_N) -> str:

@@ -299,13 +299,13 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False, secrets: dict[str,
 
     from .assets import TableKeys
     from .definitions import table_definitions
-    from .resources import MemWalTable
+    from .resources import TableResource
 
     global _live
     td = table_definitions(cfg)
     secrets = _secret_values(cfg, {}) if secrets is None else secrets
     # The table resource with the secrets resolved here (a missing variable is one clear line).
-    table = MemWalTable(uri=cfg.uri, storage_options={**cfg.storage_options, **secrets})
+    table = TableResource(uri=cfg.uri, storage_options={**cfg.storage_options, **secrets})
     resources = {**td.resources, TableKeys(cfg.name).table_resource: table}
     loc = table.location()
     report: dict[str, Any] = {"table": cfg.uri, "steps": {}, "failed": []}
@@ -323,10 +323,11 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False, secrets: dict[str,
 def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch: _SignalWatch,
                run_config: dict, report: dict[str, Any]) -> None:
     from dagster import materialize
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
     from memwal_core.spark import session as spark
     from memwal_core.state import region
+
+    from .tags import partition_range
 
     listing = region.list_regions(loc.store)
     for name, reason in listing.skipped:
@@ -345,7 +346,7 @@ def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch:
             if not regions:
                 report["steps"][step] = {"skipped": "no regions"}
                 continue
-            tags = {ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]}
+            tags = partition_range(regions[0], regions[-1])
         _say(f"[{cfg.name}] {step} ...")
         t0 = time.monotonic()
         try:

@@ -28,8 +28,9 @@ from dagster import (
 from .assets import TableKeys, build_assets
 from .checks import build_checks
 from .config import DEFAULT_CONFIG, REPO_ROOT, TableConfig, TableSpec, check_connect_servers, check_tables, load_config  # noqa: F401
+from .partitions import index_partitions
 from .resources import spark_resource, table_resource
-from .sensors import build_sensor
+from .sensors import build_maintenance_schedule, build_sensor
 
 # A run over a partition range makes Dagster store one "materialization planned" event per
 # partition of the range at run creation (~35 ms each on SQLite: 3,000 regions cost ~100 s
@@ -58,6 +59,7 @@ class TableDefs:
     resources: dict
     checks_job: object = None
     checks_schedule: ScheduleDefinition | None = None
+    index_partitions: DynamicPartitionsDefinition | None = None  # index_catchup: one per base-table index
 
     def checks_for(self, asset_key) -> list:
         """The asset checks that target `asset_key` (to materialize an asset with its checks)."""
@@ -67,7 +69,8 @@ class TableDefs:
 def table_definitions(cfg: TableConfig) -> TableDefs:
     keys = TableKeys(cfg.name)
     partitions = DynamicPartitionsDefinition(name=keys.partitions)
-    assets = build_assets(cfg, partitions)
+    indexes = index_partitions(cfg.name)
+    assets = build_assets(cfg, partitions, indexes)
     checks = build_checks(cfg, f"{cfg.name}_merge")
     by_name = {next(iter(c.check_keys)).name: c for c in checks}
     # The merge job carries no check: checks read every region, a merge run only its own.
@@ -92,13 +95,11 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
     checks_schedule = ScheduleDefinition(name=f"{cfg.name}_checks_schedule", job=checks_job,
                                          cron_schedule=CHECKS_CRON, default_status=DefaultScheduleStatus.RUNNING,
                                          description="Region exclusivity and merge lag, every hour at :30.")
-    sensor = build_sensor(cfg, partitions, merge_job, maintenance_job)
-    schedule = ScheduleDefinition(name=f"{cfg.name}_maintenance_schedule", job=maintenance_job,
-                                  cron_schedule=cfg.schedule.maintenance_cron, default_status=DefaultScheduleStatus.RUNNING,
-                                  description="Periodic maintenance even without merges (orphans, WAL hints, retention).")
+    sensor = build_sensor(cfg, partitions, merge_job, maintenance_job, indexes)
+    schedule = build_maintenance_schedule(cfg, maintenance_job, indexes)
     resources = {keys.table_resource: table_resource(cfg), keys.spark_resource: spark_resource(cfg)}
     return TableDefs(cfg, partitions, assets, checks, merge_job, maintenance_job, sensor, schedule, resources,
-                     checks_job, checks_schedule)
+                     checks_job, checks_schedule, indexes)
 
 
 def build_definitions(tables: list[TableConfig]) -> Definitions:

@@ -36,7 +36,7 @@ def top(mapping: Mapping[str, Any], n: int = TOP_N, *, key: Callable[[tuple[str,
 
 def encoded_size(metadata: Mapping[str, Any]) -> int:
     """Bytes of the metadata as the event log stores it (serialized Dagster metadata)."""
-    from dagster._serdes import serialize_value
+    from dagster import serialize_value
 
     return len(serialize_value(dict(metadata)).encode())
 

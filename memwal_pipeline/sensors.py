@@ -24,7 +24,9 @@ and a digest, so each tick stores well under 2 KB whatever the number of regions
 5. retires sealed regions once merged and caught up (their partitions are deleted, unless a
    run still covers them);
 6. when no merge is requested, no maintenance run is queued, and base_table materialized since
-   the last maintenance request, requests the maintenance job (run_key: that materialization).
+   the last maintenance request, requests the maintenance job (run_key: that materialization),
+   over every index partition after bringing those up to date with the table's indexes
+   (`index_catchup` has one partition per base-table index).
 """
 
 from __future__ import annotations
@@ -37,24 +39,24 @@ import uuid
 from dataclasses import dataclass
 
 from dagster import (
+    MAX_RUNTIME_SECONDS_TAG,
     AssetObservation,
     DagsterRunStatus,
+    DefaultScheduleStatus,
     DefaultSensorStatus,
     DynamicPartitionsDefinition,
     MetadataValue,
     RunRequest,
     RunsFilter,
+    ScheduleEvaluationContext,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    schedule,
     sensor,
 )
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    MAX_RUNTIME_SECONDS_TAG,
-)
 
+from memwal_core.jobs.catchup import base_indexes
 from memwal_core.observe import status
 from memwal_core.state import region
 from memwal_core.state.table import TableError, open_dataset, read_memwal_state
@@ -62,6 +64,8 @@ from memwal_core.state.table import TableError, open_dataset, read_memwal_state
 from . import liveness
 from .assets import TableKeys, region_metadata
 from .config import TableConfig
+from .partitions import RegionLabels, index_partitions, index_range_tags
+from .tags import PARTITION_RANGE_END, PARTITION_RANGE_START, partition_range
 
 VERIFY_EVERY = 16       # ticks per full rotation of hint re-checks
 DOWNTIME_INTERVALS = 3  # no tick for this many intervals: re-check every region
@@ -108,7 +112,7 @@ def _in_flight_merge_regions(instance, merge_job_name: str, order: list[str], po
     covered: set[str] = set()
     for run in _runs(instance, merge_job_name, IN_FLIGHT):
         one = run.tags.get("dagster/partition") or run.tags.get("memwal/region")
-        lo, hi = run.tags.get(ASSET_PARTITION_RANGE_START_TAG), run.tags.get(ASSET_PARTITION_RANGE_END_TAG)
+        lo, hi = run.tags.get(PARTITION_RANGE_START), run.tags.get(PARTITION_RANGE_END)
         if one:
             covered.add(one)
         elif lo in pos and hi in pos:
@@ -155,8 +159,8 @@ def _merge_request(cfg: TableConfig, job_name: str, merges: list[_Merge], pos: d
     return RunRequest(run_key=f"{run_key}/{epoch}", job_name=job_name,
                       tags={**tags, "memwal/regions": str(len(merges)),
                             "memwal/attempt": str(max(m.attempt for m in merges)),
-                            ASSET_PARTITION_RANGE_START_TAG: merges[0].region_id,
-                            ASSET_PARTITION_RANGE_END_TAG: merges[-1].region_id})
+                            PARTITION_RANGE_START: merges[0].region_id,
+                            PARTITION_RANGE_END: merges[-1].region_id})
 
 
 def _caught_up(mstate, indexes: list[str], rid: str, generation: int) -> bool:
@@ -165,10 +169,25 @@ def _caught_up(mstate, indexes: list[str], rid: str, generation: int) -> bool:
     return all(catchup.get(name, {}).get(rid, 0) >= generation for name in mstate.gating_indexes(indexes))
 
 
+def index_upkeep(instance, indexes: DynamicPartitionsDefinition, loc) -> tuple[list, dict[str, str]]:
+    """Dynamic-partition requests that make the index partitions the table's base-table indexes
+    (new ones added, dropped ones deleted), and the tags of a run over all of them ({} when the
+    table has none). One dataset open: only on ticks that request maintenance."""
+    current = sorted(base_indexes(open_dataset(loc)))
+    known = list(instance.get_dynamic_partitions(indexes.name))  # insertion order
+    added = [n for n in current if n not in set(known)]
+    dropped = [n for n in known if n not in set(current)]
+    requests = ([indexes.build_add_request(added)] if added else []) + (
+        [indexes.build_delete_request(dropped)] if dropped else [])
+    order = [n for n in known if n not in set(dropped)] + added
+    return requests, (partition_range(order[0], order[-1]) if order else {})
+
+
 def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions: DynamicPartitionsDefinition,
-                  merge_job_name: str, maintenance_job_name: str, loc, now: float | None = None
-                  ) -> SensorResult | SkipReason:
+                  merge_job_name: str, maintenance_job_name: str, loc, now: float | None = None,
+                  index_parts: DynamicPartitionsDefinition | None = None) -> SensorResult | SkipReason:
     now = time.time() if now is None else now
+    index_parts = index_parts or index_partitions(cfg.name)
     keys = TableKeys(cfg.name)
     cursor = Cursor.parse(context.cursor)
     state = liveness.SensorState.load(context.instance, cfg.name, cursor.epoch)
@@ -205,15 +224,17 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
     changed = {rid: o for rid, o in observed.items() if o.changed}
 
     events = []
-    for rid, o in sorted(changed.items()):
-        rs = state.put(rid)
-        rs.version, rs.top, rs.sealed = o.version, o.manifest.top_generation, o.manifest.sealed
-        events.append(AssetObservation(asset_key=keys.asset("region_generations"), partition=rid,
-                                       metadata=region_metadata(o.status)))
     need_state = bool(changed) or any(
         st.pending or (st.sealed and not st.retired) for rid, st in state.regions.items() if rid in observed)
     mstate = memwal_state() if need_state else None
     merged = merged_once() if mstate is not None else {}
+    if changed:
+        labels = RegionLabels.load(loc, mstate)  # one snapshot read: the readable region values
+        for rid, o in sorted(changed.items()):
+            rs = state.put(rid)
+            rs.version, rs.top, rs.sealed = o.version, o.manifest.top_generation, o.manifest.sealed
+            events.append(AssetObservation(asset_key=keys.asset("region_generations"), partition=rid,
+                                           metadata=region_metadata(o.status, labels.label(rid))))
 
     order = [*partition_order, *new_partitions]
     pos = {rid: i for i, rid in enumerate(order)}
@@ -287,8 +308,11 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
         records = context.instance.fetch_materializations(keys.asset("base_table"), limit=1).records
         if records and records[0].storage_id > cursor.maintained_after:
             cursor.maintained_after = records[0].storage_id
+            index_requests, index_range = index_upkeep(context.instance, index_parts, loc)
+            dynamic += index_requests
             run_requests.append(RunRequest(run_key=f"maintenance:{cursor.maintained_after}",
-                                           job_name=maintenance_job_name, tags={"memwal/table": cfg.name}))
+                                           job_name=maintenance_job_name,
+                                           tags={"memwal/table": cfg.name, **index_range}))
 
     cursor.digest = state.save(now)
     new_cursor = cursor.dump()
@@ -299,8 +323,10 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
                         cursor=new_cursor)
 
 
-def build_sensor(cfg: TableConfig, partitions: DynamicPartitionsDefinition, merge_job, maintenance_job):
+def build_sensor(cfg: TableConfig, partitions: DynamicPartitionsDefinition, merge_job, maintenance_job,
+                 indexes: DynamicPartitionsDefinition | None = None):
     keys = TableKeys(cfg.name)
+    indexes = indexes or index_partitions(cfg.name)
 
     @sensor(name=f"{cfg.name}_manifest_sensor", minimum_interval_seconds=cfg.sensor.interval_seconds,
             default_status=DefaultSensorStatus.RUNNING, jobs=[merge_job, maintenance_job],
@@ -309,6 +335,21 @@ def build_sensor(cfg: TableConfig, partitions: DynamicPartitionsDefinition, merg
                         "flushed generations get merge runs, merges are followed by maintenance.")
     def manifest_sensor(context: SensorEvaluationContext):
         loc = getattr(context.resources, keys.table_resource).location()
-        return evaluate_tick(context, cfg, partitions, merge_job.name, maintenance_job.name, loc)
+        return evaluate_tick(context, cfg, partitions, merge_job.name, maintenance_job.name, loc, index_parts=indexes)
 
     return manifest_sensor
+
+
+def build_maintenance_schedule(cfg: TableConfig, maintenance_job, indexes: DynamicPartitionsDefinition | None = None):
+    """Maintenance without merges (orphans, WAL hints, retention), over every index partition
+    the sensor keeps (a schedule cannot add partitions; `index_catchup` catches up every index
+    anyway and the next maintenance request by the sensor adds the missing partitions)."""
+    indexes = indexes or index_partitions(cfg.name)
+
+    @schedule(name=f"{cfg.name}_maintenance_schedule", job=maintenance_job,
+              cron_schedule=cfg.schedule.maintenance_cron, default_status=DefaultScheduleStatus.RUNNING,
+              description="Periodic maintenance even without merges (orphans, WAL hints, retention).")
+    def maintenance_schedule(context: ScheduleEvaluationContext) -> RunRequest:
+        return RunRequest(tags={"memwal/table": cfg.name, **index_range_tags(context.instance, indexes)})
+
+    return maintenance_schedule

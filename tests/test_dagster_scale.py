@@ -7,8 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, MetadataValue, materialize
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from dagster import AssetCheckSeverity, AssetKey, AssetPartitionStatus, DagsterInstance, MetadataValue, materialize
 from test_pipeline import cfg_for, make_table, rows
 
 from memwal_core.jobs import catchup, gc
@@ -20,6 +19,7 @@ from memwal_pipeline import metadata as bounded
 from memwal_pipeline.assets import catchup_markdown, holds_markdown
 from memwal_pipeline.checks import lag_report
 from memwal_pipeline.definitions import build_definitions, table_definitions
+from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 
 
 @pytest.fixture
@@ -29,16 +29,13 @@ def instance():
 
 
 def _range(regions):
-    return {ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]}
+    return {PARTITION_RANGE_START: regions[0], PARTITION_RANGE_END: regions[-1]}
 
 
 def _failed_partitions(instance, td, key):
-    from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
-
-    v = get_and_update_asset_status_cache_value(instance, key, td.partitions, dynamic_partitions_loader=instance)
-    if not v or not v.serialized_failed_partition_subset:
-        return set()
-    return set(v.deserialize_failed_partition_subsets(td.partitions).get_partition_keys())
+    keys = instance.get_dynamic_partitions(td.partitions.name)
+    by = instance.get_status_by_partition(key, keys, td.partitions) or {}
+    return {k for k, v in by.items() if v == AssetPartitionStatus.FAILED}
 
 
 def test_range_run_materializes_only_regions_that_merged(table_loc, instance, spark):

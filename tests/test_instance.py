@@ -11,18 +11,21 @@ import os
 import shutil
 
 import pytest
-from dagster import DagsterInstance
+from dagster import DagsterEvent, DagsterEventType, DagsterInstance, DagsterRunStatus
+
+# Private on purpose, no public equivalent in dagster 1.13: this file drives the queued-run
+# daemon's own dequeue logic and reads instance tick records, which need code-location origins,
+# instigator/tick types and the daemon class.
 from dagster._core.definitions.run_request import InstigatorType
 from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.scheduler.instigation import TickStatus
-from dagster._core.storage.dagster_run import DagsterRunStatus
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
 from memwal_pipeline.assets import TableKeys
 from memwal_pipeline.config import single_table
 from memwal_pipeline.definitions import build_definitions
+from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 YAML = os.path.join(REPO, "dagster_home", "dagster.yaml")
@@ -82,7 +85,7 @@ def test_fresh_instance_holds_runs_of_one_table_from_the_first_run(home_elsewher
         config = instance.get_concurrency_config()
         merge, maint = defs.resolve_job_def("t1_merge"), defs.resolve_job_def("t1_maintenance")
         instance.add_dynamic_partitions(TableKeys("t1").partitions, ["a", "b", "c"])
-        runs = [_queued(instance, merge, {ASSET_PARTITION_RANGE_START_TAG: "a", ASSET_PARTITION_RANGE_END_TAG: "c"}),
+        runs = [_queued(instance, merge, {PARTITION_RANGE_START: "a", PARTITION_RANGE_END: "c"}),
                 _queued(instance, merge, {"dagster/partition": "a"}),
                 _queued(instance, merge, {"dagster/partition": "b"}),
                 _queued(instance, maint, {})]
@@ -121,6 +124,4 @@ def test_pool_alone_holds_untagged_runs_once_initialized(home_elsewhere):
 
 
 def _event(run, kind: str):
-    from dagster._core.events import DagsterEvent, DagsterEventType
-
     return DagsterEvent(DagsterEventType(kind).value, job_name=run.job_name)

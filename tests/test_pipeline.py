@@ -19,7 +19,6 @@ from dagster import (
     materialize,
     partition_loading_context,
 )
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from memwal_core.options import GcOptions, SparkOptions
 from memwal_core.state import layout, region, table
@@ -27,6 +26,7 @@ from memwal_core.tools import demo
 from memwal_pipeline.config import TableConfig, load_config
 from memwal_pipeline.definitions import build_definitions, table_definitions
 from memwal_pipeline.sensors import evaluate_tick
+from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,10 +50,10 @@ def make_table(loc, seed=1, regions=3, rounds=2):
 
 
 def cfg_for(loc, name="t", **kw) -> TableConfig:
-    return TableConfig(name=name, uri=loc.lance_uri, storage_options=dict(loc.storage_options),
-                       spark=SparkOptions(master="local[2]"),
-                       gc=GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                                    cleanup_base_versions_older_than_seconds=0), **kw)
+    kw.setdefault("spark", SparkOptions(master="local[2]"))
+    kw.setdefault("gc", GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                                  cleanup_base_versions_older_than_seconds=0))
+    return TableConfig(name=name, uri=loc.lance_uri, storage_options=dict(loc.storage_options), **kw)
 
 
 def tick(defs, td, instance, cursor=None, through_dagster=None, now=None):
@@ -182,8 +182,8 @@ def test_sensor_partitions_requests_and_quiet_ticks(table_loc, instance, spark):
     assert sorted(order) == sorted(w.regions.values())
     reqs = run_requests(result)
     assert len(reqs) == 1 and reqs[0].job_name == "t_merge" and reqs[0].partition_key is None
-    assert reqs[0].tags[ASSET_PARTITION_RANGE_START_TAG] == order[0]
-    assert reqs[0].tags[ASSET_PARTITION_RANGE_END_TAG] == order[-1]
+    assert reqs[0].tags[PARTITION_RANGE_START] == order[0]
+    assert reqs[0].tags[PARTITION_RANGE_END] == order[-1]
     tops = {rid: max(g.generation for g in region.load_latest(table_loc.store, rid).generations) for rid in order}
     # run_key: each region's region:generation@merged#attempt, and the sensor state's epoch.
     epoch = json.loads(cursor)["epoch"]
@@ -291,7 +291,7 @@ def test_materialize_each_asset_and_multi_region_backfill(table_loc, instance, s
     # A backfill over all regions: one run, one Spark job, one commit within the budget.
     version = table.open_dataset(table_loc).version
     r = materialize([by["base_table"]], instance=instance, resources=td.resources,
-                    tags={ASSET_PARTITION_RANGE_START_TAG: regions[0], ASSET_PARTITION_RANGE_END_TAG: regions[-1]})
+                    tags={PARTITION_RANGE_START: regions[0], PARTITION_RANGE_END: regions[-1]})
     assert r.success
     mats = r.asset_materializations_for_node(by["base_table"].op.name)
     # One materialization per region that merged, with that region's own numbers; the run's

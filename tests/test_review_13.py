@@ -72,19 +72,20 @@ AGGRESSIVE_GC = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, o
                             cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1)
 
 
-@OPEN("F2")
 def test_after_gc_trims_the_first_generation_the_region_value_comes_from_an_unchecked_one(table_loc, spark):
-    """No MemWAL snapshot yet. Region A (bucket 0) merges gen 1, GC unlists and deletes it. A's
-    gen 2 routes ALL its rows to bucket 1 (region B's value). `region_values` derives A's value
-    from 'the oldest listed generation', which is now gen 2 itself, the generation being
-    checked, so it is accepted: A and B both own bucket 1."""
+    """F2 (fixed): no MemWAL snapshot yet. Region A (bucket 0) merges gen 1, and GC used to
+    unlist and delete it; A's gen 2 routes ALL its rows to bucket 1 (region B's value), and with
+    gen 1 gone `region_values` had nothing authoritative left, so gen 2 was accepted: A and B
+    both owned bucket 1. GC now keeps a region's merged generations until a snapshot records
+    its value (hold `value_unrecorded`), so gen 1 stays the authority and gen 2 is refused."""
     bucket_table(table_loc)
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     generation(table_loc, a, puts=[(1, 0), (2, 1)])
     generation(table_loc, b, puts=[(10, 3), (11, 5)])
     assert not merge.merge(table_loc, spark).region_errors
-    gc.run_gc(table_loc, AGGRESSIVE_GC)
-    assert [g.generation for g in region.load_latest(table_loc.store, a).generations] == []
+    res = gc.run_gc(table_loc, AGGRESSIVE_GC)
+    assert [g.generation for g in region.load_latest(table_loc.store, a).generations] == [1]
+    assert res.kept["generation:value_unrecorded"] == 2  # gen 1 of A and of B
     generation(table_loc, a, puts=[(3, 3), (4, 6)])              # all bucket 1: misrouted
     res = merge.merge(table_loc, spark)
     assert res.regions[a].wall == 2 and res.regions[a].permanent, res.regions[a]

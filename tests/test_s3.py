@@ -28,8 +28,8 @@ from dagster import (
     SkipReason,
     build_sensor_context,
     partition_loading_context,
+    serialize_value,
 )
-from dagster._serdes import serialize_value
 from s3proxy import Request, S3Proxy
 from test_ui import LOCATIONS, WebServer
 

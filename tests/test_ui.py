@@ -20,12 +20,12 @@ import urllib.request
 
 import pytest
 from dagster import DagsterInstance, materialize
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 from memwal_pipeline.config import load_config
 from memwal_pipeline.definitions import table_definitions
+from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -212,8 +212,8 @@ def test_webserver_graphql_shows_assets_partitions_and_metadata(ui_env, spark, t
                             resources=td.resources)
             assert r.success
             r = materialize([by["base_table"]], instance=instance, resources=td.resources,
-                            tags={ASSET_PARTITION_RANGE_START_TAG: regions[0],
-                                  ASSET_PARTITION_RANGE_END_TAG: regions[-1]})
+                            tags={PARTITION_RANGE_START: regions[0],
+                                  PARTITION_RANGE_END: regions[-1]})
             assert r.success
             in_process = {m.partition: m.metadata for m in r.asset_materializations_for_node(by["base_table"].op.name)}
             run_id = r.run_id
@@ -243,8 +243,13 @@ def test_webserver_graphql_shows_assets_partitions_and_metadata(ui_env, spark, t
                 assert n["partitionDefinition"]["dimensionTypes"][0]["dynamicPartitionsDefinitionName"] \
                     == f"{NAME}_regions"
                 assert sorted(n["partitionKeys"]) == regions
-            for short in ("memwal_index", "index_catchup", "garbage"):
+            for short in ("base_compaction", "memwal_index", "garbage"):
                 assert not by_key[f"{NAME}/{short}"]["isPartitioned"]
+            # index_catchup: one partition per base-table index (the sensor keeps them current).
+            n = by_key[f"{NAME}/index_catchup"]
+            assert n["isPartitioned"] and n["partitionDefinition"]["type"] == "DYNAMIC"
+            assert n["partitionDefinition"]["dimensionTypes"][0]["dynamicPartitionsDefinitionName"] \
+                == f"{NAME}_indexes"
 
             # 3. base_table: every region materialized by the one backfill run, with its metadata.
             node = server.graphql(PARTITIONS_AND_LATEST,
@@ -277,6 +282,7 @@ def test_webserver_graphql_shows_assets_partitions_and_metadata(ui_env, spark, t
             assert [m["partition"] for m in node["assetMaterializations"]] == [regions[0]]
             md = _values(node["assetMaterializations"][0]["metadataEntries"])
             assert md["pending_generations"] == 2 and md["merged_generation"] == 0
+            assert md["region_value"]  # the region's routing value beside its UUID (bucket=N, or not recorded yet)
             assert node["partitionStats"]["numMaterialized"] == 1
         finally:
             server.stop()

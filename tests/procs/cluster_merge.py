@@ -56,7 +56,7 @@ out["probe"] = [json.loads(x.info) for x in
 
 if s3_uri:
     from dagster import DagsterInstance, materialize
-    from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+    from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 
     from memwal_core.options import SparkOptions
     from memwal_core.state import region
@@ -73,8 +73,8 @@ if s3_uri:
         instance.add_dynamic_partitions(td.partitions.name, regions)
         base = next(a for a in td.assets if a.key.path[-1] == "base_table")
         res = materialize([base], instance=instance, resources=td.resources,
-                          tags={ASSET_PARTITION_RANGE_START_TAG: regions[0],
-                                ASSET_PARTITION_RANGE_END_TAG: regions[-1]}, raise_on_error=False)
+                          tags={PARTITION_RANGE_START: regions[0],
+                                PARTITION_RANGE_END: regions[-1]}, raise_on_error=False)
         md = {}
         for ev in res.get_asset_materialization_events():
             md = {k: getattr(v, "value", v) for k, v in ev.event_specific_data.materialization.metadata.items()}

@@ -1,0 +1,81 @@
+"""A table's two dynamic partition sets, and the readable name of a region partition.
+
+- Regions (`{table}_regions`): one partition per region id, added by the manifest sensor when a
+  region appears and deleted when a sealed region is retired.
+- Indexes (`{table}_indexes`): one partition per base-table index (`index_catchup`), kept
+  current by the sensor before each maintenance run it requests: indexes are created and
+  dropped at run time, so a fixed set of asset specs (a multi-asset) would need a code reload.
+
+A region partition's key is its UUID; what a reader recognizes is the region's *value* (the
+routing value its rows carry: `bucket=3`, an identity value, `unsharded`). Dagster has no
+per-partition description, so the value goes into the partition's metadata (`region_value`)
+wherever memwal records an event for that partition.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from dagster import DynamicPartitionsDefinition
+
+from memwal_core.jobs import snapshot
+from memwal_core.state import routing
+from memwal_core.state.store import TableLocation
+from memwal_core.state.table import MemWalState
+
+from .tags import partition_range
+
+log = logging.getLogger("memwal.partitions")
+
+UNSHARDED = "unsharded"
+NOT_RECORDED = "not recorded yet"
+
+
+def index_partitions(table: str) -> DynamicPartitionsDefinition:
+    """`index_catchup`'s partitions (the region partitions are named by `assets.TableKeys`)."""
+    return DynamicPartitionsDefinition(name=f"{table}_indexes")
+
+
+def index_range_tags(instance, partitions: DynamicPartitionsDefinition) -> dict[str, str]:
+    """Tags of a maintenance run over every index partition (none: no index partition yet, and
+    `index_catchup` then records one table-wide materialization instead)."""
+    keys = list(instance.get_dynamic_partitions(partitions.name))
+    return partition_range(keys[0], keys[-1]) if keys else {}
+
+
+def format_value(values: dict) -> str:
+    """`{field id: value}` as `field=value`, fields in id order (`bucket=3`, `tenant=acme`)."""
+    return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))
+
+
+@dataclass
+class RegionLabels:
+    """Region id -> its readable value, from the MemWAL index snapshot (one read per tick or run).
+
+    A region the snapshot does not name yet (new since the last `memwal_index` run) reads
+    `not recorded yet`, unless the table is unsharded. Values the snapshot marks provisional
+    (read from a generation not merged yet) are shown too: a label, not a routing decision.
+    """
+
+    values: dict[str, dict] = field(default_factory=dict)
+    unsharded: bool = False
+
+    @classmethod
+    def load(cls, loc: TableLocation, state: MemWalState) -> RegionLabels:
+        specs = [snapshot.spec_from_pb(s) for s in state.details.region_specs]
+        unsharded = bool(specs) and all(f.transform == routing.UNSHARDED for s in specs for f in s.fields)
+        try:
+            values = snapshot.snapshot_field_values(snapshot.read_snapshot(loc, state))
+        except snapshot.SnapshotNotFound:
+            values = {}
+        except Exception as e:  # noqa: BLE001 - a label must never stop the sensor or a merge
+            log.warning("region values unavailable (%s): partitions show their id only", e)
+            values = {}
+        return cls(values, unsharded)
+
+    def label(self, region_id: str) -> str:
+        if self.unsharded:
+            return UNSHARDED
+        vals = self.values.get(region_id)
+        return format_value(vals) if vals else NOT_RECORDED
