@@ -7,7 +7,6 @@ the request's tags and then cancelled, failed or started, as the daemon would se
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -59,11 +58,9 @@ def instance():
         yield inst
 
 
-def setup(table_loc, regions=2, manifest_retention: int | None = None, **cfg_kw):
+def setup(table_loc, regions=2, **cfg_kw):
     w = make_table(table_loc, regions=regions, rounds=1)
     cfg = cfg_for(table_loc, **cfg_kw)
-    if manifest_retention is not None:  # a GC option (GcOptions), not a table setting
-        cfg = dataclasses.replace(cfg, gc=dataclasses.replace(cfg.gc, manifest_retention=manifest_retention))
     return w, cfg, table_definitions(cfg), build_definitions([cfg])
 
 
