@@ -50,10 +50,15 @@ def is_region_id(name: str) -> bool:
         return False
 
 
-def region_dir(region_id: str) -> str:
+def _checked(region_id: str) -> str:
+    """A region id that is safe inside a key: a UUID, nothing else (it comes from listings)."""
     if not is_region_id(region_id):
         raise UnsafePath(f"not a region id (UUID): {region_id!r}")
-    return f"{MEM_WAL_DIR}/{region_id}"
+    return region_id
+
+
+def region_dir(region_id: str) -> str:
+    return f"{MEM_WAL_DIR}/{_checked(region_id)}"
 
 
 def manifest_dir(region_id: str) -> str:
@@ -71,16 +76,12 @@ def version_hint_key(region_id: str) -> str:
 def gc_pending_key(region_id: str) -> str:
     """GC's intent marker for a region: present while (or after) a delete of its WAL entries or
     manifest versions is under way or failed part-way."""
-    if not is_region_id(region_id):
-        raise UnsafePath(f"not a region id (UUID): {region_id!r}")
-    return f"{GC_PENDING_DIR}/{region_id}"
+    return f"{GC_PENDING_DIR}/{_checked(region_id)}"
 
 
 def wall_key(region_id: str) -> str:
     """The merger's record of a region stuck behind a permanent wall (`state/walls.py`)."""
-    if not is_region_id(region_id):
-        raise UnsafePath(f"not a region id (UUID): {region_id!r}")
-    return f"{WALLS_DIR}/{region_id}.json"
+    return f"{WALLS_DIR}/{_checked(region_id)}.json"
 
 
 def wal_dir(region_id: str) -> str:
