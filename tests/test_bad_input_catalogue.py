@@ -421,9 +421,11 @@ def test_table_a_exit_status_and_one_line_per_region_and_step(runs):
         for step in ("merge", "index", "gc"):
             (ln,) = lines(case, step)
             assert f"manifest {key} (version " in ln and "cannot be decoded" in ln, ln
-    for step in ("index", "gc"):
-        (ln,) = lines("version_gap", step)
-        assert "manifest version 7 is missing but version 8 exists" in ln and "is stale; not committing" in ln, ln
+    (ln,) = lines("version_gap", "index")
+    assert "manifest version 7 is missing but version 8 exists" in ln and "is stale; not committing" in ln, ln
+    # GC plans nothing there to commit on the stale view: the index builder could not record the
+    # region's value, so its merged generations are held (`value_unrecorded`) and no trim is tried.
+    assert not lines("version_gap", "gc")
     assert not lines("version_gap", "merge")  # merging what the stale view lists is harmless
     (ln,) = lines("missing_generation", "merge")
     assert "generation 2: unreadable after 3 tries: ValueError: Dataset at path" in ln and "was not found" in ln, ln

@@ -33,7 +33,7 @@ from dagster import (
 from s3proxy import Request, S3Proxy
 from test_ui import LOCATIONS, WebServer
 
-from memwal_core.jobs import catchup, gc, merge
+from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.jobs.snapshot import _hint_mutation
 from memwal_core.observe import reader, status
 from memwal_core.proto import memwal_pb2 as pb
@@ -304,6 +304,7 @@ def test_randomized_differential_then_gc_on_s3(px, raw, secret, spark, seed):
 
     # Catch the index up, clean old base versions, then plan GC.
     assert not catchup.run_catchup(loc).errors
+    snapshot.build_snapshot(loc)  # region values recorded (the index builder runs before GC)
     gc.cleanup_base_versions(loc, FAST_GC)
     plan = gc.plan_gc(loc, FAST_GC)
     assert not plan.region_errors
