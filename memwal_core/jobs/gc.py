@@ -13,6 +13,8 @@ the optional base-table version cleanup. Per region:
    - `merged[region]` of **every retained base-table version** (`ds.versions()`): a reader
      time-travelling to version v reads the generations newer than v's merged, so they stay.
      A version whose table has no MemWAL index yet needs none.
+   - 0 for a sharded region whose routing value no MemWAL index snapshot records yet
+     (`unrecorded_regions`): its merged generations are the merger's authority for that value.
 2. **WAL entries** at positions `p <= replay_after_wal_entry_position` and below the WAL tail,
    whose entry generation is one of the deleted (or earlier deleted) generations. Kept always:
    - every **fence sentinel**: pylance detects fencing when a stale writer's put-if-absent of
