@@ -3,12 +3,13 @@
 Two copies of one table (bucket-sharded, `--regions` regions, `--base-rows` rows, a btree on
 the primary key that MemTables maintain). Every cycle, on each copy: pylance `ShardWriter`s
 flush one generation per region (`--rows` operations per cycle: new keys, overwrites of live
-keys, a few deletes; the same seeded sequence on both copies), the merger merges them
-(`merge.merge`, Spark), index catch-up runs; on the "on" copy the compaction step then runs
-as the pipeline runs it (`compaction.compact` with the default thresholds: it compacts only
-when the table's health says so). Per cycle and copy it records the merge time, the fragment
-count, a full scan and `--lookups` point lookups (`id = k` through the btree, random live
-keys). The two copies alternate which goes first each cycle, so machine noise hits both.
+keys, a few deletes; the same seeded sequence on both copies), then the pipeline's order runs:
+the merger merges them (`merge.merge`, Spark), on the "on" copy the compaction step runs
+(`compaction.compact` with the default options: it compacts only when the table's health
+says so), then index catch-up. Per cycle and copy it records the merge time, the fragment
+count, the fragments with deletion files, a full scan and `--lookups` point lookups
+(`id = k` through the btree, random live keys). The two copies alternate which goes first
+each cycle, so machine noise hits both.
 
 At the end: a fresh copy of the "on" table fully compacted (`compact_files`) and the two
 copies are scanned `--final-reps` times each (median).
@@ -118,19 +119,24 @@ def run(a, base: str, window: int) -> int:
             if r.region_errors or r.generations_merged != a.regions:
                 raise SystemExit(f"cycle {cycle} {name}: merge failed {r.region_errors} "
                                  f"({r.generations_merged} generations)")
-            t = time.perf_counter()
-            catchup.run_catchup(loc)
-            catchup_s = time.perf_counter() - t
             compact_s, compacted = 0.0, False
             if name == "on":
                 t = time.perf_counter()
                 c = compaction.compact(loc, spark, opts)
                 compact_s, compacted = time.perf_counter() - t, c.status == "compacted"
+                if c.errors:
+                    raise SystemExit(f"cycle {cycle}: compaction errors {c.errors}")
+            t = time.perf_counter()
+            catchup.run_catchup(loc)
+            catchup_s = time.perf_counter() - t
             if keys is None:
                 keys = rng.sample(sorted(w.model), min(a.lookups, len(w.model)))
-            frags = len(table.open_dataset(loc).get_fragments())
+            frag_list = table.open_dataset(loc).get_fragments()
+            frags = len(frag_list)
+            with_deletions = sum(1 for f in frag_list if f.metadata.deletion_file is not None)
             rows.append({"cycle": cycle, "table": name, "merge_s": merge_s, "catchup_s": catchup_s,
                          "compact_s": compact_s, "compacted": compacted, "fragments": frags,
+                         "with_deletions": with_deletions,
                          "scan_s": scan_s(loc), "lookups_s": lookups_s(loc, keys),
                          "rows": len(w.model)})
         if cycle % 10 == 0 or cycle == a.cycles:
@@ -202,6 +208,10 @@ def run(a, base: str, window: int) -> int:
            scan_on_over_fresh=ratio(final["on"], final["fresh"]),
            scan_off_over_fresh=ratio(final["off"], final["fresh"]),
            fragments_on=series("on", "fragments")[-1], fragments_off=series("off", "fragments")[-1],
+           # The final scan stands for every cycle only if the "on" table was in the same shape
+           # after each: the last window's worst fragment and deletion-file counts.
+           on_fragments_max_last=max(series("on", "fragments")[-window:]),
+           on_with_deletions_max_last=max(series("on", "with_deletions")[-window:]),
            compactions=sum(1 for r in rows if r["compacted"]),
            compact_s_median=median([r["compact_s"] for r in rows if r["compacted"]] or [0.0]),
            lookups_last_on=median(series("on", "lookups_s")[-window:]),

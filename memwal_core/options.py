@@ -246,8 +246,10 @@ class CompactionOptions(_Checked):
     `max_small_fragments` small ones (fewer physical rows than `small_fragment_rows`), a small
     share above `max_small_fragment_share` once there are at least `min_small_fragments`, or
     more than `max_deleted_row_ratio` of the physical rows deleted (and at least
-    `min_deleted_rows`: on a small table deleted rows cost nothing worth a rewrite). Index
-    segments are merged when an index has more than `max_index_segments`.
+    `min_deleted_rows`). A table of at most `cheap_rewrite_bytes` is kept fully compacted
+    instead: one extra fragment or one deletion file costs its scans 30-40 % (docs/benchmarks.md
+    §7), more than rewriting it (0 turns this off). Index segments are merged when an index has
+    more than `max_index_segments`.
     """
 
     max_fragments: int = 64
@@ -257,6 +259,7 @@ class CompactionOptions(_Checked):
     small_fragment_rows: int = 262_144
     max_deleted_row_ratio: float = 0.1
     min_deleted_rows: int = 10_000
+    cheap_rewrite_bytes: int = field(default=64 << 20, metadata={"kind": "size"})
     max_index_segments: int = 8
     # How Lance rewrites (its own options), and the per-run bounds.
     target_rows_per_fragment: int = 1_048_576
@@ -273,8 +276,9 @@ class CompactionOptions(_Checked):
         if self.max_attempts < 1 or self.target_rows_per_fragment < 1:
             raise OptionError("compaction options max_attempts and target_rows_per_fragment must be positive")
 
-    def lance_options(self, excluded: list[int] | None = None) -> dict[str, Any]:
-        """`lance.optimize.CompactionOptions` for the plan.
+    def lance_options(self, excluded: list[int] | None = None, *, full: bool = False) -> dict[str, Any]:
+        """`lance.optimize.CompactionOptions` for the plan (`full`: materialize every deletion
+        file, for a table kept fully compacted).
 
         The per-run bound is applied by excluding fragments (`bounded_plan`), not with Lance's
         `max_source_bytes` / `max_source_fragments`: those include whole tasks only, so a
@@ -283,7 +287,7 @@ class CompactionOptions(_Checked):
         """
         out: dict[str, Any] = {"target_rows_per_fragment": self.target_rows_per_fragment,
                                "materialize_deletions": True,
-                               "materialize_deletions_threshold": self.materialize_deletions_threshold}
+                               "materialize_deletions_threshold": 0.0 if full else self.materialize_deletions_threshold}
         if excluded:
             out["excluded_fragment_ids"] = sorted(excluded)
         return out

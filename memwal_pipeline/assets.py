@@ -408,6 +408,7 @@ def compaction_metadata(plan: compaction.CompactionPlan, r: compaction.Compactio
         "conflicts": MetadataValue.int(r.conflicts),
         "fragments_removed": MetadataValue.int(r.fragments_removed),
         "fragments_added": MetadataValue.int(r.fragments_added),
+        "indexed_first": MetadataValue.json(r.indexed_first),
         "catchup_restored": MetadataValue.json(r.catchup_restored),
         "errors": MetadataValue.json(r.errors),
         "duration_s": MetadataValue.float(round(r.duration_s, 3)),

@@ -60,7 +60,7 @@ def test_health_thresholds_and_plan_without_spark(table_loc):
     assert 0 < small.source_fragments <= 8
     # Under the thresholds: healthy, nothing planned, nothing runs (no Spark needed).
     lax = CompactionOptions(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0,
-                            max_deleted_row_ratio=0.5)
+                            max_deleted_row_ratio=0.5, cheap_rewrite_bytes=0)
     plan = compaction.plan_compaction(table_loc, lax)
     assert plan.healthy and plan.summary == "healthy, skipped" and plan.tasks == 0
     version = table.open_dataset(table_loc).version
@@ -72,6 +72,7 @@ def test_health_thresholds_and_plan_without_spark(table_loc):
         from_mapping(CompactionOptions, {"max_fragmentz": 3}, "compaction")
     assert from_mapping(CompactionOptions, {"max_fragments": "5", "retrain_vector_indexes": True},
                         "compaction").max_fragments == 5
+    assert from_mapping(CompactionOptions, {"cheap_rewrite_bytes": "16MB"}, "compaction").cheap_rewrite_bytes == 16 << 20
 
 
 def test_compaction_in_spark_keeps_progress_restores_catchup_and_time_travel(table_loc, spark):
@@ -108,6 +109,52 @@ def test_compaction_in_spark_keeps_progress_restores_catchup_and_time_travel(tab
     assert r2.status == "healthy, skipped" and table.open_dataset(table_loc).version == after.table_version
     # Merging on top of the compacted table still works and the LSM read stays right.
     write_and_merge(w, spark, 1)
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+
+
+def test_small_table_is_kept_fully_compacted_and_its_newest_fragment_folded_in(table_loc, spark):
+    """Under every ratio threshold, a table of at most `cheap_rewrite_bytes` is still compacted
+    whenever it has a second fragment or a deletion file: each costs a small table's scans
+    30-40 %. The merge's own fragment is not indexed yet (catch-up follows compaction), so the
+    index is caught up first and that fragment is folded in: one fragment, no deletion file,
+    progress and catch-up intact, base == model. Off (0) or on a bigger table: skipped."""
+    demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=500, btree_index=True,
+                      maintained_indexes=["id_btree"])
+    w = demo.Workload(table_loc, seed=13, key_space=5000, max_memtable_rows=100)
+    w.write_round(60, overwrite=0.5, delete=0.1, puts_per_batch=10)
+    assert not merge.merge(table_loc, spark).region_errors
+    h = compaction.read_health(table_loc)
+    assert h.fragments == 2 and h.fragments_with_deletions == 1 and h.unindexed_rows > 0
+    assert h.reasons(CompactionOptions()) == []  # no ratio threshold fires
+    for off in (CompactionOptions(cheap_rewrite_bytes=0), CompactionOptions(cheap_rewrite_bytes=h.bytes - 1)):
+        assert compaction.plan_compaction(table_loc, off).summary == "healthy, skipped"
+    version = table.open_dataset(table_loc).version
+    plan = compaction.plan_compaction(table_loc)
+    assert plan.full and plan.index_first == ["id_btree"] and not plan.healthy
+    assert "kept fully compacted" in plan.reasons[0] and plan.summary.startswith("catch up id_btree first")
+    assert table.open_dataset(table_loc).version == version  # planning changed nothing
+    before = table.read_memwal_state(table_loc)
+
+    r = compaction.execute_compaction(table_loc, plan, spark)
+    assert r.status == "compacted" and r.indexed_first == ["id_btree"] and not r.errors
+    assert r.catchup_restored == ["id_btree"]
+    after = r.health_after
+    assert (after.fragments, after.fragments_with_deletions, after.unindexed_rows) == (1, 0, 0)
+    state = table.read_memwal_state(table_loc)
+    assert state.merged == before.merged and state.catchup["id_btree"] == state.merged
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    assert as_dict(reader.lsm_table(table_loc)) == w.expected()
+    # Nothing left to do: the next run is skipped without a commit.
+    v = table.open_dataset(table_loc).version
+    assert compaction.compact(table_loc, spark).status == "healthy, skipped"
+    assert table.open_dataset(table_loc).version == v
+    # A delete-only change leaves just a deletion file on the one fragment: materialized too.
+    w.write_round(20, overwrite=0.0, delete=1.0, puts_per_batch=10)
+    assert not merge.merge(table_loc, spark).region_errors
+    h = compaction.read_health(table_loc)
+    assert h.fragments_with_deletions == 1 and h.reasons(CompactionOptions()) == []
+    r = compaction.compact(table_loc, spark)
+    assert r.status == "compacted" and r.health_after.fragments_with_deletions == 0
     assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
 
 
@@ -183,7 +230,8 @@ def test_index_segments_merged_past_threshold(table_loc):
     h = compaction.read_health(table_loc)
     (v,) = h.indexes
     assert v.vector and v.gating and v.segments == 4 and v.drift_share > 0
-    quiet = CompactionOptions(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0)
+    quiet = CompactionOptions(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0,
+                              cheap_rewrite_bytes=0)
     assert compaction.plan_compaction(table_loc, CompactionOptions(**{**quiet.__dict__, "max_index_segments": 4})).healthy
     o = CompactionOptions(**{**quiet.__dict__, "max_index_segments": 2})
     plan = compaction.plan_compaction(table_loc, o)
@@ -196,7 +244,7 @@ def test_index_segments_merged_past_threshold(table_loc):
 
 def test_vector_retrain_only_on_request_and_never_a_maintained_index(table_loc, tmp_path):
     quiet = dict(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0,
-                 retrain_drift_share=0.2)
+                 retrain_drift_share=0.2, cheap_rewrite_bytes=0)
     vector_table(table_loc, maintained=["v_idx"])
     plan = compaction.plan_compaction(table_loc, CompactionOptions(**quiet))
     assert plan.retrain == [] and "on request" in plan.retrain_refused["v_idx"]
@@ -261,13 +309,15 @@ def test_one_maintain_merges_and_compacts_a_fragmented_table_with_a_backlog(tabl
     assert rep["failed"] == []
     assert rep["steps"]["merge"]["generations_merged"] == 8
     c = rep["steps"]["compact"]
-    # 31 -> 2: the fragment this run's merge added is not indexed yet when compaction runs (catch-up
-    # follows it), and Lance does not combine indexed with unindexed fragments; the next run takes it.
-    assert c["status"] == "compacted" and c["fragments_before"] == 31 and c["fragments"] == 2
+    # 31 -> 1: the fragment this run's merge added is not indexed yet when compaction runs (catch-up
+    # follows it) and Lance does not combine indexed with unindexed fragments, so compaction
+    # catches the index up first and folds that fragment in too.
+    assert c["status"] == "compacted" and c["fragments_before"] == 31 and c["fragments"] == 1
+    assert c["indexed_first"] == ["id_btree"]
     assert c["deleted_row_ratio"] == 0 and c["deletion_file_ratio"] == 0
     assert c["bytes_after"] < c["bytes_before"] and c["index_segments"] == 1 and c["segments/id_btree"] == 1
     h = compaction.read_health(table_loc)
-    assert h.fragments == 2 and h.fragments_with_deletions == 0 and h.deleted_rows == 0
+    assert h.fragments == 1 and h.fragments_with_deletions == 0 and h.deleted_rows == 0
     state = table.read_memwal_state(table_loc)
     assert sorted(state.merged.values()) == [4, 4]
     assert state.catchup["id_btree"] == state.merged
@@ -319,7 +369,9 @@ def test_compaction_on_s3(s3_table_loc, spark):
     write_and_merge(w, spark, 1)
     before = table.read_memwal_state(s3_table_loc)
     r = compaction.compact(s3_table_loc, spark)
-    assert r.status == "compacted" and r.health_after.fragments == 2 and r.health_after.deleted_rows == 0
+    # The merge's unindexed fragment is folded in after catching the index up (on S3 too).
+    assert r.status == "compacted" and r.indexed_first == ["id_btree"]
+    assert r.health_after.fragments == 1 and r.health_after.deleted_rows == 0
     assert table.read_memwal_state(s3_table_loc).merged == before.merged
     assert as_dict(table.open_dataset(s3_table_loc).to_table()) == w.expected()
 

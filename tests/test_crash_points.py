@@ -434,3 +434,56 @@ def test_compaction_killed_at_every_commit_then_rerun(tmp_path, spark):
         assert base_rows(loc) == model, what
         assert_reads_correctly(loc, model, what)
     print_summary("compaction", ops, [(k, False) for k, _ in cases], time.monotonic() - t0)
+
+
+def test_compaction_killed_around_its_index_catchup_then_rerun(tmp_path, spark):
+    """A table small enough to keep fully compacted, whose last merge's fragment is not indexed
+    yet: compaction catches the index up first (so Lance can fold that fragment in). Killed
+    before and right after that catch-up commit, the table reads correctly, progress is
+    untouched, and a rerun of compaction plus index catch-up ends where the un-killed run
+    ended: one fragment, no deletion files, catch-up == progress, base == model."""
+    t0 = time.monotonic()
+    root = str(tmp_path / "template")
+    loc = open_store(root)
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=300, btree_index=True,
+                      maintained_indexes=["id_btree"])
+    w = demo.Workload(loc, seed=31, key_space=2000, max_memtable_rows=100)
+    w.write_round(80, overwrite=0.4, delete=0.1, puts_per_batch=10)
+    assert not merge.merge(loc, spark).region_errors
+    model, before = w.expected(), table.read_memwal_state(loc)
+    plan = compaction.plan_compaction(loc)
+    assert plan.full and plan.index_first == ["id_btree"], plan.summary
+
+    base = copy_of((root,), str(tmp_path / "baseline"))
+    p = run_job("compact", base.lance_uri, {})
+    assert p.returncode == 0, p.stderr[-3000:]
+    want = compaction.read_health(base)
+    assert want.fragments == 1 and want.fragments_with_deletions == 0 and want.unindexed_rows == 0
+    assert table.read_memwal_state(base).catchup["id_btree"] == before.merged
+
+    points = ["compaction.before_index_first", "compaction.after_index_first"]
+    cases = [(pt, str(tmp_path / pt)) for pt in points]
+    for _, d in cases:
+        copy_of((root,), d)
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda c: run_job("compact", c[1], {"MEMWAL_CRASH_AT": c[0]}), cases))
+    for (pt, d), p in zip(cases, procs):
+        what = f"compaction killed at {pt}"
+        assert p.returncode == faults.EXIT_CODE, f"{what}: {p.returncode} {p.stderr[-3000:]}"
+        loc = open_store(d)
+        assert_reads_correctly(loc, model, what)
+        state = table.read_memwal_state(loc)
+        assert state.merged == before.merged, what
+        caught_up = pt.startswith("compaction.after")
+        assert (state.catchup.get("id_btree") == before.merged) == caught_up, what
+        r = compaction.compact(loc, spark)
+        assert r.status == "compacted" and not r.errors, (what, r.status, r.errors)
+        catchup.run_catchup(loc)
+        got = compaction.read_health(loc)
+        assert (got.fragments, got.fragments_with_deletions, got.live_rows) == \
+            (want.fragments, want.fragments_with_deletions, want.live_rows), what
+        assert table.read_memwal_state(loc).catchup["id_btree"] == before.merged, what
+        assert base_rows(loc) == model, what
+        assert_reads_correctly(loc, model, what)
+    print(f"\n[crash points] compaction's index catch-up: killed at {points}; all converged "
+          f"({time.monotonic() - t0:.1f} s)")

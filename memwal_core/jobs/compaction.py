@@ -32,6 +32,14 @@ What a Rewrite commit does to MemWAL state (pylance 14.0.2, tests/test_compactio
   table before a Rewrite and commits after it is rebased by Lance.
 - Time travel: older versions keep their fragments until `cleanup_old_versions` removes them.
 
+A table of at most `cheap_rewrite_bytes` is kept **fully compacted**: any second fragment or
+deletion file is rewritten away on the next run (every deletion file materialized), because on
+a small table each costs its scans 30-40 % (docs/benchmarks.md §7), more than the rewrite.
+Lance compacts only fragments with the same index coverage, so the fragment the preceding merge
+added (not indexed yet: catch-up follows compaction) would stay apart forever; when a compaction
+runs and some index has unindexed rows, it **indexes first** (the catch-up that would follow it)
+and plans after that, so the newest fragment is folded in too.
+
 Index segments: an index with more segments than `max_index_segments` is merged with
 `optimize_indices(num_indices_to_merge=N)` (centroids and codebooks kept). A vector index
 whose data drifted from its training (rows outside its first segment plus unindexed rows,
@@ -113,6 +121,20 @@ class TableHealth:
     @property
     def index_segments(self) -> dict[str, int]:
         return {i.name: i.segments for i in self.indexes}
+
+    @property
+    def unindexed_rows(self) -> int:
+        """Rows some index does not cover yet (the most of any index)."""
+        return max((i.unindexed_rows for i in self.indexes), default=0)
+
+    def cheap_reason(self, o: CompactionOptions) -> str | None:
+        """Why a table small enough to keep fully compacted is not (None: it is, or too big)."""
+        if not o.cheap_rewrite_bytes or self.bytes > o.cheap_rewrite_bytes:
+            return None
+        if self.fragments <= 1 and not self.fragments_with_deletions:
+            return None
+        return (f"{self.fragments} fragments, {self.fragments_with_deletions} with deletions, in a table of "
+                f"{self.bytes} bytes <= cheap_rewrite_bytes {o.cheap_rewrite_bytes}: kept fully compacted")
 
     def reasons(self, o: CompactionOptions) -> list[str]:
         """The data triggers that fire (empty: healthy)."""
@@ -212,6 +234,8 @@ class CompactionPlan:
     health: TableHealth
     options: CompactionOptions
     reasons: list[str]  # data triggers that fired
+    full: bool = False  # cheap enough to keep fully compacted: every deletion file materialized
+    index_first: list[str] = field(default_factory=list)  # indexes caught up before the rewrite
     tasks: int = 0
     source_fragments: int = 0
     source_bytes: int = 0
@@ -222,7 +246,7 @@ class CompactionPlan:
 
     @property
     def healthy(self) -> bool:
-        return not self.tasks and not self.merge_segments and not self.retrain
+        return not self.tasks and not self.index_first and not self.merge_segments and not self.retrain
 
     @property
     def summary(self) -> str:
@@ -230,8 +254,12 @@ class CompactionPlan:
             why = "; ".join(self.reasons) + " but nothing Lance would rewrite" if self.reasons else ""
             return "healthy, skipped" + (f" ({why})" if why else "")
         parts = []
-        if self.tasks:
-            parts.append(f"compact {self.source_fragments} fragments in {self.tasks} tasks ({'; '.join(self.reasons)})")
+        if self.index_first:
+            parts.append(f"catch up {', '.join(self.index_first)} first ({self.health.unindexed_rows} unindexed "
+                         "rows: Lance compacts only fragments with the same index coverage)")
+        if self.tasks or self.index_first:
+            parts.append(f"compact {self.source_fragments} fragments in {self.tasks} tasks ({'; '.join(self.reasons)})"
+                         + (" as planned now; planned again after the catch-up" if self.index_first else ""))
         if self.merge_segments:
             parts.append("merge index segments of " + ", ".join(f"{n} ({s})" for n, s in self.merge_segments.items()))
         if self.retrain:
@@ -240,7 +268,8 @@ class CompactionPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"table": self.table_uri, "table_version": self.table_version, "summary": self.summary,
-                "health": self.health.to_dict(), "reasons": self.reasons, "tasks": self.tasks,
+                "health": self.health.to_dict(), "reasons": self.reasons, "full": self.full,
+                "index_first": self.index_first, "tasks": self.tasks,
                 "source_fragments": self.source_fragments, "source_bytes": self.source_bytes,
                 "merge_segments": self.merge_segments, "retrain": self.retrain,
                 "retrain_refused": self.retrain_refused, "options": asdict(self.options)}
@@ -250,10 +279,10 @@ def _task_bytes(task) -> int:
     return sum(f.file_size_bytes or 0 for frag in task.fragments for f in frag.files)
 
 
-def bounded_plan(ds: lance.LanceDataset, o: CompactionOptions):
+def bounded_plan(ds: lance.LanceDataset, o: CompactionOptions, full: bool = False):
     """`Compaction.plan` limited to the first candidate fragments (oldest first) that fit
     `max_fragments_per_run` and `max_bytes_per_run` (at least two, so it always progresses)."""
-    lp = Compaction.plan(ds, o.lance_options())
+    lp = Compaction.plan(ds, o.lance_options(full=full))
     candidates = [frag for t in lp.tasks for frag in t.fragments]
     keep: list[int] = []
     size = 0
@@ -266,7 +295,8 @@ def bounded_plan(ds: lance.LanceDataset, o: CompactionOptions):
     if len(keep) == len(candidates):
         return lp
     kept = set(keep)
-    return Compaction.plan(ds, o.lance_options([f.fragment_id for f in ds.get_fragments() if f.fragment_id not in kept]))
+    return Compaction.plan(ds, o.lance_options([f.fragment_id for f in ds.get_fragments() if f.fragment_id not in kept],
+                                               full=full))
 
 
 def plan_compaction(loc: TableLocation, options: CompactionOptions | None = None) -> CompactionPlan:
@@ -276,9 +306,14 @@ def plan_compaction(loc: TableLocation, options: CompactionOptions | None = None
     table.read_memwal_state(loc, ds.version)  # a table without MemWAL is refused, as every step does
     health = read_health(loc, o, ds)
     reasons = health.reasons(o)
-    plan = CompactionPlan(loc.lance_uri, ds.version, health, o, reasons)
+    cheap = health.cheap_reason(o)
+    full = cheap is not None
+    if cheap is not None:
+        reasons.append(cheap)
+    plan = CompactionPlan(loc.lance_uri, ds.version, health, o, reasons, full)
     if reasons:
-        lp = bounded_plan(ds, o)
+        plan.index_first = sorted(i.name for i in health.indexes if i.unindexed_rows)
+        lp = bounded_plan(ds, o, full)
         plan.lance_plan = lp
         plan.tasks = len(lp.tasks)
         plan.source_fragments = sum(len(t.fragments) for t in lp.tasks)
@@ -355,6 +390,7 @@ class CompactionResult:
     conflicts: int = 0
     fragments_removed: int = 0
     fragments_added: int = 0
+    indexed_first: list[str] = field(default_factory=list)  # caught up before the rewrite
     segments_merged: dict[str, int] = field(default_factory=dict)
     retrained: list[str] = field(default_factory=list)
     catchup_restored: list[str] = field(default_factory=list)
@@ -394,15 +430,18 @@ def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
         return result
     before = table.read_memwal_state(loc, plan.table_version)
     lance_plan = plan.lance_plan
-    if plan.tasks:
+    if plan.tasks or plan.index_first:
         if spark is None:
             raise ValueError("compaction has tasks to run but no Spark session was given")
         result.status = "nothing to rewrite"
+        if plan.index_first:
+            _index_first(loc, plan.index_first, result, say)
+            lance_plan = None
         while True:
             result.attempts += 1
-            if lance_plan is None:  # a retry: plan again from the version that won
+            if lance_plan is None:  # after the catch-up, or a retry: plan from the latest version
                 ds = table.open_dataset(loc)
-                lance_plan = bounded_plan(ds, o)
+                lance_plan = bounded_plan(ds, o, plan.full)
                 before = table.read_memwal_state(loc, ds.version)
             if not lance_plan.tasks:
                 break
@@ -450,6 +489,25 @@ def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
     result.health_after = read_health(loc, o, ds)
     result.duration_s = time.monotonic() - t0
     return result
+
+
+def _index_first(loc: TableLocation, names: list[str], result: CompactionResult,
+                 say: Callable[[str], None]) -> None:
+    """Catch up `names` so Lance can compact the newest (unindexed) fragments with the rest.
+
+    A failing index is recorded and the compaction goes on: it then leaves the unindexed
+    fragments apart, exactly as without this step.
+    """
+    say(f"compaction: catching up {', '.join(names)} first (Lance compacts only fragments with the same "
+        "index coverage)")
+    faults.point("compaction.before_index_first")
+    r = catchup.run_catchup(loc, names)
+    faults.point("compaction.after_index_first")
+    result.indexed_first = [i.name for i in r.indexes if i.optimized and i.error is None]
+    for name, err in r.errors.items():
+        result.errors[name] = f"catch-up before compaction: {err}"
+        log.warning("index %s: catch-up before compaction failed (%s); its unindexed fragments stay apart",
+                    name, err)
 
 
 def _optimize(loc: TableLocation, name: str, result: CompactionResult, kw: dict, record: dict | None,
