@@ -293,7 +293,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         plan = compaction.plan_compaction(loc, cfg.compaction)
         context.log.info(f"compaction plan: {plan.summary}")
         # The lazy session starts only when there are fragments to rewrite.
-        spark = _spark(context, keys).spark_session if plan.tasks else None
+        spark = _spark(context, keys).spark_session if plan.needs_spark else None
         r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info)
         for name, err in r.errors.items():
             context.log.error(f"index {name}: {err}")

@@ -360,6 +360,22 @@ def test_base_compaction_asset_metadata_and_healthy_skip(table_loc, spark):
     assert second["status"].value == "healthy, skipped" and second["tasks"].value == 0
     assert second["fragments"].value == 1
     assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    # An insert-only merge adds one unindexed fragment and no deletion file: Lance's plan has no
+    # task until the index is caught up, so the asset must start Spark for the plan it makes after.
+    w.key_space = 10**9  # new keys only: no row of the compacted fragment is replaced
+    w.write_round(30, overwrite=0.0, delete=0.0, absent_delete=0.0, puts_per_batch=10)
+    assert not merge.merge(table_loc, spark).region_errors
+    plan = compaction.plan_compaction(table_loc, cfg.compaction)
+    assert plan.tasks == 0 and plan.index_first == ["id_btree"] and plan.needs_spark
+    with DagsterInstance.ephemeral() as instance:
+        r = materialize([asset], instance=instance, resources=td.resources)
+    assert r.success
+    third = r.asset_materializations_for_node(asset.op.name)[0].metadata
+    assert third["status"].value == "compacted" and third["indexed_first"].value == ["id_btree"]
+    assert third["fragments_before"].value == 2 and third["fragments"].value == 1
+    state = table.read_memwal_state(table_loc)
+    assert state.catchup["id_btree"] == state.merged
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
 
 
 def test_compaction_on_s3(s3_table_loc, spark):

@@ -245,6 +245,11 @@ class CompactionPlan:
     lance_plan: Any = field(default=None, repr=False, compare=False)
 
     @property
+    def needs_spark(self) -> bool:
+        """Fragments to rewrite now, or possibly after the catch-up that comes first."""
+        return bool(self.tasks or self.index_first)
+
+    @property
     def healthy(self) -> bool:
         return not self.tasks and not self.index_first and not self.merge_segments and not self.retrain
 
@@ -430,7 +435,7 @@ def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
         return result
     before = table.read_memwal_state(loc, plan.table_version)
     lance_plan = plan.lance_plan
-    if plan.tasks or plan.index_first:
+    if plan.needs_spark:
         if spark is None:
             raise ValueError("compaction has tasks to run but no Spark session was given")
         result.status = "nothing to rewrite"
