@@ -571,3 +571,29 @@ def test_maintain_dry_run_and_merge_on_a_stable_row_id_table(table_loc, spark, c
     failed = json.loads(capsys.readouterr().out)["failed"]
     assert len(failed) == 1 and failed[0].startswith("merge: ") and "stable row ids" in failed[0], failed
     assert table.open_dataset(table_loc).version == version
+
+
+@pytest.mark.xfail(strict=True, reason="base_compaction raises on any failure and memwal_index -> index_catchup "
+                   "-> garbage depend on it in the maintenance job, so Dagster skips them: a compaction that keeps "
+                   "failing (a rewrite task error, Spark unavailable) stalls snapshots, catch-up and GC; the CLI "
+                   "runs its steps separately and is not affected")
+def test_a_failing_compaction_does_not_stall_the_rest_of_maintenance(table_loc, spark):
+    import os
+
+    from dagster import DagsterInstance, materialize
+
+    from memwal_core.options import SparkOptions
+    from memwal_pipeline.config import TableConfig
+    from memwal_pipeline.definitions import table_definitions
+
+    fragmented_table(table_loc)
+    frag = table.open_dataset(table_loc).get_fragments()[3].metadata.files[0].path
+    os.remove(os.path.join(table_loc.lance_uri, "data", frag))  # the rewrite task of that fragment fails
+    cfg = TableConfig(name="t", uri=table_loc.lance_uri, spark=SparkOptions(master="local[2]"))
+    td = table_definitions(cfg)
+    by = {a.key.path[-1]: a for a in td.assets}
+    with DagsterInstance.ephemeral() as instance:
+        r = materialize([by["base_compaction"], by["memwal_index"]], instance=instance, resources=td.resources,
+                        raise_on_error=False)
+        assert not r.success  # compaction failed, and says so
+        assert r.asset_materializations_for_node(by["memwal_index"].op.name)  # the snapshot still ran
