@@ -428,9 +428,8 @@ def _first_failure(result) -> str:
 def dry_run(cfg, secrets: dict[str, str] | None = None) -> dict[str, Any]:
     """Plans only: what each step would do. Touches nothing."""
     from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
-    from memwal_core.state.store import open_store
-
     from memwal_core.state import table
+    from memwal_core.state.store import open_store
 
     secrets = _secret_values(cfg, {}) if secrets is None else secrets
     loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
