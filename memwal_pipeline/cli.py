@@ -428,13 +428,20 @@ def _first_failure(result) -> str:
 def dry_run(cfg, secrets: dict[str, str] | None = None) -> dict[str, Any]:
     """Plans only: what each step would do. Touches nothing."""
     from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+    from memwal_core.state import table
     from memwal_core.state.store import open_store
 
     secrets = _secret_values(cfg, {}) if secrets is None else secrets
     loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
+    merge_plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes,
+                                  max_generations=cfg.merge.max_generations).to_dict()
+    try:  # what the merge step would refuse, the plan says (instead of batches that never run)
+        table.refuse_stable_row_ids(table.open_dataset(loc))
+    except table.StableRowIds as e:
+        merge_plan["refused"] = str(e)
     return {
         "table": cfg.uri,
-        "merge": merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes, max_generations=cfg.merge.max_generations).to_dict(),
+        "merge": merge_plan,
         "compact": compaction.plan_compaction(loc, cfg.compaction).to_dict(),
         "index": _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold, dry_run=True,
                                                  update_hints=False)),
@@ -503,8 +510,9 @@ def cmd_maintain(a) -> int:
 def _format_plan(plan: dict[str, Any]) -> str:
     m = plan["merge"]
     lines = [f"table {plan['table']} (version {m['table_version']})",
+             f"merge: refused: {m['refused']}" if m.get("refused") else
              f"merge: {sum(len(b['generations']) for b in m['batches'])} generations in {len(m['batches'])} batches"]
-    for b in m["batches"]:
+    for b in [] if m.get("refused") else m["batches"]:
         lines.append(f"  batch of {len(b['generations'])} generations, {b['bytes']} bytes -> progress {b['progress']}")
     for rid, err in m["region_errors"].items():
         lines.append(f"  region {rid}: {err}")

@@ -433,3 +433,235 @@ def test_a_merge_read_before_a_compaction_rebases_on_it(table_loc, spark):
     got = table.open_dataset(table_loc).to_table()
     assert got.num_rows == len(as_dict(got)) and as_dict(got) == w.model
     assert table.read_memwal_state(table_loc).merged == merged
+
+
+# ------------------------------------------------------------------ review: races, bounds, leftovers
+
+def unreferenced_data_files(loc) -> set[str]:
+    """Data files no retained table version references (what a lost rewrite would leave)."""
+    ds = table.open_dataset(loc)
+    referenced = {f"data/{f.path}" for v in ds.versions()
+                  for frag in table.open_dataset(loc, version=v["version"]).get_fragments()
+                  for f in frag.metadata.files}
+    return {o.key for o in loc.store.list("data/")} - referenced
+
+
+def index_lookups_agree(loc, model: dict) -> None:
+    """Filtered reads (the btree answers them) return the model's rows: the index was remapped right."""
+    ds = table.open_dataset(loc)
+    for k in sorted(model)[:12]:
+        assert ds.to_table(filter=f"id = {k}").to_pylist() == [model[k]], k
+
+
+@pytest.mark.parametrize("racer", ["catchup", "snapshot", "compaction"])
+def test_other_commits_between_plan_and_commit(table_loc, spark, racer):
+    """Not only merges commit to the base table: an index catch-up (CreateIndex), a MemWAL
+    snapshot (the MemWAL index) or a second compaction may land between our rewrite and our
+    commit. Each ends in a right table: catch-up and a second Rewrite conflict (retried, then
+    nothing left to rewrite), the snapshot is rebased over and kept, never overwritten."""
+    from memwal_core.jobs import snapshot
+
+    w = fragmented_table(table_loc)
+    write_and_merge(w, spark, 2)
+    if racer != "catchup":
+        catchup.run_catchup(table_loc)
+    before = table.read_memwal_state(table_loc)
+    plan = compaction.plan_compaction(table_loc)
+    raced = []
+
+    def race(attempt: int) -> None:
+        if attempt == 1:
+            raced.append({"catchup": lambda: catchup.run_catchup(table_loc),
+                          "snapshot": lambda: snapshot.build_snapshot(table_loc),
+                          "compaction": lambda: compaction.compact(table_loc, spark)}[racer]())
+
+    r = compaction.execute_compaction(table_loc, plan, spark, before_commit=race)
+    assert not r.errors and r.status in ("compacted", "nothing to rewrite"), r.status
+    state = table.read_memwal_state(table_loc)
+    assert state.merged == before.merged
+    assert compaction.read_health(table_loc).fragments <= 2
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    assert as_dict(reader.lsm_table(table_loc)) == w.expected()
+    index_lookups_agree(table_loc, w.expected())
+    if racer == "snapshot":
+        assert raced[0].committed and r.conflicts == 0  # Lance rebased the Rewrite over it
+        theirs = table.read_memwal_state(table_loc, raced[0].table_version).details
+        assert (state.details.snapshot_ts_millis, state.details.inline_snapshots) == \
+            (theirs.snapshot_ts_millis, theirs.inline_snapshots)
+    else:
+        assert r.conflicts == 1 and r.attempts == 2
+    catchup.run_catchup(table_loc)
+    state = table.read_memwal_state(table_loc)
+    assert state.catchup["id_btree"] == state.merged
+    assert not unreferenced_data_files(table_loc)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_merge_winning_every_attempt_gives_up_and_leaves_no_files(request, spark, where):
+    """A merge lands before every one of `max_attempts` commits: three conflicts, then a clean
+    give-up. The data files each lost rewrite wrote are deleted at once (Lance alone keeps
+    never-referenced files for 7 days, whatever the retention), so a table whose compaction
+    keeps losing does not pile up a rewrite per attempt."""
+    loc = request.getfixturevalue("table_loc" if where == "local" else "s3_table_loc")
+    w = fragmented_table(loc)
+    write_and_merge(w, spark, 1)
+    catchup.run_catchup(loc)
+    plan = compaction.plan_compaction(loc, CompactionOptions(max_attempts=3))
+    seen = []
+
+    def concurrent_merge(attempt: int) -> None:
+        seen.append(attempt)
+        w.write_round(20, overwrite=0.5, delete=0.2, puts_per_batch=10)
+        assert merge.merge(loc, spark).commits == 1
+
+    r = compaction.execute_compaction(loc, plan, spark, before_commit=concurrent_merge)
+    assert seen == [1, 2, 3] and (r.attempts, r.conflicts) == (3, 3) and r.status.startswith("gave up")
+    assert not r.committed and not r.catchup_restored
+    assert as_dict(table.open_dataset(loc).to_table()) == w.expected()
+    assert not unreferenced_data_files(loc)
+
+
+def test_gc_after_compaction_keeps_what_retained_versions_read(table_loc, spark):
+    """GC's base-version cleanup after a compaction: a retained pre-compaction version still
+    reads as it did; once only the latest is retained, every data file left is one it reads."""
+    from memwal_core.jobs import gc
+    from memwal_core.options import GcOptions
+
+    w = fragmented_table(table_loc)
+    write_and_merge(w, spark, 1)
+    catchup.run_catchup(table_loc)
+    ds = table.open_dataset(table_loc)
+    old_version, old_rows = ds.version, as_dict(ds.to_table())
+    assert compaction.compact(table_loc, spark).status == "compacted"
+    keep = table.open_dataset(table_loc).version - old_version + 1
+    gc.run_gc(table_loc, GcOptions(cleanup_base_versions_retain=keep))
+    assert old_version in [v["version"] for v in table.open_dataset(table_loc).versions()]
+    assert as_dict(table.open_dataset(table_loc, version=old_version).to_table()) == old_rows
+    gc.run_gc(table_loc, GcOptions(cleanup_base_versions_retain=1))
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    assert as_dict(reader.lsm_table(table_loc)) == w.expected()
+    assert not unreferenced_data_files(table_loc)
+
+
+def test_bounded_runs_progress_and_deletion_only_trigger(table_loc, spark):
+    """Per-run bounds hold when executed, not only planned (a bound below one task's size still
+    progresses: at least two fragments); a table of large fragments whose only trouble is
+    deleted rows is rewritten with its deletions materialized, progress kept."""
+    w = fragmented_table(table_loc)
+    removed = [compaction.compact(table_loc, spark, CompactionOptions(max_fragments_per_run=5)).fragments_removed,
+               compaction.compact(table_loc, spark, CompactionOptions(max_bytes_per_run=1)).fragments_removed]
+    assert removed == [5, 2]
+    assert compaction.read_health(table_loc).fragments == 30 - 4 - 1
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+
+    from memwal_core.state.store import open_store
+
+    loc = open_store(table_loc.lance_uri + "-big")
+    ds = lance.write_dataset(demo.rows_table([demo.row(i, 0) for i in range(3000)]), loc.lance_uri,
+                             schema=demo.SCHEMA, max_rows_per_file=1000)
+    ds.delete("id % 3 = 0")
+    ds.create_scalar_index("id", "BTREE", name="id_btree")
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2, maintained_indexes=["id_btree"])
+    big = demo.Workload(loc, seed=5, key_space=4000, max_memtable_rows=40)
+    big.write_round(40, overwrite=0.5, delete=0.2, puts_per_batch=10)
+    assert not merge.merge(loc, spark).region_errors
+    catchup.run_catchup(loc)
+    o = CompactionOptions(min_deleted_rows=100, small_fragment_rows=30, max_small_fragments=100)
+    before = table.read_memwal_state(loc)
+    plan = compaction.plan_compaction(loc, o)
+    assert [r.split(" ")[0] for r in plan.reasons] == ["deleted"] and plan.tasks >= 1
+    r = compaction.execute_compaction(loc, plan, spark)
+    assert r.status == "compacted" and r.health_after.deleted_rows == 0
+    after = table.read_memwal_state(loc)
+    assert after.merged == before.merged and after.catchup == before.catchup
+    assert as_dict(table.open_dataset(loc).to_table()) == big.expected()
+    index_lookups_agree(loc, big.expected())
+    # Every row deleted: Lance drops the fragments; nothing to compact, nothing breaks.
+    table.open_dataset(loc).delete("true")
+    assert compaction.compact(loc, spark, o).status == "healthy, skipped"
+
+
+def test_segment_merge_keeps_a_maintained_codebook(table_loc):
+    """Merging a MemTable-maintained vector index's segments keeps its centroids (the spec's
+    stable codebook): only the segment count changes."""
+    import os
+
+    vector_table(table_loc, maintained=["v_idx"])
+
+    def centroids() -> list:
+        os.environ.pop("LANCE_INCLUDE_VECTOR_CENTROIDS", None)
+        return [i.get("centroids") for i in table.open_dataset(table_loc).index_statistics("v_idx")["indices"]]
+
+    c0 = centroids()
+    assert c0[0] is not None and len(c0) == 4
+    o = CompactionOptions(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0,
+                          max_index_segments=2)
+    r = compaction.compact(table_loc, None, o)
+    assert r.segments_merged == {"v_idx": 4} and centroids() == [c0[0]]
+
+
+@pytest.mark.xfail(strict=True, reason="drift_share counts rows outside the first index segment, so merging "
+                   "segments (num_indices_to_merge, which keeps the old codebook) resets it to 0 and hides the "
+                   "drift; fixing it needs the trained row count recorded somewhere Lance does not expose")
+def test_segment_merge_does_not_hide_vector_drift(table_loc):
+    vector_table(table_loc, maintained=[])
+    drift = compaction.read_health(table_loc).indexes[0].drift_share
+    assert drift > 0.2
+    o = CompactionOptions(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0,
+                          max_index_segments=2)
+    r = compaction.compact(table_loc, None, o)
+    assert r.segments_merged == {"v_idx": 4}
+    assert r.health_after.indexes[0].drift_share >= drift  # the codebook is still the one trained first
+    plan = compaction.plan_compaction(table_loc, CompactionOptions(**{**o.__dict__, "retrain_drift_share": 0.2,
+                                                                     "retrain_vector_indexes": True}))
+    assert plan.retrain == ["v_idx"]
+
+
+def test_maintain_dry_run_and_merge_on_a_stable_row_id_table(table_loc, spark, capsys):
+    """`memwal maintain --dry-run` says the merge would be refused (not a batch plan that never
+    runs); the real merge step fails with the reason and changes nothing."""
+    import json
+
+    from memwal_pipeline import cli
+
+    ds = lance.write_dataset(demo.rows_table([demo.row(i, 0) for i in range(20)]), table_loc.lance_uri,
+                             schema=demo.SCHEMA, enable_stable_row_ids=True)
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2)
+    demo.Workload(table_loc, seed=3, key_space=50, max_memtable_rows=20).write_round(20)
+    version = table.open_dataset(table_loc).version
+    assert cli.main(["maintain", table_loc.lance_uri, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "merge: refused: " in out and "stable row ids" in out and "batch of" not in out, out
+    assert cli.main(["maintain", table_loc.lance_uri, "--dry-run", "--json"]) == 0
+    assert "stable row ids" in json.loads(capsys.readouterr().out)["merge"]["refused"]
+    assert cli.main(["maintain", table_loc.lance_uri, "--only", "merge", "--spark-master", "local[2]",
+                     "--json"]) == 1
+    failed = json.loads(capsys.readouterr().out)["failed"]
+    assert len(failed) == 1 and failed[0].startswith("merge: ") and "stable row ids" in failed[0], failed
+    assert table.open_dataset(table_loc).version == version
+
+
+@pytest.mark.xfail(strict=True, reason="base_compaction raises on any failure and memwal_index -> index_catchup "
+                   "-> garbage depend on it in the maintenance job, so Dagster skips them: a compaction that keeps "
+                   "failing (a rewrite task error, Spark unavailable) stalls snapshots, catch-up and GC; the CLI "
+                   "runs its steps separately and is not affected")
+def test_a_failing_compaction_does_not_stall_the_rest_of_maintenance(table_loc, spark):
+    import os
+
+    from dagster import DagsterInstance, materialize
+
+    from memwal_core.options import SparkOptions
+    from memwal_pipeline.config import TableConfig
+    from memwal_pipeline.definitions import table_definitions
+
+    fragmented_table(table_loc)
+    frag = table.open_dataset(table_loc).get_fragments()[3].metadata.files[0].path
+    os.remove(os.path.join(table_loc.lance_uri, "data", frag))  # the rewrite task of that fragment fails
+    cfg = TableConfig(name="t", uri=table_loc.lance_uri, spark=SparkOptions(master="local[2]"))
+    td = table_definitions(cfg)
+    by = {a.key.path[-1]: a for a in td.assets}
+    with DagsterInstance.ephemeral() as instance:
+        r = materialize([by["base_compaction"], by["memwal_index"]], instance=instance, resources=td.resources,
+                        raise_on_error=False)
+        assert not r.success  # compaction failed, and says so
+        assert r.asset_materializations_for_node(by["memwal_index"].op.name)  # the snapshot still ran

@@ -27,8 +27,8 @@ What a Rewrite commit does to MemWAL state (pylance 14.0.2, tests/test_compactio
 - A merge committed between plan and commit makes the Rewrite fail with a retryable commit
   conflict (even an insert-only merge: `merge_insert` is an Update). The executor re-plans
   from the new version and re-runs the tasks, up to `max_attempts`, then gives up cleanly:
-  nothing of the failed attempt is visible (its data files are unreferenced; Lance's
-  `cleanup_old_versions` removes them). The other order is harmless: a merge that read the
+  nothing of the failed attempt is visible, and the executor deletes its unreferenced data
+  files at once (Lance's `cleanup_old_versions` would keep never-referenced files 7 days). The other order is harmless: a merge that read the
   table before a Rewrite and commits after it is rebased by Lance.
 - Time travel: older versions keep their fragments until `cleanup_old_versions` removes them.
 
@@ -465,6 +465,7 @@ def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
                 if not is_commit_conflict(e):
                     raise
                 result.conflicts += 1
+                discard_rewrites(loc, rewrites)
                 if result.attempts >= o.max_attempts:
                     result.status = (f"gave up: {result.conflicts} commit conflicts with concurrent commits "
                                      "(merges); nothing of the rewrite is visible, the next run retries")
@@ -513,6 +514,22 @@ def _index_first(loc: TableLocation, names: list[str], result: CompactionResult,
         result.errors[name] = f"catch-up before compaction: {err}"
         log.warning("index %s: catch-up before compaction failed (%s); its unindexed fragments stay apart",
                     name, err)
+
+
+def discard_rewrites(loc: TableLocation, rewrites: list) -> int:
+    """Delete the data files of rewrites whose commit lost a race (a conflict: no manifest
+    references them, and none ever will). Lance leaves them to `cleanup_old_versions`, which
+    keeps files no manifest ever referenced for 7 days (it cannot tell them from a write in
+    flight): a table whose compaction keeps losing to merges would pile up a full rewrite per
+    attempt. Best effort: a failure here only leaves them to Lance's cleanup."""
+    keys = [f"data/{f.path}" for r in rewrites for frag in r.new_fragments for f in frag.files
+            if getattr(f, "base_id", None) is None]
+    try:
+        return loc.store.delete_many(keys) if keys else 0
+    except Exception as e:  # noqa: BLE001 - a leftover file is garbage, not damage
+        log.warning("compaction: could not delete %d data files of a lost rewrite (%s); Lance's "
+                    "cleanup_old_versions removes them after its unverified-file age", len(keys), e)
+        return 0
 
 
 def _optimize(loc: TableLocation, name: str, result: CompactionResult, kw: dict, record: dict | None,
