@@ -23,6 +23,9 @@ from datetime import timedelta
 from typing import Any
 
 from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
@@ -284,22 +287,42 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
 
     @asset(key=keys.asset("base_compaction"), kinds={"lance", "spark"}, deps=[base_table], group_name=group,
            pool=cfg.pool, required_resource_keys=table_res | {keys.spark_resource},
+           check_specs=[AssetCheckSpec(
+               "compaction_ok", asset=keys.asset("base_compaction"),
+               description="ERROR when the compaction failed (the MemWAL index, catch-up and GC still ran "
+                           "after it); WARN when an index could not be caught up or merged")],
            description="Base-table health: compacts small fragments and materializes deletions when a "
                        "threshold is passed (planned here, rewritten in Spark tasks, committed here; "
                        "bounded per run), merges index segments past their threshold; otherwise "
                        "reports 'healthy, skipped'. Merge progress and index catch-up are kept.")
     def base_compaction(context: AssetExecutionContext) -> MaterializeResult:
+        # Compaction is the table's long-run health, not its correctness: when it fails, the
+        # asset still materializes (its check fails) so that the MemWAL index, index catch-up
+        # and GC after it in the maintenance job are not skipped run after run.
         loc = _location(context, keys)
-        plan = compaction.plan_compaction(loc, cfg.compaction)
-        context.log.info(f"compaction plan: {plan.summary}")
-        # The lazy session starts only when there are fragments to rewrite.
-        spark = _spark(context, keys).spark_session if plan.needs_spark else None
-        r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info)
+        try:
+            plan = compaction.plan_compaction(loc, cfg.compaction)
+            context.log.info(f"compaction plan: {plan.summary}")
+            # The lazy session starts only when there are fragments to rewrite.
+            spark = _spark(context, keys).spark_session if plan.needs_spark else None
+            r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info)
+        except Exception as e:  # noqa: BLE001 - reported by the check, never stalls the rest
+            err = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            context.log.exception(f"compaction failed; the steps after it still run: {err}")
+            return MaterializeResult(
+                metadata={"status": MetadataValue.text(f"failed: {err}")},
+                check_results=[AssetCheckResult(check_name="compaction_ok", passed=False,
+                                                severity=AssetCheckSeverity.ERROR,
+                                                metadata={"error": MetadataValue.text(err)})])
         for name, err in r.errors.items():
             context.log.error(f"index {name}: {err}")
         for name, why in plan.retrain_refused.items():
             context.log.warning(f"index {name}: not retrained: {why}")
-        return MaterializeResult(metadata=compaction_metadata(plan, r))
+        return MaterializeResult(
+            metadata=compaction_metadata(plan, r),
+            check_results=[AssetCheckResult(check_name="compaction_ok", passed=not r.errors,
+                                            severity=AssetCheckSeverity.WARN,
+                                            metadata={"errors": MetadataValue.json(r.errors)})])
 
     @asset(key=keys.asset("memwal_index"), kinds={"lance"}, deps=[base_compaction], group_name=group, pool=cfg.pool,
            required_resource_keys=table_res,
