@@ -379,6 +379,14 @@ def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch:
         if obs:  # merge: per-region materializations; the run's totals are an observation
             md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()}
         report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
+        if str(md.get("status", "")).startswith("failed: "):
+            # A step that reports its failure instead of raising (compaction: the steps after
+            # it must still run in Dagster); its failed check says the same, said once here.
+            err = md["status"][len("failed: "):]
+            report["steps"][step]["ok"] = False
+            report["failed"].append(f"{step}: {err}")
+            _say(f"[{cfg.name}] {step} FAILED: {err}")
+            continue
         errors = md.get("region_errors") or md.get("errors") or {}  # per region, else (compaction) per index
         for key, err in (errors.items() if isinstance(errors, dict) else []):
             report["failed"].append(f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}")

@@ -681,4 +681,5 @@ def test_a_failing_compaction_does_not_stall_the_rest_of_maintenance(table_loc, 
     assert cli.main(["maintain", table_loc.lance_uri, "--only", "compact", "--spark-master", "local[2]",
                      "--json"]) != 0
     rep = json.loads(capsys.readouterr().out)
-    assert any(f.startswith("check compaction_ok") for f in rep["failed"]), rep["failed"]
+    assert len(rep["failed"]) == 1 and rep["failed"][0].startswith("compact: "), rep["failed"]
+    assert rep["steps"]["compact"]["ok"] is False
