@@ -41,8 +41,9 @@ runs and some index has unindexed rows, it **indexes first** (the catch-up that 
 and plans after that, so the newest fragment is folded in too.
 
 Index segments: an index with more segments than `max_index_segments` is merged with
-`optimize_indices(num_indices_to_merge=N)` (centroids and codebooks kept). A vector index
-whose data drifted from its training (rows outside its first segment plus unindexed rows,
+`optimize_indices(num_indices_to_merge=N)` (centroids and codebooks kept); a vector index
+keeps its first, trained segment apart (it settles at 2 segments), so its drift stays
+visible. A vector index whose data drifted from its training (rows outside its first segment plus unindexed rows,
 as a share of all rows) past `retrain_drift_share` is retrained only on request
 (`retrain_vector_indexes`), and never an index the MemTables maintain: the spec requires a
 stable codebook once MemWAL is enabled (switching codebooks is a migration to a new index).
@@ -324,8 +325,12 @@ def plan_compaction(loc: TableLocation, options: CompactionOptions | None = None
         plan.source_fragments = sum(len(t.fragments) for t in lp.tasks)
         plan.source_bytes = sum(_task_bytes(t) for t in lp.tasks)
     for ih in health.indexes:
-        if ih.segments > o.max_index_segments:
-            plan.merge_segments[ih.name] = ih.segments
+        # A vector index keeps its first (trained) segment apart: Lance merges the most recent
+        # N segments, and merging the first one too would hide the drift from its training
+        # (rows outside the first segment), so retraining would never be suggested.
+        mergeable = ih.segments - 1 if ih.vector else ih.segments
+        if ih.segments > o.max_index_segments and mergeable >= 2:
+            plan.merge_segments[ih.name] = mergeable
         if ih.vector and ih.drift_share > o.retrain_drift_share:
             if not o.retrain_vector_indexes:
                 plan.retrain_refused[ih.name] = (f"drift {ih.drift_share:.2f} > {o.retrain_drift_share}: "
