@@ -492,7 +492,7 @@ def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
         if name not in result.errors:
             result.retrained.append(name)
     if o.restore_catchup and result.committed:
-        result.catchup_restored = restore_catchup(loc, before)
+        result.catchup_restored = restore_catchup(loc, before, result.errors)
     if result.status in ("healthy, skipped", "nothing to rewrite") and result.committed:
         result.status = "indexes merged" if not result.retrained else "indexes retrained"
     ds = table.open_dataset(loc)
@@ -558,8 +558,11 @@ def withdrawn_catchup(before: table.MemWalState, after: table.MemWalState) -> li
     return sorted(out)
 
 
-def restore_catchup(loc: TableLocation, before: table.MemWalState) -> list[str]:
-    """Re-record the catch-up a Rewrite withdrew (optimize_indices on those indexes only)."""
+def restore_catchup(loc: TableLocation, before: table.MemWalState, errors: dict[str, str]) -> list[str]:
+    """Re-record the catch-up a Rewrite withdrew (optimize_indices on those indexes only).
+
+    A failure goes into `errors` (the result's: the asset's check and `memwal maintain` show
+    it); the index catch-up that follows compaction in every pass retries it."""
     ds = table.open_dataset(loc)
     existing = catchup.base_indexes(ds)
     names = [n for n in withdrawn_catchup(before, table.read_memwal_state(loc, ds.version)) if n in existing]
@@ -567,6 +570,7 @@ def restore_catchup(loc: TableLocation, before: table.MemWalState) -> list[str]:
         return []
     r = catchup.run_catchup(loc, names)
     for name, err in r.errors.items():
+        errors[name] = f"restoring catch-up after the rewrite: {err}"
         log.warning("restoring catch-up of %s failed: %s", name, err)
     return [o.name for o in r.indexes if o.error is None]
 
