@@ -1,5 +1,6 @@
-"""One asset graph per table: region_generations -> base_table -> base_compaction -> memwal_index ->
-index_catchup -> garbage.
+"""One asset graph per table: region_generations -> base_table -> base_compaction -> index_catchup ->
+memwal_index -> garbage (the issue's order: compaction right after the merge, the snapshot right
+before GC, whose `value_unrecorded` hold it releases).
 
 Each asset is a thin call into memwal_core (plan + execute) that turns the result into
 numeric metadata the UI plots. Every asset that commits to the table runs in the table's
@@ -324,28 +325,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
                                             severity=AssetCheckSeverity.WARN,
                                             metadata={"errors": MetadataValue.json(r.errors)})])
 
-    @asset(key=keys.asset("memwal_index"), kinds={"lance"}, deps=[base_compaction], group_name=group, pool=cfg.pool,
-           required_resource_keys=table_res,
-           description="Snapshot of every region manifest in the MemWAL index (inline up to the "
-                       "threshold, else an external Lance file); refreshes each region's WAL hint.")
-    def memwal_index(context: AssetExecutionContext) -> MaterializeResult:
-        loc = _location(context, keys)
-        r = snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold)
-        for rid, err in r.region_errors.items():
-            context.log.error(f"region {rid}: {err}")
-        return MaterializeResult(metadata={
-            "num_regions": MetadataValue.int(r.num_regions),
-            "storage": MetadataValue.text(r.storage),
-            "hints_updated": MetadataValue.int(len(r.hints_updated)),
-            "regions_failed": MetadataValue.int(len(r.region_errors)),
-            "region_errors": MetadataValue.json(bounded.fit(r.region_errors)),
-            "committed": MetadataValue.bool(getattr(r, "committed", True)),
-            "attempts": MetadataValue.int(r.attempts),
-            "duration_s": MetadataValue.float(round(r.duration_s, 2)),
-            "table_version": MetadataValue.int(r.table_version),
-        })
-
-    @asset(key=keys.asset("index_catchup"), kinds={"lance"}, deps=[memwal_index], group_name=group, pool=cfg.pool,
+    @asset(key=keys.asset("index_catchup"), kinds={"lance"}, deps=[base_compaction], group_name=group, pool=cfg.pool,
            partitions_def=indexes, backfill_policy=BackfillPolicy.single_run(),
            required_resource_keys=table_res,
            description="One partition per base-table index: the index brought up to date "
@@ -381,7 +361,28 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
             "table_version": MetadataValue.int(r.table_version),
         })
 
-    @asset(key=keys.asset("garbage"), kinds={"lance"}, deps=[index_catchup], group_name=group, pool=cfg.pool,
+    @asset(key=keys.asset("memwal_index"), kinds={"lance"}, deps=[index_catchup], group_name=group, pool=cfg.pool,
+           required_resource_keys=table_res,
+           description="Snapshot of every region manifest in the MemWAL index (inline up to the "
+                       "threshold, else an external Lance file); refreshes each region's WAL hint.")
+    def memwal_index(context: AssetExecutionContext) -> MaterializeResult:
+        loc = _location(context, keys)
+        r = snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold)
+        for rid, err in r.region_errors.items():
+            context.log.error(f"region {rid}: {err}")
+        return MaterializeResult(metadata={
+            "num_regions": MetadataValue.int(r.num_regions),
+            "storage": MetadataValue.text(r.storage),
+            "hints_updated": MetadataValue.int(len(r.hints_updated)),
+            "regions_failed": MetadataValue.int(len(r.region_errors)),
+            "region_errors": MetadataValue.json(bounded.fit(r.region_errors)),
+            "committed": MetadataValue.bool(getattr(r, "committed", True)),
+            "attempts": MetadataValue.int(r.attempts),
+            "duration_s": MetadataValue.float(round(r.duration_s, 2)),
+            "table_version": MetadataValue.int(r.table_version),
+        })
+
+    @asset(key=keys.asset("garbage"), kinds={"lance"}, deps=[memwal_index], group_name=group, pool=cfg.pool,
            required_resource_keys=table_res,
            description="Garbage collection: merged and caught-up generations, their WAL files, old "
                        "manifest versions and orphaned directories; never what a reader still needs.")
@@ -410,7 +411,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
             md[f"held_bytes/{h.reason}"] = MetadataValue.int(h.bytes)
         return MaterializeResult(metadata=md)
 
-    return [region_generations, base_table, base_compaction, memwal_index, index_catchup, garbage]
+    return [region_generations, base_table, base_compaction, index_catchup, memwal_index, garbage]
 
 
 def compaction_metadata(plan: compaction.CompactionPlan, r: compaction.CompactionResult) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-STEPS = ("merge", "compact", "index", "catchup", "gc")
+STEPS = ("merge", "compact", "catchup", "index", "gc")
 ASSET_OF_STEP = {"merge": "base_table", "compact": "base_compaction", "index": "memwal_index",
                  "catchup": "index_catchup", "gc": "garbage"}
 
@@ -451,9 +451,9 @@ def dry_run(cfg, secrets: dict[str, str] | None = None) -> dict[str, Any]:
         "table": cfg.uri,
         "merge": merge_plan,
         "compact": compaction.plan_compaction(loc, cfg.compaction).to_dict(),
+        "catchup": _asdict(catchup.plan_catchup(loc)),
         "index": _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold, dry_run=True,
                                                  update_hints=False)),
-        "catchup": _asdict(catchup.plan_catchup(loc)),
         "gc": gc.plan_gc(loc, cfg.gc).to_dict(),
     }
 
@@ -525,8 +525,8 @@ def _format_plan(plan: dict[str, Any]) -> str:
     for rid, err in m["region_errors"].items():
         lines.append(f"  region {rid}: {err}")
     lines.append(f"compact: {plan['compact']['summary']}")
-    lines.append(f"index: {plan['index'].get('num_regions')} regions")
     lines.append(f"catchup: optimize {plan['catchup'].get('indexes') and [i['name'] for i in plan['catchup']['indexes'] if i['optimize']]}")
+    lines.append(f"index: {plan['index'].get('num_regions')} regions")
     g = plan["gc"]
     lines.append(f"gc: {len(g.get('items', []))} items, {g.get('bytes', 0)} bytes")
     lines += [f"  keeps {h['text']}" for h in g.get("holds", [])]

@@ -441,7 +441,7 @@ def test_table_a_exit_status_and_one_line_per_region_and_step(runs):
     assert ln.endswith("generation 2: 7 rows route to another region (region value [10]); the spec requires "
                        "mutually exclusive regions"), ln
     for case in HEALTHY + ["no_generations"]:
-        for step in ("merge", "compact", "index", "catchup", "gc"):
+        for step in ("merge", "compact", "catchup", "index", "gc"):
             assert not lines(case, step), (case, step)
     assert "warning: skipping _mem_wal/not-a-region: directory name is not a region UUID" in job.lines
     hint = layout.version_hint_key(rid["garbage_hint"])
@@ -533,7 +533,7 @@ def test_memwal_not_initialized(runs):
     msg = ("table {} version 1 has no MemWAL index (__lance_mem_wal): "
            "MemWAL is not initialized on this table (call LanceDataset.initialize_mem_wal first)")
     root = str(runs["tmp"] / "not_initialized")
-    assert job.errors() == [f"error: {s}: {msg.format(root)}" for s in ("compact", "index", "catchup", "gc")]
+    assert job.errors() == [f"error: {s}: {msg.format(root)}" for s in ("compact", "catchup", "index", "gc")]
     assert job.after == job.before
 
 
@@ -545,7 +545,7 @@ def test_memwal_index_gone_from_the_latest_version(runs):
     assert job.returncode == 1
     msg = (f"table {root} version 3 has no MemWAL index "
            "(__lance_mem_wal): MemWAL is not initialized on this table (call LanceDataset.initialize_mem_wal first)")
-    assert job.errors() == [f"error: {s}: {msg}" for s in ("merge", "compact", "index", "catchup", "gc")]
+    assert job.errors() == [f"error: {s}: {msg}" for s in ("merge", "compact", "catchup", "index", "gc")]
     assert job.after == job.before
 
 
@@ -601,7 +601,7 @@ def test_s3_server_disappears_mid_run(runs):
     errors = job.errors()
     steps = [ln.split(":")[1].strip() for ln in errors]
     # One line per step that lost the server (the merge may, rarely, have finished first).
-    assert steps in (["merge", "compact", "index", "catchup", "gc"], ["compact", "index", "catchup", "gc"]), errors
+    assert steps in (["merge", "compact", "catchup", "index", "gc"], ["compact", "catchup", "index", "gc"]), errors
     for ln in errors:
         assert "error sending request" in ln or "Could not connect to the endpoint URL" in ln, ln
         assert "testing-secret" not in ln

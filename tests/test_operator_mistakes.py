@@ -82,7 +82,7 @@ def test_ctrl_c_stops_maintain_runs_nothing_more_and_exits_130(tmp_path):
             proc.wait()
     stderr = "".join(seen) + rest
     assert rc == 130, stderr[-3000:]
-    for step in ("compact", "index", "catchup", "gc"):
+    for step in ("compact", "catchup", "index", "gc"):
         assert f"] {step} ..." not in stderr, stderr[-3000:]
     errors = _error_lines(rest)
     assert len(errors) == 1 and "interrupted during merge" in errors[0], rest[-3000:]

@@ -390,7 +390,7 @@ def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
     report = run_pass(cfg, list(STEPS), secrets=secrets)
     assert px.cut_at is not None and px.is_down
     failed = report["failed"]
-    assert [f.split(":", 1)[0] for f in failed] == ["merge", "compact", "index", "catchup", "gc"], failed
+    assert [f.split(":", 1)[0] for f in failed] == ["merge", "compact", "catchup", "index", "gc"], failed
     for line in failed:
         assert "\n" not in line and "Traceback" not in line, line
         assert px.endpoint in line or uri in line, line  # names the table or the endpoint
