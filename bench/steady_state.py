@@ -22,6 +22,7 @@ usage:
   python bench/steady_state.py --cycles 1000          # the issue's length (hours on 2 cores)
   python bench/steady_state.py --cycles 300           # what fits in ~15 min here
   python bench/steady_state.py --quick                # 12 cycles (smoke test)
+  python bench/steady_state.py --cycles 300 --cheap-rewrite-bytes 0   # the ratio thresholds alone
 Prints `RESULT steady_state ...` (the ratios) and `RESULT steady_state_window ...` lines.
 """
 
@@ -75,6 +76,9 @@ def main() -> int:
     p.add_argument("--lookups", type=int, default=100)
     p.add_argument("--window", type=int, default=100, help="cycles compared first vs last (capped at cycles/4)")
     p.add_argument("--final-reps", type=int, default=41)
+    p.add_argument("--cheap-rewrite-bytes", type=int, default=None,
+                   help="CompactionOptions.cheap_rewrite_bytes for the 'on' copy (default: the option's "
+                        "default; 0: the ratio thresholds alone)")
     p.add_argument("--csv", help="write per-cycle rows here")
     p.add_argument("--workdir")
     p.add_argument("--quick", action="store_true")
@@ -103,7 +107,8 @@ def run(a, base: str, window: int) -> int:
                                         max_memtable_rows=max(1000, a.rows * 4))
     spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
     merge.merge(locs["off"], spark)  # warm-up: JVM, Python workers (nothing to merge)
-    opts = compaction.CompactionOptions()
+    opts = compaction.CompactionOptions() if a.cheap_rewrite_bytes is None else \
+        compaction.CompactionOptions(cheap_rewrite_bytes=a.cheap_rewrite_bytes)
     rows: list[dict] = []
     rng = random.Random(11)
     t_start = time.monotonic()

@@ -559,6 +559,28 @@ def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_p
     assert res.counts()["generation"] == sum(merged.values()) and not res.holds
     assert lsm_rows(loc) == w.expected()
 
+    # An unreadable snapshot records nothing as far as GC may assume: the next merge's
+    # generations are held until a readable one is built again (never trimmed on a guess).
+    w.write_round(60, overwrite=0.3, puts_per_batch=10)
+    assert not merge.merge(loc, spark).region_errors
+    snapshot.build_snapshot(loc, inline_threshold=0)  # external: a file that can go bad
+    state = table.read_memwal_state(loc)
+    key = snapshot.external_key(str(uuid.UUID(bytes=state.index.uuid.uuid)))
+    assert loc.store.exists(key)
+    with open(os.path.join(loc.lance_uri, key), "wb") as f:
+        f.write(b"not a lance file")
+    with pytest.raises(snapshot.SnapshotError):
+        snapshot.recorded_values(loc, table.read_memwal_state(loc))
+    listed = {rid: len(region.load_latest(loc.store, rid).generations) for rid in w.regions.values()}
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == 0 and [h.reason for h in res.holds] == ["value_unrecorded"]
+    assert {rid: len(region.load_latest(loc.store, rid).generations) for rid in w.regions.values()} == listed
+    assert lsm_rows(loc) == w.expected()
+    snapshot.build_snapshot(loc)
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == sum(listed.values()) and not res.holds
+    assert lsm_rows(loc) == w.expected()
+
     # An unsharded table has no region value to lose: nothing is held for it.
     loc2 = open_store(str(tmp_path / "u"))
     demo.create_table(loc2, sharding="unsharded", base_rows=20)
