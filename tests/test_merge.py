@@ -178,6 +178,32 @@ def test_misrouted_rows_are_refused_and_others_proceed(table_loc, spark):
     assert all(k not in base_rows(table_loc) for k in stray)
 
 
+def test_a_new_region_may_not_take_the_value_of_a_merged_region_before_any_snapshot(table_loc, spark):
+    """Region exclusivity before the first MemWAL snapshot records any value. Regions A0/A1 are
+    merged and have nothing pending; writers that lost their region ids then start new regions
+    B0/B1 for the same bucket values. A's values are known from A's merged generations (GC
+    keeps them until a snapshot records the values), so B is refused, not merged next to A:
+    two regions writing one value would make the order of their writes undefined. Found by a
+    benchmark script that restarted its writers."""
+    demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=50)
+    a = demo.Workload(table_loc, seed=1, key_space=500, max_memtable_rows=50)
+    a.write_round(40, overwrite=0.0, delete=0.0, puts_per_batch=10)
+    assert not merge.merge(table_loc, spark).region_errors
+    model = a.expected()
+    b = demo.Workload(table_loc, seed=2, key_space=500, max_memtable_rows=50)
+    b.write_round(40, overwrite=0.0, delete=0.0, puts_per_batch=10)
+    assert not set(b.regions.values()) & set(a.regions.values())
+    version = table.open_dataset(table_loc).version
+    r = merge.merge(table_loc, spark)
+    assert set(r.region_errors) == set(b.regions.values()), r.region_errors
+    for rid, err in r.region_errors.items():
+        value = next(v for v, x in b.regions.items() if x == rid)
+        assert f"which region {a.regions[value]} owns" in err, err
+    assert table.open_dataset(table_loc).version == version
+    assert set(table.read_memwal_state(table_loc).merged) == set(a.regions.values())
+    assert base_rows(table_loc) == model
+
+
 def test_keys_shared_by_regions_refuse_those_regions_only(table_loc, spark):
     """Without a sharding spec nothing routes rows, so two writers can put the same key into two
     regions; which row is newest is then unknowable. Those two regions are refused, a third

@@ -335,6 +335,8 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         recorded = snapshot.recorded_values(loc, state)  # read once: values and other regions' owners
         values = region_values(loc, state, ds, routed, pk, expected_values or {}, recorded)
         run.owners = _owners(recorded, specs, values)
+        if any(rid not in values for rid in routed):  # a region will establish its value: against every owner
+            run.owners.update(_unrecorded_owners(loc, state, ds, pk, specs, recorded, routed))
     except snapshot.SnapshotError as e:  # recorded values exist but cannot be read: nothing to check by
         for rid in routed:
             if not (expected_values or {}).get(rid):
@@ -382,6 +384,25 @@ def _owners(recorded: dict[str, dict], specs: dict, values: dict[str, dict]) -> 
         if fields:
             owners[sparkpath.value_key([vals.get(f) for f in fields])] = rid
     return owners
+
+
+def _unrecorded_owners(loc: TableLocation, state: MemWalState, ds, pk: list[str], specs: dict,
+                       recorded: dict[str, dict], routed: dict[str, region.RegionManifest]) -> dict[str, str]:
+    """Region value -> region, for regions with merge progress that no snapshot records yet and
+    that have nothing pending in this run (before the first snapshot, or merged since the last).
+
+    Their values come from their merged generations (GC keeps those until a snapshot records
+    the value: `gc.unrecorded_regions`). Without this, a new region could adopt the value of a
+    region merged earlier, and two regions would write one value."""
+    others = [rid for rid, g in state.merged.items() if g > 0 and rid not in recorded and rid not in routed]
+    if not others:
+        return {}
+    manifests = region.load_many(loc.store, others).manifests
+    derived = region_values(loc, state, ds, manifests, pk, {}, recorded)
+    for rid in sorted(set(others) - set(derived)):
+        log.warning("region %s: merged, not in a MemWAL snapshot, and no value derived from its merged "
+                    "generations: a new region's value cannot be checked against it", rid)
+    return _owners(derived, specs, {})
 
 
 def _spec_field_ids(specs: dict, vals: dict) -> list[str] | None:
