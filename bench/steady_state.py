@@ -6,10 +6,17 @@ flush one generation per region (`--rows` operations per cycle: new keys, overwr
 keys, a few deletes; the same seeded sequence on both copies), then the pipeline's order runs:
 the merger merges them (`merge.merge`, Spark), on the "on" copy the compaction step runs
 (`compaction.compact` with the default options: it compacts only when the table's health
-says so), then index catch-up. Per cycle and copy it records the merge time, the fragment
-count, the fragments with deletion files, a full scan and `--lookups` point lookups
-(`id = k` through the btree, random live keys). The two copies alternate which goes first
-each cycle, so machine noise hits both.
+says so), then index catch-up, the MemWAL index snapshot and GC (default `GcOptions`: merged
+generations go, manifests and base versions younger than their age limits stay), as every
+maintenance pass does (`--no-gc` leaves the last two out, as this bench did before). Per
+cycle and copy it records the merge time, the fragment count, the fragments with deletion
+files, a full scan and `--lookups` point lookups (`id = k` through the btree, random live
+keys). The two copies alternate which goes first each cycle, so machine noise hits both.
+
+Merge time in a long-lived process also grows with the process (the Spark driver's state
+after thousands of jobs), which a Dagster run, a new process each time, never sees. So at
+the start and at the end a **fresh process** (`--probe`) merges `--probe-cycles` more cycles
+on a copy of each table: `merge_fresh_last_over_first_*` is the table's own share.
 
 At the end: a fresh copy of the "on" table fully compacted (`compact_files`) and the two
 copies are scanned `--final-reps` times each (median).
@@ -40,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lance  # noqa: E402
 from common import median, print_machine, ratio, result, say, workdir  # noqa: E402
 
-from memwal_core.jobs import catchup, compaction, merge  # noqa: E402
+from memwal_core.jobs import catchup, compaction, gc, merge, snapshot  # noqa: E402
 from memwal_core.spark.session import get_spark  # noqa: E402
 from memwal_core.state import table
 from memwal_core.state.store import open_store  # noqa: E402
@@ -67,6 +74,49 @@ def lookups_s(loc, keys: list[int]) -> float:
     return time.perf_counter() - t
 
 
+def probe(uri: str, cycles: int, compact: bool, rows: int) -> int:
+    """In a fresh process: `cycles` more write+merge cycles on the table at `uri` (its own
+    copy), the median merge time as the last line. Writers reuse the regions the table's
+    snapshot records (a new region for a merged value is refused, as it must be)."""
+    loc = open_store(uri)
+    w = demo.Workload(loc, seed=1234, key_space=10**9, max_memtable_rows=max(1000, rows * 4))
+    state = table.read_memwal_state(loc)
+    w.regions = {next(iter(v.values())): rid for rid, v in snapshot.recorded_values(loc, state).items()}
+    spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
+    merge.merge(loc, spark)  # warm-up
+    times = []
+    for _ in range(cycles):
+        w.write_round(rows, overwrite=0.4, delete=0.05, puts_per_batch=50)
+        t = time.perf_counter()
+        r = merge.merge(loc, spark)
+        times.append(time.perf_counter() - t)
+        if r.region_errors:
+            raise SystemExit(f"probe merge failed: {r.region_errors}")
+        if compact:
+            compaction.compact(loc, spark)
+        catchup.run_catchup(loc)
+    print(f"PROBE {median(times[2:])}", flush=True)
+    spark.stop()
+    return 0
+
+
+def fresh_process_merge_s(base: str, name: str, src: str, a) -> float:
+    """Copy `src`, run `probe` on the copy in a new interpreter, return its median merge."""
+    import subprocess
+
+    dst = os.path.join(base, f"probe-{name}")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", dst, "--probe-cycles", str(a.probe_cycles),
+                        "--rows", str(a.rows)] + (["--probe-compact"] if name.startswith("on") else []),
+                       capture_output=True, text=True, timeout=3600)
+    shutil.rmtree(dst, ignore_errors=True)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE ")]
+    if p.returncode or not lines:
+        raise SystemExit(f"probe {name} failed: {p.stderr[-2000:]}")
+    return float(lines[-1].split()[1])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cycles", type=int, default=1000)
@@ -80,9 +130,15 @@ def main() -> int:
                    help="CompactionOptions.cheap_rewrite_bytes for the 'on' copy (default: the option's "
                         "default; 0: the ratio thresholds alone)")
     p.add_argument("--csv", help="write per-cycle rows here")
+    p.add_argument("--no-gc", action="store_true", help="leave the snapshot and GC out of each cycle")
+    p.add_argument("--probe-cycles", type=int, default=30, help="cycles of each fresh-process probe (0: none)")
+    p.add_argument("--probe", help=argparse.SUPPRESS)
+    p.add_argument("--probe-compact", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workdir")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
+    if a.probe:
+        return probe(a.probe, a.probe_cycles, a.probe_compact, a.rows)
     if a.quick:
         a.cycles, a.base_rows, a.window = 12, 2000, 3
     window = max(1, min(a.window, a.cycles // 4))
@@ -105,6 +161,8 @@ def run(a, base: str, window: int) -> int:
         # The same seed on both copies: the same operations, cycle by cycle.
         workloads[name] = demo.Workload(locs[name], seed=7, key_space=a.base_rows * 50,
                                         max_memtable_rows=max(1000, a.rows * 4))
+    fresh_first = {name: fresh_process_merge_s(base, f"{name}-first", template, a)
+                   for name in ("off", "on")} if a.probe_cycles else {}
     spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
     merge.merge(locs["off"], spark)  # warm-up: JVM, Python workers (nothing to merge)
     opts = compaction.CompactionOptions() if a.cheap_rewrite_bytes is None else \
@@ -134,12 +192,20 @@ def run(a, base: str, window: int) -> int:
             t = time.perf_counter()
             catchup.run_catchup(loc)
             catchup_s = time.perf_counter() - t
+            gc_s = 0.0
+            if not a.no_gc:
+                t = time.perf_counter()
+                snapshot.build_snapshot(loc)
+                g = gc.run_gc(loc)
+                gc_s = time.perf_counter() - t
+                if g.region_errors:
+                    raise SystemExit(f"cycle {cycle} {name}: GC failed {g.region_errors}")
             if keys is None:
                 keys = rng.sample(sorted(w.model), min(a.lookups, len(w.model)))
             frag_list = table.open_dataset(loc).get_fragments()
             frags = len(frag_list)
             with_deletions = sum(1 for f in frag_list if f.metadata.deletion_file is not None)
-            rows.append({"cycle": cycle, "table": name, "merge_s": merge_s, "catchup_s": catchup_s,
+            rows.append({"cycle": cycle, "table": name, "merge_s": merge_s, "catchup_s": catchup_s, "gc_s": gc_s,
                          "compact_s": compact_s, "compacted": compacted, "fragments": frags,
                          "with_deletions": with_deletions,
                          "scan_s": scan_s(loc), "lookups_s": lookups_s(loc, keys),
@@ -162,6 +228,8 @@ def run(a, base: str, window: int) -> int:
             wr.writeheader()
             wr.writerows(rows)
 
+    fresh_last = {name: fresh_process_merge_s(base, f"{name}-last", locs[name].lance_uri, a)
+                  for name in ("off", "on")} if a.probe_cycles else {}
     # Final scans: both copies and a freshly, fully compacted copy of "on".
     fresh = os.path.join(base, "fresh")
     shutil.copytree(locs["on"].lance_uri, fresh)
@@ -210,6 +278,10 @@ def run(a, base: str, window: int) -> int:
            rows_per_cycle=a.rows, final_rows=len(workloads["on"].model),
            merge_last_over_first_on=ratio(median(on_merge[-window:]), median(on_merge[:window])),
            merge_last_over_first_off=ratio(median(off_merge[-window:]), median(off_merge[:window])),
+           **({f"merge_fresh_{when}_{name}": d[name] for when, d in (("first", fresh_first), ("last", fresh_last))
+               for name in ("on", "off")} if fresh_first else {}),
+           **({f"merge_fresh_last_over_first_{name}": ratio(fresh_last[name], fresh_first[name])
+               for name in ("on", "off")} if fresh_first else {}),
            scan_on_over_fresh=ratio(final["on"], final["fresh"]),
            scan_off_over_fresh=ratio(final["off"], final["fresh"]),
            fragments_on=series("on", "fragments")[-1], fragments_off=series("off", "fragments")[-1],

@@ -30,7 +30,7 @@ from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 NAME = "uitable"
-ASSETS = ("region_generations", "base_table", "base_compaction", "memwal_index", "index_catchup", "garbage")
+ASSETS = ("region_generations", "base_table", "base_compaction", "index_catchup", "memwal_index", "garbage")
 BASE_ROWS = 20
 START_TIMEOUT_S = 120  # the code server imports dagster + pyspark; slow when other suites run
 
@@ -229,9 +229,9 @@ def test_webserver_graphql_shows_assets_partitions_and_metadata(ui_env, spark, t
             assert deps == {f"{NAME}/region_generations": [],
                             f"{NAME}/base_table": [f"{NAME}/region_generations"],
                             f"{NAME}/base_compaction": [f"{NAME}/base_table"],
-                            f"{NAME}/memwal_index": [f"{NAME}/base_compaction"],
-                            f"{NAME}/index_catchup": [f"{NAME}/memwal_index"],
-                            f"{NAME}/garbage": [f"{NAME}/index_catchup"]}
+                            f"{NAME}/index_catchup": [f"{NAME}/base_compaction"],
+                            f"{NAME}/memwal_index": [f"{NAME}/index_catchup"],
+                            f"{NAME}/garbage": [f"{NAME}/memwal_index"]}
             assert all(n["description"] for n in nodes)
             assert by_key[f"{NAME}/base_table"]["pools"] == [f"memwal_{NAME}"]
 
