@@ -107,8 +107,9 @@ def fresh_process_merge_s(base: str, name: str, src: str, a) -> float:
     dst = os.path.join(base, f"probe-{name}")
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst)
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", dst, "--probe-cycles", str(a.probe_cycles),
-                        "--rows", str(a.rows)] + (["--probe-compact"] if name.startswith("on") else []),
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", dst,
+                        "--probe-cycles", str(a.probe_cycles), "--rows", str(a.rows)]
+                       + (["--probe-compact"] if name.startswith("on") else []),
                        capture_output=True, text=True, timeout=3600)
     shutil.rmtree(dst, ignore_errors=True)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE ")]

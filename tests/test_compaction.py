@@ -72,7 +72,8 @@ def test_health_thresholds_and_plan_without_spark(table_loc):
         from_mapping(CompactionOptions, {"max_fragmentz": 3}, "compaction")
     assert from_mapping(CompactionOptions, {"max_fragments": "5", "retrain_vector_indexes": True},
                         "compaction").max_fragments == 5
-    assert from_mapping(CompactionOptions, {"cheap_rewrite_bytes": "16MB"}, "compaction").cheap_rewrite_bytes == 16 << 20
+    cheap = from_mapping(CompactionOptions, {"cheap_rewrite_bytes": "16MB"}, "compaction")
+    assert cheap.cheap_rewrite_bytes == 16 << 20
 
 
 def test_compaction_in_spark_keeps_progress_restores_catchup_and_time_travel(table_loc, spark):

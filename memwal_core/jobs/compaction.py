@@ -28,8 +28,9 @@ What a Rewrite commit does to MemWAL state (pylance 14.0.2, tests/test_compactio
   conflict (even an insert-only merge: `merge_insert` is an Update). The executor re-plans
   from the new version and re-runs the tasks, up to `max_attempts`, then gives up cleanly:
   nothing of the failed attempt is visible, and the executor deletes its unreferenced data
-  files at once (Lance's `cleanup_old_versions` would keep never-referenced files 7 days). The other order is harmless: a merge that read the
-  table before a Rewrite and commits after it is rebased by Lance.
+  files at once (Lance's `cleanup_old_versions` would keep never-referenced files 7 days).
+  The other order is harmless: a merge that read the table before a Rewrite and commits
+  after it is rebased by Lance.
 - Time travel: older versions keep their fragments until `cleanup_old_versions` removes them.
 
 A table of at most `cheap_rewrite_bytes` is kept **fully compacted**: any second fragment or
@@ -43,10 +44,11 @@ and plans after that, so the newest fragment is folded in too.
 Index segments: an index with more segments than `max_index_segments` is merged with
 `optimize_indices(num_indices_to_merge=N)` (centroids and codebooks kept); a vector index
 keeps its first, trained segment apart (it settles at 2 segments), so its drift stays
-visible. A vector index whose data drifted from its training (rows outside its first segment plus unindexed rows,
-as a share of all rows) past `retrain_drift_share` is retrained only on request
-(`retrain_vector_indexes`), and never an index the MemTables maintain: the spec requires a
-stable codebook once MemWAL is enabled (switching codebooks is a migration to a new index).
+visible. A vector index whose data drifted from its training (rows outside its first
+segment plus unindexed rows, as a share of all rows) past `retrain_drift_share` is retrained
+only on request (`retrain_vector_indexes`), and never an index the MemTables maintain: the
+spec requires a stable codebook once MemWAL is enabled (switching codebooks is a migration to
+a new index).
 """
 
 from __future__ import annotations
