@@ -10,3 +10,10 @@ class MemwalError(Exception):
 
 class OptionError(MemwalError, ValueError):
     """A setting has a wrong name, type or value (config file, component YAML, command line)."""
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: first line of the message`: how every job reports a foreign exception in one line
+    (Lance and Spark messages run to stack traces)."""
+    text = str(e)
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

@@ -39,7 +39,7 @@ from dagster import (
     asset,
 )
 
-from memwal_core.errors import MemwalError
+from memwal_core.errors import MemwalError, one_line
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 from memwal_core.observe import status
 from memwal_core.state import region
@@ -309,8 +309,8 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
             spark = _spark(context, keys).spark_session if plan.needs_spark else None
             r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info)
         except Exception as e:  # noqa: BLE001 - reported by the check, never stalls the rest
-            first = str(e).splitlines()[0] if str(e) else ""
-            err = first if isinstance(e, MemwalError) and first else f"{type(e).__name__}: {first}"
+            # memwal's own refusals say what is wrong without their class name, as when they raised
+            err = str(e).splitlines()[0] if isinstance(e, MemwalError) and str(e) else one_line(e)
             context.log.exception(f"compaction failed; the steps after it still run: {err}")
             return MaterializeResult(
                 metadata={"status": MetadataValue.text(f"failed: {err}")},

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import lance
 
+from memwal_core.errors import one_line
 from memwal_core.state import table
 from memwal_core.state.store import TableLocation
 
@@ -239,7 +240,7 @@ def execute_catchup(loc: TableLocation, plan: CatchupPlan | None = None, *, retr
                 ds.optimize.optimize_indices(index_names=[ip.name], **kw)
                 log.info("index %s optimized (%s)", ip.name, ip.reason)
             except Exception as e:  # noqa: BLE001
-                error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                error = one_line(e)
                 log.warning("index %s: optimize_indices failed: %s", ip.name, error)
         pending.append((ip, optimize, error, before))
 

@@ -66,6 +66,7 @@ import pyarrow as pa
 from lance.optimize import Compaction
 
 from memwal_core import faults
+from memwal_core.errors import one_line
 from memwal_core.jobs import catchup
 from memwal_core.options import CompactionOptions
 from memwal_core.state import table
@@ -546,7 +547,7 @@ def _optimize(loc: TableLocation, name: str, result: CompactionResult, kw: dict,
         if record is not None:
             record[name] = segments
     except Exception as e:  # noqa: BLE001 - one index failing does not stop the others
-        result.errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        result.errors[name] = one_line(e)
         log.warning("index %s: optimize_indices(%s) failed: %s", name, kw, result.errors[name])
 
 

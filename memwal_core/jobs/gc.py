@@ -69,7 +69,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterable
 
 from memwal_core import faults
-from memwal_core.errors import MemwalError
+from memwal_core.errors import MemwalError, one_line
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import layout, region, routing, table, wal
@@ -838,7 +838,7 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
             if progress:
                 progress(f"base table: {base['old_versions']} old versions cleaned up")
         except Exception as e:  # noqa: BLE001 - planning below stays safe: it reads what is retained
-            base = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            base = {"error": one_line(e)}
             log.warning("base table version cleanup failed, collecting without it: %s", base["error"])
     t0 = time.monotonic()
     plan = plan_gc(loc, config, regions=regions)

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core import faults
-from memwal_core.errors import MemwalError
+from memwal_core.errors import MemwalError, one_line
 from memwal_core.jobs import snapshot
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
@@ -793,8 +793,7 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
 
 
 def _commit_failed(run: _Run, rid: str, gens: list[PlannedGeneration], e: Exception) -> None:
-    first = str(e).splitlines()[0] if str(e) else ""
-    run.stop(rid, Wall(min(g.generation for g in gens), f"region {rid}: commit failed: {type(e).__name__}: {first}",
+    run.stop(rid, Wall(min(g.generation for g in gens), f"region {rid}: commit failed: {one_line(e)}",
                        permanent=False))
 
 

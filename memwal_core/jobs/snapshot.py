@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core import faults
+from memwal_core.errors import one_line
 from memwal_core.options import SnapshotOptions
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import layout, region, routing, table, wal
@@ -220,7 +221,7 @@ def derive_region_fields(loc: TableLocation, spec: routing.RegionSpec, lance_sch
             cols = sorted(columns) + ([TOMBSTONE] if TOMBSTONE in names else [])
             rows = gen_ds.to_table(columns=cols)
         except Exception as e:  # noqa: BLE001 - a vanished (GC'd) or broken generation: try the next
-            problems.append(f"gen {g.generation}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            problems.append(f"gen {g.generation}: {one_line(e)}")
             continue
         if TOMBSTONE in rows.column_names:
             live = rows.filter(pc.invert(pc.fill_null(rows[TOMBSTONE], False)))

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from memwal_core.errors import MemwalError
+from memwal_core.errors import MemwalError, one_line
 
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.
@@ -311,9 +311,8 @@ def _read_with_retries(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None,
                                          fields=tuple((n, i) for n, i in e.fields))
         except Exception as e:  # noqa: BLE001 - reported per generation; the region stops for this run
             if attempt >= max(1, cfg.read_attempts):
-                first = str(e).splitlines()[0] if str(e) else ""
                 return None, GenerationStats(region, generation, permanent=False,
-                                             error=f"unreadable after {attempt} tries: {type(e).__name__}: {first}")
+                                             error=f"unreadable after {attempt} tries: {one_line(e)}")
             time.sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
