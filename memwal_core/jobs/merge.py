@@ -397,11 +397,12 @@ def _unrecorded_owners(loc: TableLocation, state: MemWalState, ds, pk: list[str]
     others = [rid for rid, g in state.merged.items() if g > 0 and rid not in recorded and rid not in routed]
     if not others:
         return {}
-    manifests = region.load_many(loc.store, others).manifests
-    derived = region_values(loc, state, ds, manifests, pk, {}, recorded)
+    reads = region.load_many(loc.store, others)
+    derived = region_values(loc, state, ds, reads.manifests, pk, {}, recorded)
     for rid in sorted(set(others) - set(derived)):
-        log.warning("region %s: merged, not in a MemWAL snapshot, and no value derived from its merged "
-                    "generations: a new region's value cannot be checked against it", rid)
+        why = reads.region_errors.get(rid) or "no value derived from its merged generations"
+        log.warning("region %s: merged, not in a MemWAL snapshot (%s): a new region's value cannot be "
+                    "checked against it", rid, why)
     return _owners(derived, specs, {})
 
 
