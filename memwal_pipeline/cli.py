@@ -369,10 +369,8 @@ def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch:
                 _say(f"[{cfg.name}] {line}")
             continue
         if not result.success:
-            err = _first_failure(result)
-            report["steps"][step] = {"ok": False, "error": err, "seconds": took}
-            report["failed"].append(f"{step}: {err}")
-            _say(f"[{cfg.name}] {step} FAILED: {err}")
+            report["steps"][step] = {"ok": False, "seconds": round(took, 3)}
+            _step_failed(cfg.name, step, _first_failure(result), report)
             continue
         mats = result.get_asset_materialization_events()
         md = _metadata_values(mats[0]) if mats else {}
@@ -382,10 +380,8 @@ def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch:
         if str(md.get("status", "")).startswith("failed: "):
             # A step that reports its failure instead of raising (compaction: the steps after
             # it must still run in Dagster); its failed check says the same, said once here.
-            err = md["status"][len("failed: "):]
             report["steps"][step]["ok"] = False
-            report["failed"].append(f"{step}: {err}")
-            _say(f"[{cfg.name}] {step} FAILED: {err}")
+            _step_failed(cfg.name, step, md["status"][len("failed: "):], report)
             continue
         errors = md.get("region_errors") or md.get("errors") or {}  # per region, else (compaction) per index
         for key, err in (errors.items() if isinstance(errors, dict) else []):
@@ -397,6 +393,13 @@ def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch:
                 details = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
                 _say(f"[{cfg.name}] check {check.check_name} FAILED: {details}")
                 report["failed"].append(f"check {check.check_name}: {details}")
+
+
+def _step_failed(table: str, step: str, err: str, report: dict[str, Any]) -> None:
+    """One failed step: its error in the report (`error`, `failed`) and one FAILED line."""
+    report["steps"][step]["error"] = err
+    report["failed"].append(f"{step}: {err}")
+    _say(f"[{table}] {step} FAILED: {err}")
 
 
 def _has_pending(loc) -> bool:

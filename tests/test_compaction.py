@@ -159,6 +159,26 @@ def test_small_table_is_kept_fully_compacted_and_its_newest_fragment_folded_in(t
     assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
 
 
+def test_small_table_without_an_index_is_kept_fully_compacted(table_loc, spark):
+    """The cheap rule on a table with no index at all: nothing to catch up first, the plain
+    rewrite folds every fragment and deletion file in over several merge cycles."""
+    demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=300)
+    w = demo.Workload(table_loc, seed=21, key_space=3000, max_memtable_rows=50)
+    for cycle in range(3):
+        w.write_round(40, overwrite=0.5, delete=0.2, puts_per_batch=10)
+        assert not merge.merge(table_loc, spark).region_errors
+        h = compaction.read_health(table_loc)
+        assert h.fragments == 2 and h.unindexed_rows == 0 and h.reasons(CompactionOptions()) == []
+        before = table.read_memwal_state(table_loc).merged
+        plan = compaction.plan_compaction(table_loc)
+        assert plan.full and plan.index_first == [] and "kept fully compacted" in plan.reasons[0], cycle
+        r = compaction.execute_compaction(table_loc, plan, spark)
+        assert r.status == "compacted" and r.indexed_first == [] and not r.errors
+        assert (r.health_after.fragments, r.health_after.fragments_with_deletions) == (1, 0)
+        assert table.read_memwal_state(table_loc).merged == before
+        assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+
+
 def test_merge_landing_between_plan_and_commit_is_retried(table_loc, spark):
     w = fragmented_table(table_loc)
     write_and_merge(w, spark, 2)
