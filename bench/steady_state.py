@@ -49,7 +49,7 @@ from common import median, print_machine, ratio, result, say, workdir  # noqa: E
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot  # noqa: E402
 from memwal_core.spark.session import get_spark  # noqa: E402
-from memwal_core.state import table
+from memwal_core.state import region, table
 from memwal_core.state.store import open_store  # noqa: E402
 from memwal_core.tools import demo
 
@@ -132,6 +132,9 @@ def main() -> int:
                         "default; 0: the ratio thresholds alone)")
     p.add_argument("--csv", help="write per-cycle rows here")
     p.add_argument("--no-gc", action="store_true", help="leave the snapshot and GC out of each cycle")
+    p.add_argument("--gc-base-versions-older-than", type=float, default=None, metavar="SECONDS",
+                   help="GC's base-version cleanup (gc.cleanup_base_versions_older_than_seconds; "
+                        "default: off, as shipped, so retained versions hold every merged generation)")
     p.add_argument("--probe-cycles", type=int, default=30, help="cycles of each fresh-process probe (0: none)")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe-compact", action="store_true", help=argparse.SUPPRESS)
@@ -168,6 +171,7 @@ def run(a, base: str, window: int) -> int:
     merge.merge(locs["off"], spark)  # warm-up: JVM, Python workers (nothing to merge)
     opts = compaction.CompactionOptions() if a.cheap_rewrite_bytes is None else \
         compaction.CompactionOptions(cheap_rewrite_bytes=a.cheap_rewrite_bytes)
+    gc_opts = gc.GcOptions(cleanup_base_versions_older_than_seconds=a.gc_base_versions_older_than)
     rows: list[dict] = []
     rng = random.Random(11)
     t_start = time.monotonic()
@@ -197,7 +201,7 @@ def run(a, base: str, window: int) -> int:
             if not a.no_gc:
                 t = time.perf_counter()
                 snapshot.build_snapshot(loc)
-                g = gc.run_gc(loc)
+                g = gc.run_gc(loc, gc_opts)
                 gc_s = time.perf_counter() - t
                 if g.region_errors:
                     raise SystemExit(f"cycle {cycle} {name}: GC failed {g.region_errors}")
@@ -206,7 +210,11 @@ def run(a, base: str, window: int) -> int:
             frag_list = table.open_dataset(loc).get_fragments()
             frags = len(frag_list)
             with_deletions = sum(1 for f in frag_list if f.metadata.deletion_file is not None)
+            # What each merge and GC pass reads: generations the region manifests list, base versions.
+            listed = sum(len(region.load_latest(loc.store, rid).generations)
+                         for rid in region.list_regions(loc.store).region_ids)
             rows.append({"cycle": cycle, "table": name, "merge_s": merge_s, "catchup_s": catchup_s, "gc_s": gc_s,
+                         "generations_listed": listed, "base_versions": len(table.open_dataset(loc).versions()),
                          "compact_s": compact_s, "compacted": compacted, "fragments": frags,
                          "with_deletions": with_deletions,
                          "scan_s": scan_s(loc), "lookups_s": lookups_s(loc, keys),
@@ -270,7 +278,7 @@ def run(a, base: str, window: int) -> int:
         return [r[key] for r in rows if r["table"] == name]
 
     for name in ("off", "on"):
-        for key in ("merge_s", "scan_s", "lookups_s", "fragments"):
+        for key in ("merge_s", "scan_s", "lookups_s", "fragments", "gc_s", "generations_listed", "base_versions"):
             s = series(name, key)
             result("steady_state_window", table=name, metric=key, first=median(s[:window]),
                    last=median(s[-window:]), growth=ratio(median(s[-window:]), median(s[:window])))
@@ -298,6 +306,9 @@ def run(a, base: str, window: int) -> int:
            on_fragments_at_end=on_state["fragments"], on_deleted_rows_at_end=on_state["deleted_rows"],
            scan_on_compacted_over_fresh=ratio(final["on_compacted"], final["fresh_again"]),
            final_compaction=final_c.status,
+           gc_base_versions_older_than=a.gc_base_versions_older_than,
+           generations_listed_on=series("on", "generations_listed")[-1],
+           base_versions_on=series("on", "base_versions")[-1],
            seconds=round(time.monotonic() - t_start))
     spark.stop()
     return 0

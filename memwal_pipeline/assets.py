@@ -408,6 +408,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
             "regions_failed": MetadataValue.int(len(r.region_errors)),
             "region_errors": MetadataValue.json(bounded.fit(r.region_errors)),
             "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 2)),
+            "retained_base_versions": MetadataValue.int(r.retained_versions),
         }
         for h in holds:  # plotted: what GC keeps, per reason
             md[f"held_bytes/{h.reason}"] = MetadataValue.int(h.bytes)

@@ -417,7 +417,7 @@ def _summary(step: str, md: dict[str, Any]) -> str:
               "compact": ("status", "fragments_before", "fragments", "deleted_row_ratio", "index_segments"),
               "index": ("num_regions", "storage", "hints_updated"),
               "catchup": ("indexes", "max_gap"),
-              "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "kept")}[step]
+              "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "kept", "retained_base_versions")}[step]
     parts = [f"{f.replace('_', ' ')} {md[f]}" for f in fields if f in md]
     return (": " + ", ".join(parts)) if parts else ""
 
@@ -531,7 +531,8 @@ def _format_plan(plan: dict[str, Any]) -> str:
     lines.append(f"catchup: optimize {plan['catchup'].get('indexes') and [i['name'] for i in plan['catchup']['indexes'] if i['optimize']]}")
     lines.append(f"index: {plan['index'].get('num_regions')} regions")
     g = plan["gc"]
-    lines.append(f"gc: {len(g.get('items', []))} items, {g.get('bytes', 0)} bytes")
+    lines.append(f"gc: {len(g.get('items', []))} items, {g.get('bytes', 0)} bytes, "
+                 f"{len(g.get('retained_versions', []))} base versions retained")
     lines += [f"  keeps {h['text']}" for h in g.get("holds", [])]
     return "\n".join(lines)
 

@@ -220,15 +220,17 @@ def test_time_travel_keeps_generations_until_version_cleanup(tmp_path, spark):
     snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
     w.write_round(40, puts_per_batch=10)
     keep_old = replace(FAST, cleanup_base_versions_older_than_seconds=None)  # the old version stays retained
+    retained = len(lance.dataset(loc.lance_uri).versions())
     res = gc.run_gc(loc, keep_old)
-    assert res.counts()["generation"] == 0
+    assert res.counts()["generation"] == 0 and res.retained_versions == retained > 1
     assert res.kept.get(f"generation:retained_version:{old_version}", 0) >= len(needed)
     old_ds = lance.dataset(loc.lance_uri, version=old_version)
     assert as_dict(lsm_read(old_ds, reader.pending_snapshots(old_state, old_manifests))) == old_model
     assert lsm_rows(loc) == w.expected()
 
     res = gc.run_gc(loc, FAST)  # option 5: the old version is cleaned up, then its generations go
-    assert res.base_cleanup["versions_after"] == 1
+    assert res.base_cleanup["versions_after"] == res.retained_versions == 1
+    assert res.base_cleanup["versions_before"] == retained == res.base_cleanup["old_versions"] + 1
     gone = {(i.region_id, i.number) for i in res.deleted if i.kind == gc.GENERATION}
     assert needed <= gone
     assert lsm_rows(loc) == w.expected()

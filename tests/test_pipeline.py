@@ -307,6 +307,7 @@ def test_materialize_each_asset_and_multi_region_backfill(table_loc, instance, s
         assert r.success, step
     md = r.asset_materializations_for_node(by["garbage"].op.name)[0].metadata
     assert md["generations_deleted"].value == 6
+    assert md["retained_base_versions"].value == len(table.open_dataset(table_loc).versions())  # plotted
     check_results = r.get_asset_check_evaluations()
     assert check_results and all(c.passed for c in check_results)
     assert rows(table_loc) == w.expected()

@@ -240,6 +240,9 @@ class GcResult:
     plan_seconds: float = 0.0
     execute_seconds: float = 0.0
     holds: list[GcHold] = field(default_factory=list)  # what the plan kept and why (see GcHold)
+    # Base-table versions the plan read (each one a reader may time-travel to): every GC pass
+    # reads them all, so this is what its cost grows with (`gc.cleanup_base_versions_*` bounds it).
+    retained_versions: int = 0
 
     def counts(self) -> dict[str, int]:
         c = collections.Counter(i.kind for i in self.deleted)
@@ -252,6 +255,7 @@ class GcResult:
             "manifest_commits": self.manifest_commits, "region_errors": dict(self.region_errors),
             "skipped": [i.to_dict() for i in self.skipped], "base_cleanup": self.base_cleanup,
             "plan_seconds": round(self.plan_seconds, 3), "execute_seconds": round(self.execute_seconds, 3),
+            "retained_versions": self.retained_versions,
             "items": [i.to_dict() for i in self.deleted],
         }
 
@@ -812,19 +816,19 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
 
 
 def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, int]:
-    """Option 5: Lance's own `cleanup_old_versions` (tagged versions are left alone)."""
+    """Option 5: Lance's own `cleanup_old_versions` (tagged versions are left alone). No version
+    listing here: `ds.versions()` reads every retained manifest, the largest part of a GC pass on
+    a long history, and the plan that follows reads them once anyway (`run_gc` fills in the counts)."""
     ds = table.open_dataset(loc)
     kw: dict[str, Any] = {"error_if_tagged_old_versions": False}
     if config.base_cleanup_older_than is not None:
         kw["older_than"] = config.base_cleanup_older_than
     if config.cleanup_base_versions_retain is not None:
         kw["retain_versions"] = config.cleanup_base_versions_retain
-    before = len(ds.versions())
     faults.op("lance_cleanup_old_versions")  # reliability tests: a crash point
     stats = ds.cleanup_old_versions(**kw)
     return {"old_versions": int(getattr(stats, "old_versions", 0)),
-            "bytes_removed": int(getattr(stats, "bytes_removed", 0)),
-            "versions_before": before, "versions_after": len(table.open_dataset(loc).versions())}
+            "bytes_removed": int(getattr(stats, "bytes_removed", 0))}
 
 
 def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
@@ -849,7 +853,11 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
         result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors))
     else:
         result = execute_gc(loc, plan)
+    if base is not None and "error" not in base:  # as the plan read them, right after the cleanup
+        base["versions_after"] = len(plan.retained_versions)
+        base["versions_before"] = base["versions_after"] + base["old_versions"]
     result.base_cleanup = base
+    result.retained_versions = len(plan.retained_versions)
     result.plan_seconds = plan_s
     result.holds = plan.holds
     return result

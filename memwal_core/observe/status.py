@@ -8,9 +8,9 @@ manifest: one HEAD per region), pending rows and bytes, and each index's catch-u
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from memwal_core.state import layout, region, walls

@@ -56,12 +56,12 @@ out["probe"] = [json.loads(x.info) for x in
 
 if s3_uri:
     from dagster import DagsterInstance, materialize
-    from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 
     from memwal_core.options import SparkOptions
     from memwal_core.state import region
     from memwal_pipeline.config import TableConfig
     from memwal_pipeline.definitions import table_definitions
+    from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 
     cfg = TableConfig(name="t", uri=s3_uri, storage_options=extra["s3_options"],
                       secrets={"aws_secret_access_key": "MEMWAL_TEST_SECRET"},
