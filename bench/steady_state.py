@@ -6,9 +6,11 @@ flush one generation per region (`--rows` operations per cycle: new keys, overwr
 keys, a few deletes; the same seeded sequence on both copies), then the pipeline's order runs:
 the merger merges them (`merge.merge`, Spark), on the "on" copy the compaction step runs
 (`compaction.compact` with the default options: it compacts only when the table's health
-says so), then index catch-up, the MemWAL index snapshot and GC (default `GcOptions`: merged
-generations go, manifests and base versions younger than their age limits stay), as every
-maintenance pass does (`--no-gc` leaves the last two out, as this bench did before). Per
+says so), then index catch-up, the MemWAL index snapshot and GC, as every maintenance pass does
+(`--no-gc` leaves the last two out, as this bench did before). GC runs with the default
+`GcOptions`, which configure no base-version cleanup: every retained base version holds its
+generations, so none is collected and each pass reads every version;
+`--gc-base-versions-older-than S` runs the cleanup (what a deployment should set). Per
 cycle and copy it records the merge time, the fragment count, the fragments with deletion
 files, a full scan and `--lookups` point lookups (`id = k` through the btree, random live
 keys). The two copies alternate which goes first each cycle, so machine noise hits both.

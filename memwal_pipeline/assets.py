@@ -397,6 +397,11 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         holds = getattr(r, "holds", [])
         for h in holds:
             context.log.info(f"GC keeps {h.describe()}")
+        if not cfg.gc.base_cleanup and any(h.reason == "time_travel" for h in holds):
+            context.log.warning(
+                f"no base-version cleanup is configured: {r.retained_versions} retained base-table versions "
+                "keep merged generations forever, and every GC pass reads all of them (set "
+                "gc.cleanup_base_versions_older_than_seconds or gc.cleanup_base_versions_retain)")
         md = {
             "objects_deleted": MetadataValue.int(r.deleted_objects),
             "bytes_reclaimed": MetadataValue.int(r.bytes_reclaimed),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -277,6 +278,35 @@ def test_sensor_reports_corrupt_region_and_continues(table_loc, instance):
     (req,) = run_requests(result)
     good = sorted(set(w.regions.values()) - {bad})
     assert sorted(p.split(":")[0] for p in req.run_key.split(",")) == good
+
+
+def test_gc_without_base_version_cleanup_warns_what_it_keeps_forever(table_loc, instance, spark):
+    """Shipped GC defaults configure no base-version cleanup: every retained version holds its
+    generations and every pass reads every version. The garbage asset says so (a WARNING in the
+    run's log, with the count it plots); with a cleanup configured it does not."""
+    w = make_table(table_loc, regions=2, rounds=1)
+    for gc_options, warns in ((GcOptions(), True), (None, False)):
+        td = table_definitions(cfg_for(table_loc, **({"gc": gc_options} if gc_options else {})))
+        instance.add_dynamic_partitions(td.partitions.name, sorted(w.regions.values()))
+        by = {a.key.path[-1]: a for a in td.assets}
+        w.write_round(40, puts_per_batch=10)
+        regions = sorted(w.regions.values())
+        assert materialize([by["base_table"]], instance=instance, resources=td.resources,
+                           tags={PARTITION_RANGE_START: regions[0], PARTITION_RANGE_END: regions[-1]}).success
+        r = materialize([by["index_catchup"], by["memwal_index"], by["garbage"]], instance=instance,
+                        resources=td.resources)
+        md = r.asset_materializations_for_node(by["garbage"].op.name)[0].metadata
+        versions = len(table.open_dataset(table_loc).versions())
+        assert md["retained_base_versions"].value == versions
+        said = [e.user_message for e in instance.all_logs(r.run_id) if e.level == logging.WARNING
+                and "no base-version cleanup is configured" in e.user_message]
+        assert len(said) == warns, said
+        if warns:
+            assert md["generations_deleted"].value == 0 and versions > 1
+            assert f"{versions} retained base-table versions" in said[0]
+        else:
+            assert md["generations_deleted"].value > 0 and versions == 1
+    assert rows(table_loc) == w.expected()
 
 
 def test_materialize_each_asset_and_multi_region_backfill(table_loc, instance, spark):
