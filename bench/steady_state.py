@@ -79,9 +79,11 @@ def lookups_s(loc, keys: list[int]) -> float:
 def probe(uri: str, cycles: int, compact: bool, rows: int) -> int:
     """In a fresh process: `cycles` more write+merge cycles on the table at `uri` (its own
     copy), the median merge time as the last line. Writers reuse the regions the table's
-    snapshot records (a new region for a merged value is refused, as it must be)."""
+    snapshot records (a new region for a merged value is refused, as it must be); the snapshot
+    is built first, as the index builder would have (a `--no-gc` loop never builds one)."""
     loc = open_store(uri)
     w = demo.Workload(loc, seed=1234, key_space=10**9, max_memtable_rows=max(1000, rows * 4))
+    snapshot.build_snapshot(loc)
     state = table.read_memwal_state(loc)
     w.regions = {next(iter(v.values())): rid for rid, v in snapshot.recorded_values(loc, state).items()}
     spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
