@@ -154,8 +154,13 @@ def test_index_partitions_region_values_and_per_index_catchup(table_loc, instanc
 def test_maintenance_schedule_spans_index_partitions(table_loc, tmp_path):
     td = table_definitions(cfg_for(table_loc))
     with DagsterInstance.local_temp(str(tmp_path)) as inst:  # a schedule context needs an instance ref
-        (req,) = td.schedule.evaluate_tick(build_schedule_context(instance=inst)).run_requests
+        # Each context is closed: its `instance` is a second instance opened from `inst`'s ref,
+        # which would otherwise stay open (SQLite connections, Dagster's current defs-state
+        # storage) until garbage collection, in whatever test runs then.
+        with build_schedule_context(instance=inst) as ctx:
+            (req,) = td.schedule.evaluate_tick(ctx).run_requests
         assert req.partition_key_range is None  # no index partition yet: a table-wide record
         inst.add_dynamic_partitions(td.index_partitions.name, ["a_idx", "b_idx"])
-        (req,) = td.schedule.evaluate_tick(build_schedule_context(instance=inst)).run_requests
+        with build_schedule_context(instance=inst) as ctx:
+            (req,) = td.schedule.evaluate_tick(ctx).run_requests
         assert req.partition_key_range == PartitionKeyRange("a_idx", "b_idx")

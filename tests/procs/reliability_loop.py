@@ -11,6 +11,7 @@ first line) and the loop goes on, so one failure does not hide later ones.
 """
 
 import json
+import logging
 import os
 import sys
 import time
@@ -26,6 +27,14 @@ GC_CONFIG = gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orpha
 
 def main() -> int:
     job, uri, ready, go, stop, out = sys.argv[1:7]
+    # memwal's own INFO lines (retries, skips, lifted walls), timed, in this loop's log: what a
+    # failing concurrency run needs to be explained after the fact.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    memwal_log = logging.getLogger("memwal")
+    memwal_log.addHandler(handler)
+    memwal_log.setLevel(logging.INFO)
+    memwal_log.propagate = False
     loc = open_store(uri)
     stats: Counter = Counter()
     errors: list[str] = []
@@ -44,6 +53,7 @@ def main() -> int:
         started = time.time()
         try:
             if job == "merge":
+                memwal_log.info("pass %d", passes)
                 r = merge.merge(loc, spark, budget_bytes=40_000)
                 stats["commits"] += r.commits
                 stats["conflicts"] += r.conflicts
