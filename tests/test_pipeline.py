@@ -283,9 +283,11 @@ def test_sensor_reports_corrupt_region_and_continues(table_loc, instance):
 def test_gc_without_base_version_cleanup_warns_what_it_keeps_forever(table_loc, instance, spark):
     """Shipped GC defaults configure no base-version cleanup: every retained version holds its
     generations and every pass reads every version. The garbage asset says so (a WARNING in the
-    run's log, with the count it plots); with a cleanup configured it does not."""
+    run's log, with the count it plots); with a cleanup configured (by age, or by count alone)
+    it does not."""
     w = make_table(table_loc, regions=2, rounds=1)
-    for gc_options, warns in ((GcOptions(), True), (None, False)):
+    retain_only = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_retain=1)
+    for gc_options, warns in ((GcOptions(), True), (None, False), (retain_only, False)):
         td = table_definitions(cfg_for(table_loc, **({"gc": gc_options} if gc_options else {})))
         instance.add_dynamic_partitions(td.partitions.name, sorted(w.regions.values()))
         by = {a.key.path[-1]: a for a in td.assets}
