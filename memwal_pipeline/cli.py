@@ -542,12 +542,18 @@ def _format_plan(plan: dict[str, Any]) -> str:
 
 
 def cmd_status(a) -> int:
+    cfg, secrets = target(a)
+    return print_status(cfg.uri, {**cfg.storage_options, **secrets}, as_json=a.json)
+
+
+def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_json: bool = False) -> int:
+    """`memwal status` for a table already resolved (the demos call it after their pass):
+    per-region lag, index gaps, what GC keeps; 1 when a region is in error or stuck."""
     from memwal_core.jobs import gc
     from memwal_core.observe import status
     from memwal_core.state.store import open_store
 
-    cfg, secrets = target(a)
-    loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
+    loc = open_store(uri, storage_options or {})
     st = status.table_status(loc)
     stuck = _stuck(st)
     try:
@@ -556,7 +562,7 @@ def cmd_status(a) -> int:
         holds = []
         _say(f"warning: GC plan failed: {e}")
     bad = 1 if (st.region_errors or stuck) else 0
-    if a.json:
+    if as_json:
         print(json.dumps({**st.to_dict(), "stuck": [s.__dict__ for s in stuck],
                           "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]}, indent=2, default=str))
         return bad
@@ -673,7 +679,7 @@ def cmd_demo(a) -> int:
     report = run_pass(cfg, list(STEPS), verbose=a.verbose)
     got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
     ok = got == w.expected()
-    cmd_status(argparse.Namespace(uri=path, config=None, table=None, storage_option=[], json=False))
+    print_status(path)
     print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
     for line in report["failed"]:
         _say(f"error: {line}")
