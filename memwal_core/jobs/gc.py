@@ -4,7 +4,10 @@ A pure planner (`plan_gc`) reads committed state only and returns a `GcPlan` lis
 object it would delete, with its kind, key, bytes and the reason it is eligible, plus counts
 of what it keeps and why; the executor (`execute_gc`) deletes exactly that, after committing a
 region manifest version that no longer lists the deleted generations. `run_gc` does both, after
-the optional base-table version cleanup. Per region:
+the optional base-table version cleanup. A dry run (`run_gc(dry_run=True)`, `memwal maintain
+--dry-run`) is the same path with execution off: the cleanup is planned by Lance itself
+(`explain_cleanup_old_versions`, same settings), and GC is planned as if those versions were gone,
+so it lists what the real run deletes. Per region:
 
 1. **Generations** `g <= limit[region]`, where `limit` is the minimum of
    - `merged[region]` of the latest table version,
@@ -82,6 +85,7 @@ WAL = "wal"
 MANIFEST = "manifest"
 ORPHAN = "orphan"
 KINDS = (GENERATION, WAL, MANIFEST, ORPHAN)
+BASE_VERSION = "base_version"  # a base-table version Lance's cleanup removes (not a GcItem)
 
 CRASH_AFTER_MANIFEST_COMMIT = "gc.after_manifest_commit"
 
@@ -162,6 +166,24 @@ class RegionGcPlan:
 
 
 @dataclass
+class BaseCleanupPlan:
+    """What Lance's `cleanup_old_versions` would remove with GC's settings, as Lance itself
+    explains it (`explain_cleanup_old_versions`): the base-table versions (never the latest, never
+    a tagged one) and the files that go with them. Age-based settings are relative to when it was
+    planned: a version that turns old enough after that is not in it."""
+
+    versions: list[int]
+    bytes: int = 0
+    files: dict[str, int] = field(default_factory=dict)  # Lance's kinds: manifest, data, transaction, ...
+    paths: list[str] = field(default_factory=list)  # the first files, table-relative
+    paths_truncated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"versions": self.versions, "old_versions": len(self.versions), "bytes": self.bytes,
+                "files": dict(self.files), "paths": self.paths, "paths_truncated": self.paths_truncated}
+
+
+@dataclass
 class GcPlan:
     table_uri: str
     table_version: int
@@ -171,6 +193,8 @@ class GcPlan:
     gating_indexes: list[str]
     regions: dict[str, RegionGcPlan]
     region_errors: dict[str, str] = field(default_factory=dict)  # region id -> why it is skipped
+    # Planned with these base versions taken as removed (a dry run's cleanup); None: as they are.
+    base_cleanup: BaseCleanupPlan | None = None
 
     @property
     def items(self) -> list[GcItem]:
@@ -209,6 +233,7 @@ class GcPlan:
             "limits": {rid: r.limit for rid, r in sorted(self.regions.items()) if not r.error},
             "region_errors": dict(self.region_errors),
             "holds": [asdict(h) | {"text": h.describe()} for h in self.holds],
+            "base_cleanup": self.base_cleanup.to_dict() if self.base_cleanup is not None else None,
         }
 
 
@@ -243,6 +268,8 @@ class GcResult:
     # Base-table versions the plan read (each one a reader may time-travel to): every GC pass
     # reads them all, so this is what its cost grows with (`gc.cleanup_base_versions_*` bounds it).
     retained_versions: int = 0
+    dry_run: bool = False
+    plan: GcPlan | None = None  # what was planned (a dry run's answer: its items would be deleted)
 
     def counts(self) -> dict[str, int]:
         c = collections.Counter(i.kind for i in self.deleted)
@@ -257,6 +284,8 @@ class GcResult:
             "plan_seconds": round(self.plan_seconds, 3), "execute_seconds": round(self.execute_seconds, 3),
             "retained_versions": self.retained_versions,
             "items": [i.to_dict() for i in self.deleted],
+            **({"dry_run": True, "would_delete": [i.to_dict() for i in self.plan.items]}
+               if self.dry_run and self.plan is not None else {}),
         }
 
 
@@ -321,10 +350,13 @@ def _stamp(value: Any) -> float | None:
         return None
 
 
-def _retention(loc: TableLocation, ds) -> _Retention:
+def _retention(loc: TableLocation, ds, gone: frozenset[int] = frozenset()) -> _Retention:
+    """What the retained versions need; `gone`: versions taken as removed (a dry run's cleanup)."""
     versions, states, stamps = [], {}, {}
     for info in ds.versions():
         v = int(info["version"])
+        if v in gone:
+            continue
         stamp = _stamp(info.get("timestamp"))
         if stamp is not None:
             stamps[v] = stamp
@@ -652,8 +684,9 @@ def _pending(loc: TableLocation) -> set[str]:
 
 
 def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
-            now: float | None = None) -> GcPlan:
-    """What GC would delete, and why; reads only (a dry run)."""
+            now: float | None = None, base_cleanup: BaseCleanupPlan | None = None) -> GcPlan:
+    """What GC would delete, and why; reads only. `base_cleanup`: plan as if its base-table
+    versions were removed already (what the real run's cleanup does before it plans)."""
     config = config or GcOptions()
     now = time.time() if now is None else now
     ds = table.open_dataset(loc)
@@ -661,7 +694,10 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     from memwal_core.jobs.catchup import base_indexes  # local import: catchup imports lance at module level too
 
     gating = state.gating_indexes(list(base_indexes(ds)))
-    retention = _retention(loc, ds)
+    gone = frozenset(base_cleanup.versions) if base_cleanup is not None else frozenset()
+    if ds.version in gone:  # Lance never removes the latest version; a plan saying so is wrong
+        raise GcError(f"base cleanup plan removes the latest table version {ds.version}")
+    retention = _retention(loc, ds, gone)
     # Manifests are read after the table state: merge progress only grows, so a merge landing
     # in between can only make the limits computed above conservative.
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
@@ -689,7 +725,7 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
                 rp.items.clear()
                 rp.trim.clear()
                 log.error("%s", rp.error)
-    return GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors)
+    return GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors, base_cleanup)
 
 
 # ------------------------------------------------------------------------------------------
@@ -815,16 +851,59 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
     return result
 
 
-def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, int]:
-    """Option 5: Lance's own `cleanup_old_versions` (tagged versions are left alone). No version
-    listing here: `ds.versions()` reads every retained manifest, the largest part of a GC pass on
-    a long history, and the plan that follows reads them once anyway (`run_gc` fills in the counts)."""
-    ds = table.open_dataset(loc)
+def _cleanup_kwargs(config: GcOptions) -> dict[str, Any]:
+    """Lance's `cleanup_old_versions` arguments for GC's settings (the cleanup and its dry run)."""
     kw: dict[str, Any] = {"error_if_tagged_old_versions": False}
     if config.base_cleanup_older_than is not None:
         kw["older_than"] = config.base_cleanup_older_than
     if config.cleanup_base_versions_retain is not None:
         kw["retain_versions"] = config.cleanup_base_versions_retain
+    return kw
+
+
+def _manifest_version(path: str) -> int | None:
+    """The table version of a `_versions/*.manifest` path: Lance's V2 naming stores
+    `u64::MAX - version` zero-padded to 20 digits (newest first), V1 the version itself."""
+    name = path.rsplit("/", 1)[-1]
+    stem = name[: -len(".manifest")] if name.endswith(".manifest") else ""
+    if "/_versions/" not in "/" + path or not stem.isdigit():
+        return None
+    n = int(stem)
+    return (2**64 - 1) - n if len(stem) == 20 else n
+
+
+def plan_base_cleanup(loc: TableLocation, config: GcOptions, *, max_paths: int = 1000) -> BaseCleanupPlan | None:
+    """What `cleanup_base_versions` would remove now, from Lance's own explanation with the same
+    arguments (None when no cleanup is configured). Every file is listed to find the versions
+    (each removed version's manifest is one of them); `paths` keeps the first `max_paths`."""
+    if not config.base_cleanup:
+        return None
+    ds = table.open_dataset(loc)
+    ex = ds.explain_cleanup_old_versions(**_cleanup_kwargs(config), include_files=True, max_files=2**31 - 1)
+    # Lance names files by their object-store path: the table root (local) or the key in the bucket.
+    root = loc.lance_uri.rstrip("/").split("://", 1)[-1].lstrip("/")
+    roots = [r + "/" for r in (root, root.split("/", 1)[-1] if "://" in loc.lance_uri else root) if r]
+    paths, versions = [], set()
+    for c in ex.candidate_files:
+        rel = c.path.lstrip("/")
+        rel = next((rel[len(r):] for r in roots if rel.startswith(r)), rel)
+        paths.append(rel)
+        if c.kind == "manifest" and (v := _manifest_version(rel)) is not None:
+            versions.add(v)
+    if len(versions) != ex.stats.old_versions or ex.candidate_files_truncated:
+        raise GcError(f"cannot tell which base-table versions the cleanup would remove: Lance explains "
+                      f"{ex.stats.old_versions} old versions, {len(versions)} manifests were recognized")
+    files = collections.Counter(c.kind for c in ex.candidate_files)
+    return BaseCleanupPlan(sorted(versions), int(ex.stats.bytes_removed), dict(sorted(files.items())),
+                           paths[:max_paths], len(paths) > max_paths)
+
+
+def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, int]:
+    """Option 5: Lance's own `cleanup_old_versions` (tagged versions are left alone). No version
+    listing here: `ds.versions()` reads every retained manifest, the largest part of a GC pass on
+    a long history, and the plan that follows reads them once anyway (`run_gc` fills in the counts)."""
+    ds = table.open_dataset(loc)
+    kw = _cleanup_kwargs(config)
     faults.op("lance_cleanup_old_versions")  # reliability tests: a crash point
     stats = ds.cleanup_old_versions(**kw)
     return {"old_versions": int(getattr(stats, "old_versions", 0)),
@@ -833,30 +912,39 @@ def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, in
 
 def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
            dry_run: bool = False, progress: Callable[[str], None] | None = None) -> GcResult:
-    """Base-version cleanup (when configured and not a dry run), plan, execute."""
+    """Base-version cleanup (when configured), plan, execute. A dry run is the same path with
+    execution off: the cleanup is planned instead (Lance's explanation) and GC planned as if
+    those versions were gone; `result.plan` lists what would be deleted."""
     config = config or GcOptions()
     base: dict[str, Any] | None = None
-    if config.base_cleanup and not dry_run:
+    base_plan: BaseCleanupPlan | None = None
+    if config.base_cleanup:
         try:
-            base = cleanup_base_versions(loc, config)
+            if dry_run:
+                base_plan = plan_base_cleanup(loc, config)
+                base = {"dry_run": True, "old_versions": len(base_plan.versions), "bytes_removed": base_plan.bytes}
+            else:
+                base = cleanup_base_versions(loc, config)
             if progress:
-                progress(f"base table: {base['old_versions']} old versions cleaned up")
+                progress(f"base table: {base['old_versions']} old versions "
+                         f"{'would be cleaned up' if dry_run else 'cleaned up'}")
         except Exception as e:  # noqa: BLE001 - planning below stays safe: it reads what is retained
             base = {"error": one_line(e)}
             log.warning("base table version cleanup failed, collecting without it: %s", base["error"])
     t0 = time.monotonic()
-    plan = plan_gc(loc, config, regions=regions)
+    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan)
     plan_s = time.monotonic() - t0
     if progress:
         progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.region_errors)} region errors")
     if dry_run:
-        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors))
+        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors), dry_run=True)
     else:
         result = execute_gc(loc, plan)
     if base is not None and "error" not in base:  # as the plan read them, right after the cleanup
         base["versions_after"] = len(plan.retained_versions)
         base["versions_before"] = base["versions_after"] + base["old_versions"]
     result.base_cleanup = base
+    result.plan = plan
     result.retained_versions = len(plan.retained_versions)
     result.plan_seconds = plan_s
     result.holds = plan.holds
@@ -864,4 +952,4 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
 
 
 __all__ = ["GcOptions", "GcItem", "GcPlan", "GcResult", "RegionGcPlan", "GcError", "plan_gc", "execute_gc",
-           "run_gc", "cleanup_base_versions", "GcHold", "summarize_holds", "CRASH_AFTER_MANIFEST_COMMIT"]
+           "run_gc", "cleanup_base_versions", "plan_base_cleanup", "BaseCleanupPlan", "GcHold", "summarize_holds", "CRASH_AFTER_MANIFEST_COMMIT"]
