@@ -240,3 +240,26 @@ def test_cli_dry_run_models_the_age_flag(templates, capsys):
     assert got["604800"]["base_version"]["items"] == 0 and got["604800"]["generation"]["items"] == 0
     assert got[str(OLD)]["base_version"]["items"] == n - 1 and got[str(OLD)]["generation"]["items"] > 0
     shutil.rmtree(os.path.dirname(root), ignore_errors=True)
+
+
+@pytest.mark.s3
+def test_gc_dry_run_on_s3(s3_table_loc, spark):
+    """On an S3-protocol server Lance names files by their key in the bucket: the dry run lists
+    them relative to the table, and they are the objects the real run's cleanup removes."""
+    loc = s3_table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
+    w = demo.Workload(loc, seed=3, key_space=100, max_memtable_rows=20)
+    w.write_round(40, puts_per_batch=10)
+    assert not merge.merge(loc, spark).region_errors
+    snapshot.build_snapshot(loc)
+    cfg = gc.GcOptions(cleanup_base_versions_retain=1, manifest_min_age_seconds=0)
+    objects = {o.key for o in loc.store.list("")}
+    versions = {int(v["version"]) for v in lance.dataset(loc.lance_uri, storage_options=loc.storage_options).versions()}
+    dry = gc.run_gc(loc, cfg, dry_run=True)
+    base = dry.plan.base_cleanup
+    assert base.versions == sorted(versions)[:-1] and set(base.paths) <= objects, base.paths
+    assert {o.key for o in loc.store.list("")} == objects
+    real = gc.run_gc(loc, cfg)
+    assert _keys(real.deleted) == _keys(dry.plan.items) and dry.plan.counts()["generation"] > 0
+    left = {o.key for o in loc.store.list("")}
+    assert not set(base.paths) & left and not {k for i in dry.plan.items for k in i.keys} & left

@@ -511,9 +511,13 @@ def test_plan_to_dict_is_json(merged_template, tmp_path):
     plan = gc.plan_gc(loc, FAST)
     d = json.loads(json.dumps(plan.to_dict()))
     assert d["counts"]["manifest"] > 0 and d["retained_versions"] and not d["region_errors"]
+    before = tree(loc.store.root)
     res = gc.run_gc(loc, FAST, dry_run=True)
-    assert res.deleted == [] and res.base_cleanup is None
-    json.dumps(res.to_dict())
+    # A dry run plans the base-version cleanup (Lance explains it) instead of running it.
+    assert res.deleted == [] and res.base_cleanup["dry_run"] and res.plan.base_cleanup.versions
+    assert tree(loc.store.root) == before
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["dry_run"] and len(d["would_delete"]) == len(res.plan.items)
 
 
 def test_gc_on_s3(s3_table_loc, spark):
