@@ -591,7 +591,7 @@ def _format_gc(g: dict[str, Any], earlier: list[str]) -> list[str]:
         lines.append(f"  {item['kind']:<10} {item['path']}  ({item['objects']} objects, {item['bytes']} bytes)")
     if len(g["items"]) > DRY_RUN_PATHS:
         lines.append(f"  ... and {len(g['items']) - DRY_RUN_PATHS} more (--json lists every one)")
-    lines.append(f"  {len(g.get('retained_versions', []))} base versions retained after it")
+    lines.append(f"  base versions left after it: {len(g.get('retained_versions', []))}")
     lines += [f"  keeps {h['text']}" for h in g.get("holds", [])]
     for rid, err in g.get("region_errors", {}).items():
         lines.append(f"  region {rid}: {err}")
