@@ -474,15 +474,17 @@ def dry_run(cfg, steps: list[str] | tuple[str, ...] = STEPS, secrets: dict[str, 
 
 def _gc_dry_run(r) -> dict[str, Any]:
     """The GC plan of a dry run, with the totals per kind of what would be deleted."""
+    from memwal_core.jobs import gc
+
     plan = r.plan
     d = plan.to_dict()
     totals: dict[str, dict[str, int]] = {}
-    for kind in ("generation", "wal", "manifest", "orphan"):
+    for kind in gc.KINDS:
         items = [i for i in plan.items if i.kind == kind]
         totals[kind] = {"items": len(items), "objects": sum(len(i.keys) for i in items),
                         "bytes": sum(i.bytes for i in items)}
     base = plan.base_cleanup
-    totals["base_version"] = {"items": len(base.versions) if base else 0,
+    totals[gc.BASE_VERSION] = {"items": len(base.versions) if base else 0,
                               "objects": sum(base.files.values()) if base else 0, "bytes": base.bytes if base else 0}
     d["would_delete"] = totals
     if r.base_cleanup and "error" in r.base_cleanup:

@@ -517,7 +517,7 @@ def test_plan_to_dict_is_json(merged_template, tmp_path):
     assert res.deleted == [] and res.base_cleanup["dry_run"] and res.plan.base_cleanup.versions
     assert tree(loc.store.root) == before
     d = json.loads(json.dumps(res.to_dict()))
-    assert d["dry_run"] and len(d["would_delete"]) == len(res.plan.items)
+    assert d["dry_run"] and len(d["planned"]) == len(res.plan.items)
 
 
 def test_gc_on_s3(s3_table_loc, spark):

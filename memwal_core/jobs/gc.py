@@ -284,7 +284,7 @@ class GcResult:
             "plan_seconds": round(self.plan_seconds, 3), "execute_seconds": round(self.execute_seconds, 3),
             "retained_versions": self.retained_versions,
             "items": [i.to_dict() for i in self.deleted],
-            **({"dry_run": True, "would_delete": [i.to_dict() for i in self.plan.items]}
+            **({"dry_run": True, "planned": [i.to_dict() for i in self.plan.items]}
                if self.dry_run and self.plan is not None else {}),
         }
 
