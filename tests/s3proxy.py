@@ -12,6 +12,10 @@ boto3 (memwal's store) and Lance's Rust object_store. Every request is forwarded
   **on the same port**, and the server behind it still has its data (unlike a restarted moto);
 - `cut_after(predicate)`: forward the first request matching `predicate`, answer it, then go
   down: "the server died right after this request" at a precise point of a run;
+- `cut_body(kind, count, match=..., keep=0.5)`: the next `count` matching requests are
+  forwarded and answered with the full headers (Content-Length of the whole body) but only
+  the first `keep` fraction of the body, then the connection is reset (RST): a connection
+  dropped mid-body, which a client sees only while reading the body;
 - `before(predicate, action)`: run `action` (e.g. plant an object on the server) right before
   the first matching request is forwarded: another writer winning a race at an exact moment;
 - `after(predicate, action, count)`: run `action(request, body, payload)` right after the
@@ -28,6 +32,7 @@ from __future__ import annotations
 import collections
 import http.client
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -106,6 +111,7 @@ class S3Proxy:
         self._cut: Callable[[Request], bool] | None = None
         self._before: list[tuple[Callable[[Request], bool], Callable[[Request], None]]] = []
         self._after: list[list] = []  # [predicate, action, remaining]
+        self._body_cuts: list[list] = []  # [kind, remaining, match, keep]
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -187,6 +193,7 @@ class S3Proxy:
             self._cut = None
             self._before.clear()
             self._after.clear()
+            self._body_cuts.clear()
 
     def before(self, predicate: Callable[[Request], bool], action: Callable[[Request], None]) -> None:
         """Run `action(request)` once, right before forwarding the first request matching
@@ -200,6 +207,13 @@ class S3Proxy:
         the next `count` requests matching `predicate`; bytes returned replace the response body."""
         with self._lock:
             self._after.append([predicate, action, count])
+
+    def cut_body(self, kind: str, count: int, *, match: Callable[[Request], bool] | None = None,
+                 keep: float = 0.5) -> None:
+        """Answer the next `count` requests of `kind` (and `match`) with the real headers and
+        only the first `keep` fraction of the body, then reset the connection."""
+        with self._lock:
+            self._body_cuts.append([kind, count, match, keep])
 
     def cut_after(self, predicate: Callable[[Request], bool]) -> None:
         """Go down right after answering the first request matching `predicate`."""
@@ -245,6 +259,14 @@ class S3Proxy:
                 if hook[2] > 0 and hook[0](req):
                     hook[2] -= 1
                     return hook[1]
+        return None
+
+    def _take_body_cut(self, req: Request) -> float | None:
+        with self._lock:
+            for cut in self._body_cuts:
+                if cut[1] > 0 and cut[0] in (req.kind, "*") and (cut[2] is None or cut[2](req)):
+                    cut[1] -= 1
+                    return cut[3]
         return None
 
     def _record(self, req: Request) -> None:
@@ -345,7 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
             replaced = hook(req, body, payload)
             if replaced is not None:
                 payload = replaced
-        p._record(Request(**{**req.__dict__, "status": status}))
+        keep = p._take_body_cut(req) if self.command != "HEAD" and payload else None
+        p._record(Request(**{**req.__dict__, "status": status, "injected": keep is not None}))
         self.send_response(status, reason)
         for k, v in out_headers:
             if k.lower() in HOP_BY_HOP or k.lower() in ("transfer-encoding", "content-length", "server", "date"):
@@ -354,6 +377,13 @@ class _Handler(BaseHTTPRequestHandler):
         length = dict((k.lower(), v) for k, v in out_headers).get("content-length")
         self.send_header("Content-Length", length if self.command == "HEAD" and length else str(len(payload)))
         self.end_headers()
+        if keep is not None:  # part of the body, then a reset: the client's read fails mid-body
+            self.wfile.write(payload[:int(len(payload) * keep)])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            return
         if self.command != "HEAD":
             self.wfile.write(payload)
         self.wfile.flush()
