@@ -139,6 +139,43 @@ def test_region_manifests_load_through_body_cuts(px, moto_server):
     assert loc.store.exists(layout.version_hint_key(next(iter(got))))
 
 
+def test_conditional_put_whose_answer_was_lost(px, moto_server):
+    """The server stores a conditional PUT and the connection drops before its answer: botocore
+    sends it again and gets 412 from our own object. The store reads it back: ours, so True.
+    A retried PUT that meets another writer's object (planted between the attempts) stays False."""
+    store = _store(px, moto_server).store
+    px.drop_answer("put_if_absent", 1)
+    assert store.put_if_absent("m/1", b"mine") is True
+    assert px.count("put_if_absent") == 2 and store.get("m/1") == b"mine"
+    assert store.put_if_absent("m/1", b"mine") is False  # a plain second writer: no retry, False
+
+    raw = make_s3_client(moto_server.options())
+    px.throttle("put_if_absent", 1)  # the first attempt is refused (503), not stored
+    px.before(lambda r: r.kind == "put_if_absent",
+              lambda r: raw.put_object(Bucket=store.bucket, Key="table/m/2", Body=b"theirs"))
+    assert store.put_if_absent("m/2", b"mine") is False
+    assert store.get("m/2") == b"theirs"
+
+
+def test_region_commit_whose_answer_was_lost_is_one_commit(px, moto_server):
+    """A region manifest commit (`region.commit_next`) whose conditional PUT answer is lost
+    returns the version it committed; no second version is written on top of it."""
+    from memwal_core.jobs.snapshot import _hint_mutation
+
+    loc = _store(px, moto_server)
+    demo.create_table(loc, sharding="unsharded")
+    w = demo.Workload(loc, seed=4, key_space=20, max_memtable_rows=10)
+    w.write_round(10, puts_per_batch=5)
+    rid = next(iter(w.regions.values()))
+    before = region.load_latest(loc.store, rid)
+    px.drop_answer("put_if_absent", 1, match=lambda r: "/manifest/" in r.key)
+    committed = region.commit_next(loc.store, before, _hint_mutation(before.message.wal_entry_position_last_seen + 7))
+    assert committed is not None and committed.version == before.version + 1
+    latest = region.load_latest(loc.store, rid)
+    assert latest.version == committed.version and latest.raw == committed.raw
+    assert region.read_version_hint(loc.store, rid) == committed.version
+
+
 # ------------------------------------------------------------------ local disk
 
 

@@ -301,6 +301,12 @@ class S3Store:
             self._raise("put", k, e)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
+        """True when `key` now holds `data` written by this call; False when another writer's
+        object was there first.
+
+        A conditional PUT whose answer was lost (the connection dropped after the server stored
+        it) is retried by botocore and then answered 412 by our own object: after a retried
+        412 the object is read back, and holding exactly `data` counts as written."""
         from botocore.exceptions import ClientError
 
         k = self._key(key)
@@ -310,6 +316,11 @@ class S3Store:
             return True
         except ClientError as e:
             if self._code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                if e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0:
+                    try:
+                        return self.get(key) == data
+                    except NotFound:  # deleted meanwhile: it was not ours to keep
+                        return False
                 return False
             self._raise("put_if_absent", k, e)
 
