@@ -130,8 +130,8 @@ class KeyTable:
                         w.delete(pa.table({"k": pa.array([k], typ)}))
                         self.model.pop(k, None)
 
-    def merge_and_check(self, spark) -> None:
-        result = merge.merge(self.loc, spark)
+    def merge_and_check(self, spark, max_generations: int = merge.DEFAULT_MAX_GENERATIONS) -> None:
+        result = merge.merge(self.loc, spark, max_generations=max_generations)
         assert not result.region_errors, result.region_errors
         rows = table.open_dataset(self.loc).to_table().to_pylist()
         got = [r["k"] for r in rows]
@@ -285,15 +285,16 @@ def test_extremes_put_deleted_and_merged(tmp_path, spark, name):
 @given(data=st.data())
 def test_drawn_puts_and_deletes_merge_to_the_model(key_tables, spark, name, data):
     """Drawn put/delete sequences (keys reused, so deletes hit live keys and re-puts hit
-    deleted ones) into the type's reused table, merged after each example: the base table is
-    the model."""
+    deleted ones) into the type's reused table, merged after each example (in one batch, or
+    in batches of two generations, so the cross-batch key join sees the values too): the base
+    table is the model."""
     t = key_tables(name)
     pool = data.draw(st.lists(values(name), min_size=1, max_size=8, unique=True), label="keys")
     known = list(t.model)[:8]
     ops = data.draw(st.lists(st.tuples(st.sampled_from(["put", "put", "del"]), st.sampled_from(pool + known)),
                              min_size=1, max_size=20), label="ops")
     t.write(ops)
-    t.merge_and_check(spark)
+    t.merge_and_check(spark, data.draw(st.sampled_from([2, merge.DEFAULT_MAX_GENERATIONS]), label="max_generations"))
 
 
 def test_composite_key_puts_deletes_merge(tmp_path, spark):
