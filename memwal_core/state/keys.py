@@ -18,8 +18,9 @@ that value of the column's type (verified per type and extreme value by tests/te
 These are exactly the types Lance accepts for the primary key of a MemWAL table
 (`initialize_mem_wal` refuses the others: float, date, timestamp, decimal, fixed-size binary,
 ...). A table whose key got another type afterwards (its field metadata changed) is refused
-before any merge work, naming the column and type: floats in particular have no exact SQL
-equality (NaN matches nothing, -0.0 matches 0.0), so their deletes could not be exact.
+before any merge work, naming the column and type: floats in particular cannot be deleted
+exactly (Lance's SQL matches -0.0 and 0.0 with either literal, while the dedup keeps them
+apart: deleting one would delete the other's live row).
 """
 
 from __future__ import annotations
