@@ -178,20 +178,41 @@ def test_supported_types_are_exactly_what_lance_accepts(tmp_path):
 
 
 def test_float_key_set_after_initialization_is_refused_before_spark(tmp_path):
-    """A float key can only appear by marking a column as the key after `initialize_mem_wal`
-    on a table that had none (pylance allows it; its own writers then fail to flush, a foreign
-    writer may not). The merge refuses the table naming the column and type, before any Spark
-    work (no session is given: a Spark call would fail differently), and changes nothing."""
+    """A float key can only appear by marking a column as the key after `initialize_mem_wal` on
+    a table that had none (pylance allows it; its writers flush generations while the table
+    has no key). The merge refuses the table naming the column and type before any Spark work:
+    the library with no session at all, the Dagster asset with a Spark master nobody listens
+    on. Nothing is merged."""
+    from dagster import DagsterInstance, materialize
+
+    from memwal_core.options import SparkOptions
+    from memwal_pipeline.config import TableConfig
+    from memwal_pipeline.definitions import table_definitions
+
     loc = open_store(str(tmp_path / "t"))
     sch = pa.schema([pa.field("f", pa.float64(), nullable=False), pa.field("v", pa.int64())])
     ds = lance.write_dataset(pa.table({"f": [float("nan")], "v": [1]}, schema=sch), loc.lance_uri, schema=sch)
     ds.initialize_mem_wal(unsharded=True)
+    rid = str(uuid.uuid4())
+    with lance.dataset(loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=2) as w:
+        w.put(pa.table({"f": [0.0, -0.0], "v": [2, 3]}, schema=sch))
     lance.dataset(loc.lance_uri).replace_field_metadata("f", {"lance-schema:unenforced-primary-key": "true"})
+    assert merge.plan_merge(loc).pending == {rid: [1]}
     version = table.open_dataset(loc).version
-    assert table.primary_key(table.open_dataset(loc)) == ["f"]
     with pytest.raises(keys.UnsupportedKeyType, match=r"primary key column 'f' is double") as e:
         merge.merge(loc, spark=None)
     assert loc.lance_uri in str(e.value)
+
+    td = table_definitions(TableConfig(name="f", uri=loc.lance_uri, spark=SparkOptions(master="spark://127.0.0.1:1")))
+    base = next(a for a in td.assets if a.key.path[-1] == "base_table")
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(td.partitions.name, [rid])
+        r = materialize([base], partition_key=rid, instance=instance, resources=td.resources, raise_on_error=False)
+    assert not r.success
+    failure = next(ev for ev in r.all_events if ev.is_step_failure).step_failure_data.error
+    while failure.cause is not None:  # Dagster's step error wraps ours
+        failure = failure.cause
+    assert failure.cls_name == "UnsupportedKeyType" and "primary key column 'f' is double" in failure.message
     assert table.open_dataset(loc).version == version
 
 
@@ -305,8 +326,10 @@ def test_composite_key_puts_deletes_merge(tmp_path, spark):
                      pa.field("b", pa.string(), nullable=False, metadata=p),
                      pa.field("c", pa.large_binary(), nullable=False, metadata=p), pa.field("v", pa.int64())])
     loc = open_store(str(tmp_path / "t"))
-    lance.write_dataset(pa.Table.from_pylist([], schema=sch), loc.lance_uri, schema=sch).initialize_mem_wal(unsharded=True)
-    ks = [(a, b, c) for a in (-(2**63), -1, 0, 2**63 - 1) for b in ("", "it's", "a\x00\\\n") for c in (b"", b"\x00\xff")]
+    ds = lance.write_dataset(pa.Table.from_pylist([], schema=sch), loc.lance_uri, schema=sch)
+    ds.initialize_mem_wal(unsharded=True)
+    ks = [(a, b, c) for a in (-(2**63), -1, 0, 2**63 - 1) for b in ("", "it's", "a\x00\\\n")
+          for c in (b"", b"\x00\xff")]
     model = {}
     ds = lance.dataset(loc.lance_uri)
     with ds.mem_wal_writer(str(uuid.uuid4()), max_memtable_rows=5) as w:

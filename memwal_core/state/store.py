@@ -374,7 +374,8 @@ class S3Store:
             if errors:
                 first = errors[0]
                 raise StoreError(f"S3 delete_objects failed for {len(errors)} keys, first "
-                                 f"s3://{self.bucket}/{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}")
+                                 f"s3://{self.bucket}/{first.get('Key')}: {first.get('Code')} "
+                                 f"{first.get('Message', '')}")
             n += len(batch)
         return n
 
