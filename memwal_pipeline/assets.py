@@ -43,6 +43,7 @@ from memwal_core.errors import MemwalError, one_line
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 from memwal_core.observe import status
 from memwal_core.state import region
+from memwal_core.state.keys import refuse_unsupported_keys
 from memwal_core.state.table import open_dataset, primary_key, read_memwal_state
 
 from . import failures
@@ -235,7 +236,8 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
     def base_table(context: AssetExecutionContext):
         loc = _location(context, keys)
         regions = list(context.partition_keys)
-        primary_key(open_dataset(loc))  # a table without a primary key: a clear error before any Spark
+        ds = open_dataset(loc)  # a table without a primary key, or of a key type memwal cannot merge:
+        refuse_unsupported_keys(ds.schema, primary_key(ds), loc.lance_uri)  # a clear error before any Spark
         plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes, max_generations=cfg.merge.max_generations,
                                 regions=regions)
         # The lazy session starts only when there is something to merge (a JVM start is ~10 s).

@@ -34,6 +34,7 @@ from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import layout, region, routing, walls
+from memwal_core.state.keys import refuse_unsupported_keys, sql_literal
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
@@ -266,25 +267,19 @@ def quote_column(name: str) -> str:
     return name if _IDENT.match(name) else "`" + name.replace("`", "``") + "`"
 
 
-def _literal(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return "'" + v.replace("'", "''") + "'"
-    if isinstance(v, bytes):
-        return "X'" + v.hex() + "'"
-    raise MergeError(f"cannot express a primary key value of type {type(v).__name__} in a delete predicate")
-
-
 def delete_predicate(keys: pa.Table, pk: list[str]) -> str:
-    """SQL predicate matching exactly the tombstoned keys (for `when_not_matched_by_source_delete`)."""
+    """SQL predicate matching exactly the tombstoned keys (for `when_not_matched_by_source_delete`).
+
+    Each value is written as a literal of its column's type (`keys.sql_literal`): a value Lance
+    read as another would refuse the commit or delete a live row."""
     cols = {c: quote_column(c) for c in pk}
+    types = {c: keys.schema.field(c).type for c in pk}
     if len(pk) == 1:
-        return f"{cols[pk[0]]} IN ({', '.join(_literal(v) for v in keys.column(pk[0]).to_pylist())})"
-    rows = keys.to_pylist()
-    return " OR ".join("(" + " AND ".join(f"{cols[c]} = {_literal(r[c])}" for c in pk) + ")" for r in rows)
+        c = pk[0]
+        return f"{cols[c]} IN ({', '.join(sql_literal(v, types[c]) for v in keys.column(c).to_pylist())})"
+    rows = keys.select(pk).to_pylist()
+    return " OR ".join("(" + " AND ".join(f"{cols[c]} = {sql_literal(r[c], types[c])}" for c in pk) + ")"
+                       for r in rows)
 
 
 class _Clock:
@@ -308,6 +303,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     clock = _Clock()
     ds = open_dataset(loc)
     pk = primary_key(ds)  # a table without a primary key cannot be merged: say so first
+    refuse_unsupported_keys(ds.schema, pk, loc.lance_uri)  # a key type no predicate matches exactly
     refuse_stable_row_ids(ds)  # merge_insert would mint new row ids (table.refuse_stable_row_ids)
     result = MergeResult(plan.table_uri)
     for rid, wall in plan.walls.items():
