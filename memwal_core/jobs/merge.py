@@ -16,6 +16,8 @@ instead. (It is also one commit instead of two; see docs/benchmarks.md.)
 
 from __future__ import annotations
 
+import collections
+
 import logging
 import re
 import time
@@ -142,6 +144,7 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
     merged = state.merged
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids)
+    spec_ids = [s.spec_id for s in state.details.region_specs]
     walls: dict[str, Wall] = {}
     queues: dict[str, list[PlannedGeneration]] = {}
     for rid, got in sorted(loaded.items()):
@@ -152,10 +155,11 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
             continue
         m = got.manifest
         try:
+            region.check_spec(m, spec_ids)
             pending = [PlannedGeneration(rid, g.generation, layout.validate_generation_path(g.path, g.generation),
                                          _generation_bytes(loc, rid, g), g.physical_rows)
                        for g in region.pending_generations(m, done)]
-        except region.MalformedRegion as e:
+        except region.CorruptManifest as e:  # malformed generation list, unknown region spec
             walls[rid] = Wall(done + 1, f"region {rid}: corrupt manifest version {m.version}: {e.detail}",
                               permanent=True)
             log.error("%s", walls[rid].reason)
@@ -180,7 +184,7 @@ def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: 
     Each region's generations stay in ascending order across batches; a single generation
     larger than the budget gets a batch of its own.
     """
-    queues = {k: list(v) for k, v in queues.items()}
+    queues = {k: collections.deque(v) for k, v in queues.items()}  # popleft: linear in the backlog
     batches = []
     while any(queues.values()):
         batch: list[PlannedGeneration] = []
@@ -194,7 +198,7 @@ def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: 
                     continue
                 if batch and size + q[0].bytes > budget:
                     continue
-                g = q.pop(0)
+                g = q.popleft()
                 batch.append(g)
                 size += g.bytes
                 progressed = True
