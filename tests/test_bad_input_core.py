@@ -267,3 +267,160 @@ def test_open_missing_table_is_a_clear_error(tmp_path):
         table.open_dataset(loc)
     with pytest.raises(table.TableError, match="nothing-here"):
         table.read_memwal_state(loc)
+
+
+# ============================================================== fields out of range (hostile)
+def damage(loc, rid: str, edit) -> str:
+    """Rewrite the latest manifest of `rid` in place with `edit(message)` applied; its key."""
+    key, version = latest_key(loc, rid)
+    msg = pb.RegionManifest.FromString(loc.store.get(key))
+    edit(msg)
+    loc.store.put(key, msg.SerializeToString())
+    return key
+
+
+def _set(field: str, value: int):
+    def edit(m: pb.RegionManifest) -> None:
+        if field.startswith("gen."):
+            setattr(m.flushed_generations[0], field[4:], value)
+        else:
+            setattr(m, field, value)
+    return edit
+
+
+U64_MAX = 2**64 - 1
+OUT_OF_RANGE = [("writer_epoch", U64_MAX), ("writer_epoch", 2**63), ("current_generation", U64_MAX),
+                ("replay_after_wal_entry_position", U64_MAX), ("wal_entry_position_last_seen", 2**63),
+                ("gen.generation", U64_MAX), ("gen.generation", 0), ("gen.in_memory_bytes", U64_MAX),
+                ("gen.physical_rows", 2**63), ("gen.primary_key_bytes", U64_MAX), ("status", 7)]
+
+
+@pytest.mark.parametrize("field,value", OUT_OF_RANGE)
+def test_manifest_field_out_of_range_is_a_corrupt_manifest_naming_region_file_field(two_regions, field, value):
+    from memwal_core.jobs import gc, merge
+    from memwal_core.observe import status
+
+    loc, (bad, good), _ = two_regions
+    key = damage(loc, bad, _set(field, value))
+    name = field.replace("gen.", "flushed_generations[0].")
+    loaded = region.load_many(loc.store, [bad, good])
+    err = loaded[bad].error
+    assert isinstance(err, region.FieldOutOfRange) and isinstance(err, region.CorruptManifest)
+    assert loaded[bad].permanent and (err.key, err.field, err.value) == (key, name, value)
+    for text in (bad, key, name, str(value)):
+        assert text in str(err), (text, str(err))
+    assert loaded[good].ok
+    # Each job refuses the region alone, with that text; the other region is planned.
+    plan = merge.plan_merge(loc)
+    assert plan.walls[bad].permanent and name in plan.walls[bad].reason and str(value) in plan.walls[bad].reason
+    assert plan.pending == {good: [1, 2]}
+    gplan = gc.plan_gc(loc)
+    assert name in gplan.region_errors[bad] and not gplan.regions[bad].items
+    st = status.table_status(loc)
+    assert name in st.region_errors[bad] and good not in st.region_errors
+
+
+def test_generation_at_or_past_current_generation_is_out_of_range(two_regions):
+    loc, (bad, _good), _ = two_regions
+
+    def edit(m):
+        m.flushed_generations[-1].generation = m.current_generation
+    damage(loc, bad, edit)
+    with pytest.raises(region.FieldOutOfRange, match=r"flushed_generations\[1\]\.generation = 3 .*current_generation"):
+        region.load_latest(loc.store, bad)
+
+
+@pytest.mark.parametrize("hint", [2**64, 2**64 - 1, 2**63])
+def test_version_hint_out_of_range_is_ignored_with_a_warning(two_regions, caplog, hint):
+    loc, (bad, good), _ = two_regions
+    want = region.load_latest(loc.store, bad).version
+    loc.store.put(layout.version_hint_key(bad), f'{{"version": {hint}}}'.encode())
+    with caplog.at_level(logging.WARNING, logger="memwal.region"):
+        assert region.read_version_hint(loc.store, bad) is None
+        assert region.load_latest(loc.store, bad).version == want  # found by listing
+    assert any("ignoring unreadable" in r.getMessage() and str(hint) in r.getMessage() for r in caplog.records)
+
+
+def test_manifest_file_named_past_2_63_is_refused_not_a_value_error(two_regions):
+    loc, (bad, good), _ = two_regions
+    # A listing finds a file whose bit-reversed name is 2^64-1: the "latest" version.
+    loc.store.put(layout.manifest_key(bad, U64_MAX), b"junk")
+    loc.store.put(layout.version_hint_key(bad), b"{broken")
+    got = region.read_region(loc.store, bad)
+    assert isinstance(got.error, region.FieldOutOfRange) and got.error.field == "version"
+    assert str(U64_MAX) in got.message and bad in got.message
+
+
+def test_unknown_region_spec_id_is_refused_by_merge_gc_and_status(two_regions):
+    from memwal_core.jobs import gc, merge
+    from memwal_core.observe import status
+
+    loc, (bad, good), _ = two_regions
+    damage(loc, bad, _set("region_spec_id", 42))
+    plan = merge.plan_merge(loc)
+    assert "region_spec_id = 42" in plan.walls[bad].reason and "known: 0 = manual" in plan.walls[bad].reason
+    assert plan.pending == {good: [1, 2]}
+    assert "region_spec_id = 42" in gc.plan_gc(loc).region_errors[bad]
+    assert "region_spec_id = 42" in status.table_status(loc).region_errors[bad]
+
+
+# ===================================================== the previous snapshot row is kept
+def test_snapshot_keeps_the_previous_row_of_a_region_whose_manifest_is_out_of_range(two_regions):
+    from memwal_core.jobs import snapshot as snap
+
+    loc, (bad, good), _ = two_regions
+    first = snap.build_snapshot(loc)
+    assert first.num_regions == 2
+    before = {str(uuid.UUID(bytes=r["region_id"])): r for r in snap.read_snapshot(loc).to_pylist()}
+    damage(loc, bad, _set("current_generation", U64_MAX))
+    with pytest.MonkeyPatch.context():
+        res = snap.build_snapshot(loc)
+    assert "current_generation" in res.region_errors[bad] and res.regions_kept == {bad: before[bad]["version"]}
+    after = {str(uuid.UUID(bytes=r["region_id"])): r for r in snap.read_snapshot(loc).to_pylist()}
+    assert set(after) == {bad, good}
+    assert after[bad]["flushed_generations"] == before[bad]["flushed_generations"]  # readers still see them
+    assert after[bad]["current_generation"] == before[bad]["current_generation"]
+
+
+# ========================================================================== huge manifests
+def test_manifest_listing_a_million_generations_is_refused_quickly_and_the_others_planned(two_regions):
+    import time
+
+    from memwal_core.jobs import merge
+    from memwal_core.observe import status
+    from memwal_core.options import MAX_REGION_GENERATIONS
+
+    loc, (bad, good), _ = two_regions
+    n = 10**6
+
+    def edit(m):
+        first = m.flushed_generations[0]
+        for g in range(3, n + 1):
+            m.flushed_generations.add(generation=g, path=f"{first.path[:8]}_gen_{g}", in_memory_bytes=100)
+        m.current_generation = n + 1
+    damage(loc, bad, edit)
+    t0 = time.monotonic()
+    plan = merge.plan_merge(loc)
+    st = status.table_status(loc)
+    took = time.monotonic() - t0
+    reason = plan.walls[bad].reason
+    assert f"{n} entries" in reason and str(MAX_REGION_GENERATIONS) in reason and "too large" in reason
+    assert plan.pending == {good: [1, 2]}
+    assert "too large" in st.region_errors[bad] and good not in st.region_errors
+    print(f"\n[huge manifest] plan + status of a 10^6-generation region: {took:.2f} s")
+    assert took < 30
+
+
+def test_merge_batches_are_planned_in_linear_time():
+    """A long backlog (the limit's worth) is batched without quadratic work."""
+    import time
+
+    from memwal_core.jobs import merge
+
+    q = [merge.PlannedGeneration("r", g, f"abcdef01_gen_{g}", 10, 1) for g in range(1, 100_001)]
+    t0 = time.monotonic()
+    s = [merge.PlannedGeneration("s", g, f"abcdef02_gen_{g}", 10, 1) for g in range(1, 4)]
+    batches = merge._batches({"r": q, "s": s}, 10**9, 256)
+    assert time.monotonic() - t0 < 10
+    assert sum(len(b.generations) for b in batches) == 100_003
+    assert {g.region_id for g in batches[0].generations} == {"r", "s"}  # round-robin: no starvation

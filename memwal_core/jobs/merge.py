@@ -37,7 +37,7 @@ from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import layout, region, routing, walls
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
-from memwal_core.state.store import TableLocation
+from memwal_core.state.store import TableLocation, refuse_links
 from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
 
 log = logging.getLogger("memwal.merge")
@@ -124,9 +124,10 @@ class MergePlan:
 
 
 def _generation_bytes(loc: TableLocation, region_id: str, g: region.Generation) -> int:
+    prefix = layout.generation_dir(region_id, g.path, g.generation)
+    refuse_links(loc.store, prefix)  # Spark opens it by URI: a link would be followed there
     if g.in_memory_bytes:
         return g.in_memory_bytes
-    prefix = layout.generation_dir(region_id, g.path, g.generation)
     return sum(o.size for o in loc.store.list(prefix))
 
 
