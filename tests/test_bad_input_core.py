@@ -424,3 +424,110 @@ def test_merge_batches_are_planned_in_linear_time():
     assert time.monotonic() - t0 < 10
     assert sum(len(b.generations) for b in batches) == 100_003
     assert {g.region_id for g in batches[0].generations} == {"r", "s"}  # round-robin: no starvation
+
+
+# ========================================================================= symbolic links
+def _tree_with_links(root: str) -> dict[str, tuple[int, int]]:
+    """Files under `root` (not following links), with sizes and mtimes."""
+    out = {}
+    for d, _dirs, files in os.walk(root, followlinks=False):
+        for f in files:
+            p = os.path.join(d, f)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_gc_deletes_nothing_outside_the_root_with_a_symlink_at_every_level(table_loc, tmp_path):
+    """Every level a planted link can sit at: the region directory, its manifest and WAL
+    directories, a listed generation, an orphan generation, a WAL file. Each such region is
+    refused with the link named; the healthy region is still collected; outside, nothing changes."""
+    from memwal_core.jobs import gc
+    from memwal_core.observe import status
+    from memwal_core.options import GcOptions
+
+    loc = table_loc
+    ds = demo.create_table(loc, sharding="manual", base_rows=5)
+    cases = ["healthy", "region_dir", "manifest_dir", "wal_dir", "generation", "orphan", "wal_file"]
+    rids = {c: str(uuid.UUID(int=i + 1, version=4)) for i, c in enumerate(cases)}
+    for i, c in enumerate(cases):
+        for session in range(2):  # two writer sessions: several manifest versions, WAL entries
+            with ds.mem_wal_writer(rids[c], max_memtable_rows=10) as w:
+                w.put(rows(1000 * (i + 1) + 10 * session, 10, 1))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = loc.store.root
+
+    def move_out(rel: str, name: str) -> None:
+        src = os.path.join(root, rel)
+        dst = str(outside / name)
+        os.rename(src, dst)
+        os.symlink(dst, src)
+
+    def rdir(c: str) -> str:
+        return layout.region_dir(rids[c])
+
+    move_out(rdir("region_dir"), "region")
+    move_out(layout.manifest_dir(rids["manifest_dir"]), "manifest")
+    move_out(layout.wal_dir(rids["wal_dir"]), "wal")
+    g1 = region.load_latest(loc.store, rids["generation"]).generations[0]
+    move_out(layout.generation_dir(rids["generation"], g1.path, 1), "generation")
+    # An orphan generation directory (an old, unlisted attempt) that is a link to real data.
+    src_gen = region.load_latest(loc.store, rids["orphan"]).generations[0]
+    import shutil
+    shutil.copytree(os.path.join(root, layout.generation_dir(rids["orphan"], src_gen.path, 1)), outside / "orphan")
+    os.symlink(outside / "orphan", os.path.join(root, rdir("orphan"), "deadbeef_gen_1"))
+    (outside / "walfile.arrow").write_bytes(b"outside data")
+    os.symlink(outside / "walfile.arrow", os.path.join(root, layout.wal_key(rids["wal_file"], 1)) + ".x")
+    os.rename(os.path.join(root, layout.wal_key(rids["wal_file"], 1)) + ".x",
+              os.path.join(root, layout.wal_dir(rids["wal_file"]), "zz-link.arrow"))
+    old = 1_000_000_000  # everything looks old: nothing is young enough to be kept for its age
+    for d, dirs, files in os.walk(root, followlinks=False):
+        for f in dirs + files:
+            os.utime(os.path.join(d, f), (old, old), follow_symlinks=False)
+    for d, dirs, files in os.walk(outside):
+        for f in dirs + files:
+            os.utime(os.path.join(d, f), (old, old))
+    before = _tree_with_links(str(outside))
+    assert len(before) > 10
+
+    cfg = GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                    keep_current_epoch_wal=False)
+    res = gc.run_gc(loc, cfg)
+    assert _tree_with_links(str(outside)) == before  # nothing outside the root touched
+    for c in ("region_dir", "manifest_dir", "wal_dir", "orphan"):  # what this GC pass had to read
+        assert "symbolic link" in res.region_errors.get(rids[c], ""), (c, res.region_errors.get(rids[c]))
+    assert rids["healthy"] not in res.region_errors
+    # The listed (unmerged) generation GC leaves alone; the merger refuses it before Spark sees it.
+    from memwal_core.jobs import merge
+    plan = merge.plan_merge(loc)
+    assert "symbolic link" in plan.walls[rids["generation"]].reason
+    assert rids["healthy"] in plan.pending and rids["wal_file"] in plan.pending
+    from memwal_core.state.store import SymlinkRefused
+    with pytest.raises(SymlinkRefused, match="zz-link.arrow"):
+        list(loc.store.list(layout.wal_dir(rids["wal_file"])))
+    assert any(i.kind == gc.MANIFEST and i.region_id == rids["healthy"] for i in res.deleted)  # still collected
+    assert not any(i.region_id == rids[c] for c in ("region_dir", "manifest_dir", "wal_dir", "orphan") for i in res.deleted)
+    st = status.table_status(loc)
+    for c in ("region_dir", "manifest_dir"):
+        assert "symbolic link" in st.region_errors[rids[c]]
+
+
+def test_local_store_refuses_links_on_every_operation(tmp_path):
+    from memwal_core.state.store import SymlinkRefused
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (outside / "d").mkdir(parents=True)
+    (outside / "d" / "f").write_bytes(b"x")
+    root.mkdir()
+    os.symlink(outside / "d", root / "link")
+    s = LocalStore(str(root))
+    for op in (lambda: s.get("link/f"), lambda: s.head("link/f"), lambda: s.put("link/g", b"y"),
+               lambda: list(s.list("link")), lambda: list(s.list("")), lambda: s.delete_many(["link/f"])):
+        with pytest.raises(SymlinkRefused, match="symbolic link"):
+            op()
+    assert sorted(os.listdir(outside / "d")) == ["f"]
+    # The root itself may be a link (a mount point, /tmp on macOS).
+    os.symlink(root, tmp_path / "root-link")
+    (root / "a").write_bytes(b"1")
+    assert LocalStore(str(tmp_path / "root-link")).get("a") == b"1"

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memwal_core.state import layout, region, walls
-from memwal_core.state.store import TableLocation
+from memwal_core.state.store import SymlinkRefused, TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, read_memwal_state
 
 # A generation directory is a Lance dataset; its first (and, for pylance, only) version.
@@ -96,6 +96,9 @@ def region_status(loc: TableLocation, m: region.RegionManifest, merged: int, now
         try:
             t = generation_flush_time(loc, m.region_id, pending[0])
         except layout.UnsafePath as e:
+            st.error = f"region {m.region_id}: {e}"
+            return st
+        except SymlinkRefused as e:  # a linked generation directory: refused, never followed
             st.error = f"region {m.region_id}: {e}"
             return st
         st.oldest_pending_age_s = max(0.0, (now or time.time()) - t) if t else None
