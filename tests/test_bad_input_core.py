@@ -531,3 +531,64 @@ def test_local_store_refuses_links_on_every_operation(tmp_path):
     os.symlink(root, tmp_path / "root-link")
     (root / "a").write_bytes(b"1")
     assert LocalStore(str(tmp_path / "root-link")).get("a") == b"1"
+
+
+# ============================================================ unknown Lance features / transforms
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def set_feature_flags(loc, *, writer: int | None = None, reader: int | None = None) -> str:
+    """Set feature flags in the latest table manifest, as a newer Lance would write them
+    (appended fields: the last occurrence of a scalar field wins)."""
+    import struct
+
+    version = lance.dataset(loc.lance_uri).version
+    key = table.manifest_keys(version)[0]
+    raw = loc.store.get(key)
+    (offset,) = struct.unpack_from("<Q", raw, len(raw) - 16)
+    (length,) = struct.unpack_from("<I", raw, offset)
+    msg = raw[offset + 4: offset + 4 + length]
+    assert offset + 4 + length == len(raw) - 16  # the message ends at the footer
+    for num, v in ((9, reader), (10, writer)):
+        if v is not None:
+            msg += _varint(num << 3) + _varint(v)
+    loc.store.put(key, raw[:offset] + struct.pack("<I", len(msg)) + msg + raw[-16:])
+    return key
+
+
+@pytest.mark.parametrize("bit", [64, 512, 1 << 40])  # unknown to memwal (and to pylance 14)
+def test_unknown_writer_feature_flag_is_refused_before_any_work(two_regions, bit):
+    from memwal_core.jobs import gc, merge
+    from memwal_core.jobs import snapshot as snap
+
+    loc, _, _ = two_regions
+    set_feature_flags(loc, writer=1 | bit)
+    assert lance.dataset(loc.lance_uri).count_rows() == 5  # Lance still reads it: only writes would differ
+    before = snapshot(loc.store.root)
+    for job in (lambda: merge.plan_merge(loc), lambda: gc.plan_gc(loc), lambda: snap.build_snapshot(loc)):
+        with pytest.raises(table.UnknownFeature, match=rf"writer_feature_flags = {1 | bit} .*\({bit}\)"):
+            job()
+    assert snapshot(loc.store.root) == before
+
+
+def test_known_feature_flags_pass(two_regions):
+    loc, _, _ = two_regions
+    set_feature_flags(loc, writer=1 | 8 | 32, reader=1)
+    assert table.read_memwal_state(loc).table_version == lance.dataset(loc.lance_uri).version
+
+
+def test_unknown_region_transform_is_refused(table_loc):
+    ds = demo.create_table(table_loc, sharding="bucket", num_buckets=4, base_rows=5)
+    state = table.read_memwal_state(table_loc, ds.version)
+    details = pb.MemWalIndexDetails()
+    details.CopyFrom(state.details)
+    details.region_specs[0].fields[0].transform = "zorder"
+    table.guarded_replace_details(table_loc, state, details)
+    with pytest.raises(table.UnknownFeature, match=r"region spec \d+ field .* transform 'zorder'"):
+        table.read_memwal_state(table_loc)
