@@ -404,7 +404,7 @@ def test_manifest_listing_a_million_generations_is_refused_quickly_and_the_other
     st = status.table_status(loc)
     took = time.monotonic() - t0
     reason = plan.walls[bad].reason
-    assert f"{n} entries" in reason and str(MAX_REGION_GENERATIONS) in reason and "too large" in reason
+    assert "bytes" in reason and str(MAX_REGION_GENERATIONS) in reason and "too large" in reason
     assert plan.pending == {good: [1, 2]}
     assert "too large" in st.region_errors[bad] and good not in st.region_errors
     print(f"\n[huge manifest] plan + status of a 10^6-generation region: {took:.2f} s")
@@ -592,3 +592,25 @@ def test_unknown_region_transform_is_refused(table_loc):
     table.guarded_replace_details(table_loc, state, details)
     with pytest.raises(table.UnknownFeature, match=r"region spec \d+ field .* transform 'zorder'"):
         table.read_memwal_state(table_loc)
+
+
+def test_generation_count_limit_is_exact(two_regions):
+    """One past the limit is refused by its count (the byte bound never refuses a legal manifest)."""
+    from memwal_core.options import MAX_REGION_GENERATIONS
+
+    loc, (bad, good), _ = two_regions
+
+    def fill(n):
+        def edit(m):
+            del m.flushed_generations[2:]
+            for g in range(3, n + 1):
+                # the largest entry a writer can produce: 10-byte varints, the longest path
+                m.flushed_generations.add(generation=g, path=f"ffffffff_gen_{g}", in_memory_bytes=2**63 - 1,
+                                          physical_rows=2**63 - 1, primary_key_bytes=2**63 - 1)
+            m.current_generation = n + 1
+        return edit
+    damage(loc, bad, fill(MAX_REGION_GENERATIONS))
+    assert len(region.load_latest(loc.store, bad).generations) == MAX_REGION_GENERATIONS
+    damage(loc, bad, fill(MAX_REGION_GENERATIONS + 1))
+    with pytest.raises(region.FieldOutOfRange, match=f"{MAX_REGION_GENERATIONS + 1} entries"):
+        region.load_latest(loc.store, bad)

@@ -77,6 +77,9 @@ _COUNTERS = ("writer_epoch", "replay_after_wal_entry_position", "wal_entry_posit
              "current_generation")
 _GEN_SIZES = ("in_memory_bytes", "physical_rows", "primary_key_bytes")
 KNOWN_STATUS = {pb.ACTIVE: "ACTIVE", pb.SEALED: "SEALED"}
+# The largest manifest of MAX_REGION_GENERATIONS generations: an entry is at most ~90 bytes
+# (five 10-byte varints, a `{8 hex}_gen_{N}` path, tags), plus 1 MiB for everything else.
+MAX_MANIFEST_BYTES = MAX_REGION_GENERATIONS * 128 + (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,10 @@ def decode_manifest(region_id: str, version: int, raw: bytes) -> RegionManifest:
     key = _manifest_key_or_raise(region_id, version)
     if not raw:
         raise CorruptManifest(region_id, f"manifest {key} (version {version}) is empty")
+    if len(raw) > MAX_MANIFEST_BYTES:  # refused before decoding: it cannot hold fewer entries than the limit
+        raise FieldOutOfRange(region_id, key, "flushed_generations", f"{len(raw)} bytes",
+                              f"more than {MAX_MANIFEST_BYTES} bytes, so more than {MAX_REGION_GENERATIONS} "
+                              "generations; the region is refused as too large to plan")
     try:
         msg = pb.RegionManifest.FromString(raw)
     except DecodeError as e:
