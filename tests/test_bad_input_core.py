@@ -320,14 +320,24 @@ def test_manifest_field_out_of_range_is_a_corrupt_manifest_naming_region_file_fi
     assert name in st.region_errors[bad] and good not in st.region_errors
 
 
-def test_generation_at_or_past_current_generation_is_out_of_range(two_regions):
-    loc, (bad, _good), _ = two_regions
+def test_generation_past_current_generation_is_out_of_range(two_regions):
+    from memwal_core.jobs import merge
+
+    loc, (bad, good), _ = two_regions
 
     def edit(m):
-        m.flushed_generations[-1].generation = m.current_generation
-    damage(loc, bad, edit)
-    with pytest.raises(region.FieldOutOfRange, match=r"flushed_generations\[1\]\.generation = 3 .*current_generation"):
+        m.flushed_generations[-1].generation = m.current_generation + 1
+    key = damage(loc, bad, edit)
+    with pytest.raises(region.FieldOutOfRange, match=r"flushed_generations\[1\]\.generation = 4 .*current_generation = 3"):
         region.load_latest(loc.store, bad)
+    # Listed at current_generation: read (the spec's wording allows it), but never merged.
+    msg = pb.RegionManifest.FromString(loc.store.get(key))
+    msg.flushed_generations[-1].generation = msg.current_generation
+    loc.store.put(key, msg.SerializeToString())
+    assert region.load_latest(loc.store, bad).top_generation == 3
+    plan = merge.plan_merge(loc)
+    assert plan.walls[bad].permanent and "generation 2 is not listed but 3 is" in plan.walls[bad].reason
+    assert plan.pending == {good: [1, 2]}
 
 
 @pytest.mark.parametrize("hint", [2**64, 2**64 - 1, 2**63])

@@ -227,12 +227,13 @@ def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
     if n > MAX_REGION_GENERATIONS:
         raise bad("flushed_generations", f"{n} entries", f"more than {MAX_REGION_GENERATIONS} generations; "
                   "the region is refused as too large to plan (merge or trim it with the writer's tools first)")
+    # Loose here (<= current_generation: the spec's flush steps can be read either way); the
+    # merger's `pending_generations` insists on < for what it merges, as pylance writes it.
     cur = msg.current_generation
     for i, g in enumerate(msg.flushed_generations):
-        if not 1 <= g.generation < cur:
+        if not 1 <= g.generation <= cur:
             raise bad(f"flushed_generations[{i}].generation", g.generation,
-                      f"generations run from 1 to current_generation - 1 = {cur - 1}" if cur
-                      else "current_generation is 0, so no generation can be listed")
+                      f"generations run from 1 to current_generation = {cur}")
         for name in _GEN_SIZES:
             v = getattr(g, name)
             if v > MAX_COUNTER:
