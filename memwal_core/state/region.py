@@ -200,7 +200,7 @@ def decode_manifest(region_id: str, version: int, raw: bytes) -> RegionManifest:
 def _manifest_key_or_raise(region_id: str, version: int) -> str:
     if not 1 <= version <= MAX_COUNTER:  # a file named past 2^63 (listing) or a hint: damage
         raise FieldOutOfRange(region_id, f"{layout.manifest_dir(region_id)}/<version {version}>", "version",
-                              version, f"versions run from 1 to 2^63-1")
+                              version, "versions run from 1 to 2^63-1")
     return layout.manifest_key(region_id, version)
 
 
@@ -214,9 +214,7 @@ def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
     def bad(name: str, value: object, why: str) -> FieldOutOfRange:
         return FieldOutOfRange(region_id, key, name, value, why)
 
-    if msg.version > MAX_COUNTER:
-        raise bad("version", msg.version, "at most 2^63-1")
-    for name in _COUNTERS:
+    for name in _COUNTERS:  # (version equals the file's, checked in range by the caller)
         v = getattr(msg, name)
         if v > MAX_COUNTER:
             raise bad(name, v, "at most 2^63-1")
@@ -226,7 +224,8 @@ def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
     n = len(msg.flushed_generations)
     if n > MAX_REGION_GENERATIONS:
         raise bad("flushed_generations", f"{n} entries", f"more than {MAX_REGION_GENERATIONS} generations; "
-                  "the region is refused as too large to plan (merge or trim it with the writer's tools first)")
+                  "the region is refused as too large to plan (a healthy region lists only the generations "
+                  "not yet merged or trimmed: repair the manifest)")
     # Loose here (<= current_generation: the spec's flush steps can be read either way); the
     # merger's `pending_generations` insists on < for what it merges, as pylance writes it.
     cur = msg.current_generation
