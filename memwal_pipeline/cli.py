@@ -509,6 +509,12 @@ def _open_table(uri: str, options: dict[str, str]):
         table.open_dataset(loc)
     except Exception as e:  # noqa: BLE001 - Lance's errors carry Rust source locations
         raise CliError(_one_line(str(e))) from None
+    try:  # a feature flag or region transform memwal does not know: refused before any step or JVM
+        table.read_memwal_state(loc)
+    except table.UnknownFeature as e:
+        raise CliError(str(e)) from None
+    except table.TableError:
+        pass  # each step reports the others (not initialized, ...) as it always has
     return loc
 
 

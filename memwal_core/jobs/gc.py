@@ -403,6 +403,7 @@ class _Context:
     # Sharded regions whose routing value no MemWAL index snapshot records authoritatively:
     # their merged generations are the merger's only authority for it (see `unrecorded_regions`).
     unrecorded: set[str] = field(default_factory=set)
+    spec_ids: list[int] = field(default_factory=list)  # region specs of the MemWAL index
 
 
 def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
@@ -457,8 +458,9 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
         rp.error = f"region {rid}: corrupt manifest version {m.version}: {why}; nothing collected here"
         return rp
     try:  # what the merger refuses, GC leaves alone: progress says nothing true about it
+        region.check_spec(m, ctx.spec_ids)
         region.pending_generations(m, ctx.merged.get(rid, 0))
-    except region.MalformedRegion as e:
+    except region.CorruptManifest as e:
         rp.error = f"region {rid}: corrupt manifest version {m.version}: {e.detail}; nothing collected here"
         return rp
     limit, bounds = _limit(ctx, rid)
@@ -703,7 +705,8 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
     ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
-                   unrecorded_regions(loc, state, loaded.manifests))
+                   unrecorded_regions(loc, state, loaded.manifests),
+                   [s.spec_id for s in state.details.region_specs])
     plans: dict[str, RegionGcPlan] = {}
     errors: dict[str, str] = {}
 

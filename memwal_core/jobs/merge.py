@@ -16,6 +16,8 @@ instead. (It is also one commit instead of two; see docs/benchmarks.md.)
 
 from __future__ import annotations
 
+import collections
+
 import logging
 import re
 import time
@@ -36,7 +38,7 @@ from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import layout, region, routing, walls
 from memwal_core.state.keys import refuse_unsupported_keys, sql_literal
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
-from memwal_core.state.store import TableLocation
+from memwal_core.state.store import TableLocation, refuse_links
 from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
 
 log = logging.getLogger("memwal.merge")
@@ -123,9 +125,10 @@ class MergePlan:
 
 
 def _generation_bytes(loc: TableLocation, region_id: str, g: region.Generation) -> int:
+    prefix = layout.generation_dir(region_id, g.path, g.generation)
+    refuse_links(loc.store, prefix)  # Spark opens it by URI: a link would be followed there
     if g.in_memory_bytes:
         return g.in_memory_bytes
-    prefix = layout.generation_dir(region_id, g.path, g.generation)
     return sum(o.size for o in loc.store.list(prefix))
 
 
@@ -143,6 +146,7 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
     merged = state.merged
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids)
+    spec_ids = [s.spec_id for s in state.details.region_specs]
     walls: dict[str, Wall] = {}
     queues: dict[str, list[PlannedGeneration]] = {}
     for rid, got in sorted(loaded.items()):
@@ -153,10 +157,11 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
             continue
         m = got.manifest
         try:
+            region.check_spec(m, spec_ids)
             pending = [PlannedGeneration(rid, g.generation, layout.validate_generation_path(g.path, g.generation),
                                          _generation_bytes(loc, rid, g), g.physical_rows)
                        for g in region.pending_generations(m, done)]
-        except region.MalformedRegion as e:
+        except region.CorruptManifest as e:  # malformed generation list, unknown region spec
             walls[rid] = Wall(done + 1, f"region {rid}: corrupt manifest version {m.version}: {e.detail}",
                               permanent=True)
             log.error("%s", walls[rid].reason)
@@ -181,7 +186,7 @@ def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: 
     Each region's generations stay in ascending order across batches; a single generation
     larger than the budget gets a batch of its own.
     """
-    queues = {k: list(v) for k, v in queues.items()}
+    queues = {k: collections.deque(v) for k, v in queues.items()}  # popleft: linear in the backlog
     batches = []
     while any(queues.values()):
         batch: list[PlannedGeneration] = []
@@ -195,7 +200,7 @@ def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: 
                     continue
                 if batch and size + q[0].bytes > budget:
                     continue
-                g = q.pop(0)
+                g = q.popleft()
                 batch.append(g)
                 size += g.bytes
                 progressed = True

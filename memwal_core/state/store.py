@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -70,8 +71,19 @@ def _local_errors(kind: str, path: str):
         raise StoreError(f"local {kind} {path} failed: {type(e).__name__}: {e.strerror or e}") from e
 
 
+class SymlinkRefused(StoreError):
+    """A path under a local table root goes through a symbolic link: memwal never follows one."""
+
+
 class LocalStore:
-    """A directory on local disk."""
+    """A directory on local disk.
+
+    No symbolic link below the root is ever followed: every key is resolved component by
+    component with `lstat`, and a key that passes a link is refused (`SymlinkRefused`), for
+    reads, listings and deletes alike. A region directory (or a generation, WAL or manifest
+    directory inside one) planted as a link to elsewhere is thus a refused region, never a
+    way for GC to delete files outside the table. The root itself may be a link.
+    """
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
@@ -79,7 +91,19 @@ class LocalStore:
         self.stats: collections.Counter = collections.Counter()
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.root, *_clean(key).rstrip("/").split("/"))
+        parts = _clean(key).rstrip("/").split("/")
+        path = self.root
+        for p in parts:
+            path = os.path.join(path, p)
+            try:
+                mode = os.lstat(path).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                # The rest does not exist (yet): nothing to follow.
+                return os.path.join(self.root, *parts)
+            if stat.S_ISLNK(mode):
+                raise SymlinkRefused(f"{path} is a symbolic link (to {os.readlink(path)!r}): memwal never "
+                                     f"follows links under a table root; refusing {key!r}")
+        return path
 
     def get(self, key: str) -> bytes:
         self.stats["get"] += 1
@@ -152,12 +176,17 @@ class LocalStore:
             if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # gone, never there, a file: nothing
                 raise StoreError(f"local list {e.filename or base} failed: {type(e).__name__}: {e.strerror or e}")
 
-        for dirpath, _dirs, files in os.walk(base, onerror=unreadable):
-            for name in files:
+        for dirpath, dirs, files in os.walk(base, onerror=unreadable, followlinks=False):
+            for name in dirs + files:
                 full = os.path.join(dirpath, name)
                 try:
-                    st = os.stat(full)
+                    st = os.lstat(full)
                 except FileNotFoundError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    raise SymlinkRefused(f"{full} is a symbolic link (to {os.readlink(full)!r}): memwal never "
+                                         f"follows links under a table root; refusing to list {prefix!r}")
+                if name in dirs:
                     continue
                 rel = os.path.relpath(full, self.root).replace(os.sep, "/")
                 yield ObjectInfo(rel, st.st_size, st.st_mtime)
@@ -177,9 +206,15 @@ class LocalStore:
     def delete_many(self, keys: Iterable[str]) -> int:
         n = 0
         dirs: set[str] = set()
-        for key in keys:
+        keys = list(keys)
+        paths = [self._path(k) for k in keys]  # every key checked before the first delete
+        real_root = os.path.realpath(self.root)
+        for key, path in zip(keys, paths):
+            if not os.path.realpath(path).startswith(real_root + os.sep):
+                raise SymlinkRefused(f"refusing to delete {key!r}: it resolves to {os.path.realpath(path)}, "
+                                     f"outside the table root {real_root}")
+        for key, path in zip(keys, paths):
             self.stats["delete"] += 1
-            path = self._path(key)
             try:
                 with _local_errors("delete", path):
                     os.unlink(path)
@@ -197,6 +232,13 @@ class LocalStore:
                     break
                 d = os.path.dirname(d)
         return n
+
+
+def refuse_links(store: ObjectStore, key: str) -> None:
+    """Raise `SymlinkRefused` when `key` passes a symbolic link on a local store (for what
+    memwal hands to Lance by URI, such as a generation directory: Lance would follow it)."""
+    if isinstance(store, LocalStore):
+        store._path(key)
 
 
 class S3Store:
