@@ -33,7 +33,7 @@ from memwal_core.jobs import snapshot
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
-from memwal_core.state import layout, region, routing, walls
+from memwal_core.state import layout, lease, region, routing, walls
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
@@ -295,6 +295,7 @@ class _Clock:
         return time.monotonic() - self.t0
 
 
+@lease.step("merge")
 def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: int = 5,
                   progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
     """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
@@ -813,6 +814,7 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
     builder = builder.mark_sstables_as_compacted(merged_markers(progress))
     source = pa.RecordBatchReader.from_batches(schema, _cast_stream(deduped.live, schema))
     faults.point("merge.before_commit")
+    lease.fence(loc, "merge commit")
     try:
         stats = builder.execute(source)
     except OSError as e:
