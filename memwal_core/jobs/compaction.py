@@ -581,6 +581,7 @@ def restore_catchup(loc: TableLocation, before: table.MemWalState, errors: dict[
     return [o.name for o in r.indexes if o.error is None]
 
 
+@lease.step("compact")
 def compact(loc: TableLocation, spark=None, options: CompactionOptions | None = None, **kw) -> CompactionResult:
     """Plan and execute in one call."""
     return execute_compaction(loc, plan_compaction(loc, options), spark, **kw)

@@ -856,6 +856,7 @@ def _bytes_written(ds: lance.LanceDataset, version: int) -> int:
     return sum((f.file_size_bytes or 0) for frag in frags for f in frag.files)
 
 
+@lease.step("merge")
 def merge(loc: TableLocation, spark, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
           max_generations: int = DEFAULT_MAX_GENERATIONS, regions: list[str] | None = None,
           progress: ProgressFn | None = None) -> MergeResult:
