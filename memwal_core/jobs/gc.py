@@ -41,6 +41,14 @@ the optional base-table version cleanup. Per region:
    directory before the manifest), and whose newest object is older than `orphan_grace_seconds`.
    The latest manifest is read again right before they are deleted.
 
+5. **Leaked base-table files** (`jobs/leaks.py`, when `collect_leaked_files` and the plan covers
+   every region): files under `data/`, `_deletions/`, `_transactions/`, `_indices/` that no
+   retained version's manifest references (commits that lost a race or crashed), older than
+   `orphan_grace_seconds`; kind `leaked`, region "" (deleted after the regions' work).
+
+Every committing step holds the table lease (`state/lease.py`): `run_gc` / `execute_gc` take it,
+and the base-version cleanup, each manifest commit and each delete are fenced by it.
+
 Execution, per region: commit the trimmed manifest (`region.commit_next`: a lost race reloads
 and re-applies the trim to the fresh manifest; `writer_epoch` never changes), then delete
 generation directories and WAL entries (lowest position first), fix the version hint, delete
