@@ -173,17 +173,17 @@ def test_a_dead_holder_on_this_machine_is_taken_over_at_once(tmp_path):
     b.release()
 
 
-def test_a_paused_holder_is_taken_over_and_its_commit_refused(tmp_path):
-    """A real process holds the lease (TTL 2 s), is SIGSTOPped for 4 s; another maintainer takes
-    the lease over and commits; the holder resumes and runs the MemWAL index builder: the fence
+def test_a_paused_holder_is_taken_over_and_its_commit_refused(loc, tmp_path):
+    """A real process holds the lease (TTL 2 s) and is SIGSTOPped; another maintainer takes the
+    lease over after the TTL; the holder resumes and runs the MemWAL index builder: the fence
     refuses its commits, and neither the table nor any region manifest changes."""
-    loc = open_store(str(tmp_path / "t"))
     demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
     w = demo.Workload(loc, seed=3, key_space=50, max_memtable_rows=10)
     w.write_round(40, puts_per_batch=10)
     ready, go = tmp_path / "ready", tmp_path / "go"
     p = subprocess.Popen([sys.executable, str(PROCS / "lease_holder.py"), loc.lance_uri, "2", "commit",
-                          str(ready), str(go)], env=ENV, stdout=subprocess.PIPE, text=True)
+                          str(ready), str(go), *(f"{k}={v}" for k, v in loc.storage_options.items())],
+                         env=ENV, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not ready.exists():
