@@ -777,6 +777,8 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
     a race (the caller re-reads progress and retries what is left)."""
     try:
         return _commit(run, deduped, gens, index)
+    except lease.LeaseLost:
+        raise  # not this batch's fault: the whole step stops (another maintainer holds the table)
     except Exception as e:  # noqa: BLE001 - isolated below
         rids = sorted({g.region_id for g in gens})
         if len(rids) == 1:
@@ -789,6 +791,8 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
         try:
             if not _commit(run, deduped.only({index[rid]}), mine, index):
                 return False
+        except lease.LeaseLost:
+            raise
         except Exception as e:  # noqa: BLE001 - this region only
             _commit_failed(run, rid, mine, e)
     return True
