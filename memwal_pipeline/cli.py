@@ -560,7 +560,7 @@ def cmd_status(a) -> int:
     st = status.table_status(loc)
     stuck = _stuck(st)
     try:
-        holds = gc.plan_gc(loc).holds
+        holds = gc.plan_gc(loc, gc.GcOptions(collect_leaked_files=False)).holds  # holds only: no file scan
     except Exception as e:  # noqa: BLE001 - status still shows the lag
         holds = []
         _say(f"warning: GC plan failed: {e}")
