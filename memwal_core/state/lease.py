@@ -25,8 +25,8 @@ state: `{holder, step, acquired_at, expires_at, released}`.
   conditional puts.
 - **release**: create token+1 with `released: true`; the next maintainer takes over at once.
 - **fence**: before each commit a job calls `fence(loc)`: the lease this process holds must be
-  unexpired with a margin and its token still the newest (token+1 absent: one HEAD), else
-  `LeaseLost` aborts the step before its commit. The token is the fencing token: monotonic,
+  unexpired with a margin and its token still the newest (token+1 absent: one HEAD, at most
+  every TTL/20), else `LeaseLost` aborts the step before its commit. The token is the fencing token: monotonic,
   and a holder is fenced by any later one.
 - **bounded**: after each new record the writer deletes the records below it; readers that
   race with the delete re-list. The newest record is never deleted, so tokens never restart.
@@ -187,6 +187,7 @@ class Lease:
         self.lost: str | None = None
         self.owner = threading.get_ident()
         self.depth = 1
+        self._headed_at = 0.0  # monotonic time of the fence's last look for a later token
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"memwal-lease-{record.token}", daemon=True)
@@ -221,19 +222,25 @@ class Lease:
                 log.warning("lease of %s lost: %s", self.loc.lance_uri, self.lost)
                 return False
             self.record = nxt
+            self._headed_at = 0.0  # a new token: the next fence looks for its successor
         _prune(self.loc, nxt.token)
         return True
 
     def check(self, what: str = "commit") -> None:
         """The fence: refuse `what` unless this lease is unexpired (with a margin of a quarter
-        of the TTL, for the commit itself) and still the newest record."""
+        of the TTL, for the commit itself) and still the newest record. The expiry is checked
+        every time; the HEAD for a later token at most every TTL/20 (3 s by default), so a step
+        committing thousands of region manifests does not double its requests."""
         with self._lock:
             if self.lost is None:
                 left = self.record.expires_at - time.time()
                 if left < self.options.ttl_seconds / 4:
                     self.lost = f"it expired (or nearly: {left:.1f} s left; not renewed in time)"
-                elif self.loc.store.exists(layout.lease_key(self.record.token + 1)):
-                    self.lost = f"token {self.record.token + 1} was written by another maintainer"
+                elif time.monotonic() - self._headed_at >= self.options.ttl_seconds / 20:
+                    if self.loc.store.exists(layout.lease_key(self.record.token + 1)):
+                        self.lost = f"token {self.record.token + 1} was written by another maintainer"
+                    else:
+                        self._headed_at = time.monotonic()
             if self.lost:
                 raise LeaseLost(f"table {self.loc.lance_uri}: {what} refused: the lease (token "
                                 f"{self.record.token}) is no longer held: {self.lost}")
