@@ -20,7 +20,7 @@ import pytest
 from memwal_core.jobs import snapshot
 from memwal_core.options import LeaseOptions
 from memwal_core.state import layout, lease, region, table
-from memwal_core.state.store import open_store
+from memwal_core.state.store import LocalStore, StoreError, TableLocation, open_store
 from memwal_core.tools import demo
 
 PROCS = Path(__file__).parent / "procs"
@@ -159,6 +159,28 @@ def test_threads_as_holders_never_overlap(loc):
     for t in threads:
         t.join()
     assert not errors and peak[0] == 1 and len(tokens) == 40 and len(set(tokens)) == 40
+
+
+class _DownStore(LocalStore):
+    """The store answering nothing but errors for writes (a server that went away)."""
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        raise StoreError(f"S3 put_if_absent on {key} failed: Could not connect to the endpoint URL")
+
+
+def test_a_release_that_never_reached_the_store_is_taken_back_by_its_process(tmp_path):
+    loc = open_store(str(tmp_path / "t"))
+    a = lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=600, wait_seconds=0))
+    down = TableLocation(_DownStore(loc.store.root), loc.lance_uri, {})
+    a.loc = down  # the store goes away before the release
+    a.release()
+    assert not lease.newest(loc).released  # still held for everyone else, for 10 minutes
+    b = lease.acquire(loc, "gc", LeaseOptions(ttl_seconds=30, wait_seconds=0))  # this process: at once
+    assert b.token == a.token + 1
+    # ... while a live acquisition of this process is never taken over by it.
+    with pytest.raises(lease.LeaseHeld):
+        lease.acquire(loc, "gc", LeaseOptions(ttl_seconds=30, wait_seconds=0))
+    b.release()
 
 
 def test_a_dead_holder_on_this_machine_is_taken_over_at_once(tmp_path):

@@ -14,8 +14,9 @@ Design (the table's own storage, no other service): the lease is a log of record
 `IfNoneMatch='*'` on S3), never overwritten. The record with the highest token is the lease's
 state: `{holder, step, acquired_at, expires_at, released}`.
 
-- **acquire**: list the directory, read the newest record; when it is released or expired,
-  create token+1 for oneself. A put that finds the key taken lost a race: someone else holds
+- **acquire**: list the directory, read the newest record; when it is released, expired, or
+  its holder is known dead (a pid gone on this machine, or an acquisition of this very process
+  whose release never reached the store), create token+1 for oneself. A put that finds the key taken lost a race: someone else holds
   it now (read again). Otherwise poll until `wait_seconds` pass, then `LeaseHeld` names the
   holder and until when.
 - **renew** (a daemon thread, every `ttl/3`): create token+1 for the same holder with a new
@@ -90,6 +91,10 @@ def _machine() -> str:
 
 
 _MACHINE = _machine()
+# Nonces of this process's acquisitions still under way or held: one of our own records whose
+# nonce is not here ended without a release reaching the store (the store was down), and is free.
+_LIVE: set[str] = set()
+_LIVE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -107,8 +112,11 @@ class Holder:
     def dead(self) -> bool:
         """Known dead: same boot and pid namespace as this process, and no such pid (a crashed
         `memwal maintain`). A reused pid only makes us wait for the TTL: the safe direction."""
-        if not self.machine or self.machine != _MACHINE or self.pid == os.getpid():
+        if not self.machine or self.machine != _MACHINE:
             return False
+        if self.pid == os.getpid():
+            with _LIVE_LOCK:
+                return self.nonce not in _LIVE
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -246,6 +254,13 @@ class Lease:
                                 f"{self.record.token}) is no longer held: {self.lost}")
 
     def release(self) -> None:
+        try:
+            self._release()
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(self.record.holder.nonce)
+
+    def _release(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and threading.get_ident() != self._thread.ident:
             self._thread.join(timeout=self.options.ttl_seconds)
@@ -282,6 +297,18 @@ def acquire(loc: TableLocation, step: str, options: LeaseOptions | None = None, 
     `LeaseHeld` after that. `on_wait` is called once when the lease is found held."""
     options = options or LeaseOptions()
     me = Holder.me(run_id)
+    with _LIVE_LOCK:
+        _LIVE.add(me.nonce)
+    try:
+        return _acquire(loc, step, options, me, on_wait)
+    except BaseException:
+        with _LIVE_LOCK:
+            _LIVE.discard(me.nonce)
+        raise
+
+
+def _acquire(loc: TableLocation, step: str, options: LeaseOptions, me: Holder,
+             on_wait: Callable[[LeaseRecord], None] | None) -> Lease:
     deadline = time.monotonic() + options.wait_seconds
     told = False
     while True:
@@ -292,7 +319,7 @@ def acquire(loc: TableLocation, step: str, options: LeaseOptions | None = None, 
             rec = LeaseRecord(token, me, step, now, now + options.ttl_seconds)
             if loc.store.put_if_absent(layout.lease_key(token), rec.encode()):
                 if cur is not None and not cur.released:
-                    why = "expired" if cur.expires_at <= now else "its process is gone"
+                    why = "expired" if cur.expires_at <= now else "its holder is gone"
                     log.warning("lease of %s: took over from %s (%s)", loc.lance_uri, cur.describe(), why)
                 _prune(loc, token)
                 return Lease(loc, rec, options).start()
