@@ -265,15 +265,16 @@ class Lease:
         if self._thread.is_alive() and threading.get_ident() != self._thread.ident:
             self._thread.join(timeout=self.options.ttl_seconds)
         with self._lock:
-            if self.lost:
-                return
+            # Also after the fence gave up on it (expired by our clock): when nobody took it
+            # over, the put of the next token frees it now instead of at its expiry; when
+            # somebody did, the put finds the token taken and writes nothing.
             now = time.time()
             done = replace(self.record, token=self.record.token + 1, expires_at=now, released=True)
             try:
                 if self.loc.store.put_if_absent(layout.lease_key(done.token), done.encode()):
                     self.record = done
                 else:
-                    self.lost = "taken over before the release"
+                    self.lost = self.lost or "taken over before the release"
                     return
             except Exception as e:  # noqa: BLE001 - it expires by itself after the TTL
                 log.warning("lease of %s: release failed (it expires at its TTL): %s", self.loc.lance_uri, e)
