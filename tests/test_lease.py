@@ -228,3 +228,28 @@ def test_a_paused_holder_is_taken_over_and_its_commit_refused(loc, tmp_path):
     # The lease works on: the builder commits under a fresh lease.
     snapshot.build_snapshot(loc, lease=LeaseOptions(ttl_seconds=30, wait_seconds=5))
     assert table.open_dataset(loc).version == version + 1
+
+
+def test_memwal_maintain_skips_the_steps_of_a_held_table_and_says_by_whom(tmp_path):
+    """The CLI (Dagster assets in process) while another maintainer holds the lease: each step
+    waits `--lease-wait`, then is skipped with holder and time; not a failure (exit 0); nothing
+    committed. Once released, the same command commits."""
+    loc = open_store(str(tmp_path / "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
+    demo.Workload(loc, seed=5, key_space=40, max_memtable_rows=10).write_round(30, puts_per_batch=10)
+    version = table.open_dataset(loc).version
+    cmd = [sys.executable, "-m", "memwal_pipeline.cli", "maintain", loc.lance_uri, "--only", "index,gc",
+           "--lease-wait", "1"]
+    other = lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=120, wait_seconds=0), run_id="other-run")
+    try:
+        p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    finally:
+        other.release()
+    assert p.returncode == 0, p.stderr[-3000:]
+    for step in ("index", "gc"):
+        assert f"[table] {step} skipped: lease held by " in p.stderr, p.stderr
+    assert f"pid {os.getpid()} (merge, run other-run) until " in p.stderr
+    assert table.open_dataset(loc).version == version
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "skipped" not in p.stderr, p.stderr[-3000:]
+    assert table.open_dataset(loc).version == version + 1  # the index builder's snapshot
