@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from memwal_core import faults
 from memwal_core.errors import MemwalError, one_line
-from memwal_core.jobs import snapshot
+from memwal_core.jobs import snapshot, verify
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
@@ -47,6 +47,20 @@ DEFAULT_MAX_GENERATIONS = MergeOptions().max_generations
 
 class MergeError(MemwalError):
     """A merge run cannot go on (a batch lost too many commit races, a key not expressible)."""
+
+
+class CommitVerificationError(MergeError):
+    """A merge commit recorded progress over rows that are not what it planned (keys present
+    twice, tombstoned keys back, upserted keys missing): its regions stop behind a permanent
+    wall until the table is repaired (`verify.py`)."""
+
+    def __init__(self, message: str, regions: list[str]) -> None:
+        super().__init__(message)
+        self.regions = regions
+
+
+# How a wall record of a failed commit verification starts: later runs keep the region stopped.
+COMMIT_CHECK_FAILED = "commit verification failed"
 
 
 @dataclass(frozen=True)
@@ -323,8 +337,12 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), ds.schema, merge_tasks(spark), result,
                max_attempts)
     run.field_ids = tuple((f.name(), f.id()) for f in ds.lance_schema.fields())
-    run.evidence = {rid: rec for rid, rec in _recorded_walls(loc).items()
+    recorded_walls = _recorded_walls(loc)
+    run.evidence = {rid: rec for rid, rec in recorded_walls.items()
                     if rid in plan.pending and rec.shared_keys is not None}
+    for rid, rec in recorded_walls.items():  # a region merged over wrong rows stays stopped until repaired
+        if rid in plan.pending and rec.reason.startswith(COMMIT_CHECK_FAILED):
+            run.stop(rid, Wall(rec.generation, rec.reason, permanent=True))
     for rid, got in loaded.items():
         if got.ok:
             run.routes[rid] = routing_check(got.manifest, specs, ds.lance_schema)
@@ -776,6 +794,9 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
     a race (the caller re-reads progress and retries what is left)."""
     try:
         return _commit(run, deduped, gens, index)
+    except CommitVerificationError as e:
+        _verification_failed(run, e, gens)
+        return True
     except Exception as e:  # noqa: BLE001 - isolated below
         rids = sorted({g.region_id for g in gens})
         if len(rids) == 1:
@@ -788,9 +809,20 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
         try:
             if not _commit(run, deduped.only({index[rid]}), mine, index):
                 return False
+        except CommitVerificationError as e:
+            _verification_failed(run, e, mine)
         except Exception as e:  # noqa: BLE001 - this region only
             _commit_failed(run, rid, mine, e)
     return True
+
+
+def _verification_failed(run: _Run, e: CommitVerificationError, gens: list[PlannedGeneration]) -> None:
+    """Stop every region of a commit whose rows are wrong. The commit recorded their progress
+    with the rows, so the wall is right after it: nothing merges over the region again (in
+    this run or later ones: the wall record keeps it) until it is repaired."""
+    for rid in e.regions:
+        last = max(g.generation for g in gens if g.region_id == rid)
+        run.stop(rid, Wall(last + 1, f"{COMMIT_CHECK_FAILED}: {e}", permanent=True))
 
 
 def _commit_failed(run: _Run, rid: str, gens: list[PlannedGeneration], e: Exception) -> None:
@@ -820,6 +852,23 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
             return False
         raise
     faults.point("merge.after_commit")
+    key_types = pa.schema([pa.field(c, schema.field(c).type) for c in pk])
+    upserted = pa.concat_tables([t.select(pk).cast(key_types) for t in deduped.live]) \
+        if deduped.live else key_types.empty_table()
+    check = verify.verify_commit(loc, ds.version, progress, upserted, deleted, pk)
+    if not check.landed:  # nothing of it is in the latest version: the generations are still pending
+        log.warning("merge commit version %d is not in the latest version %d (%s); merging the batch again",
+                    check.version, check.latest, check.describe())
+        return False
+    if check.bad_rows:
+        gens_text = ", ".join(f"region {rid} generations {sorted(g.generation for g in gens if g.region_id == rid)}"
+                              for rid in sorted(progress))
+        raise CommitVerificationError(
+            f"merge commit version {check.version} ({gens_text}) does not hold what was merged: "
+            f"{check.describe()}; merge progress was recorded with it, so the region stops here until "
+            "the table is repaired (a base-version cleanup shorter than a commit, or a writer that "
+            "bypasses memwal, can do this)", sorted(progress))
+    log.debug("merge commit version %d verified in %.3f s", check.version, check.seconds)
     run.remember(deduped, {index[rid]: rid for rid in progress})
     new = open_dataset(loc)
     result.commits += 1
