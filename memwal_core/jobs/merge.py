@@ -845,6 +845,7 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
     builder = builder.mark_sstables_as_compacted(merged_markers(progress))
     source = pa.RecordBatchReader.from_batches(schema, _cast_stream(deduped.live, schema))
     faults.point("merge.before_commit")
+    read_version = ds.version  # Lance records the version it rebased onto, not this one
     try:
         stats = builder.execute(source)
     except OSError as e:
@@ -885,9 +886,10 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
             r.rows_read += s.rows
             r.bytes_read += s.bytes
             result.bytes_read += s.bytes
-    log.info("merged %d generations of %d regions: +%d upserted, -%d deleted, progress %s",
+    log.info("merged %d generations of %d regions: +%d upserted, -%d deleted, progress %s "
+             "(read version %d, committed version %d)",
              len(gens), len(progress), stats["num_inserted_rows"] + stats["num_updated_rows"],
-             stats["num_deleted_rows"], progress)
+             stats["num_deleted_rows"], progress, read_version, check.version)
     return True
 
 
