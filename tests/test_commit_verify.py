@@ -5,6 +5,9 @@ wall that later runs keep."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import lance
 import pyarrow as pa
 import pytest
@@ -141,3 +144,54 @@ def test_a_merge_over_a_duplicated_key_stops_the_region_for_good(table_loc, spar
     again = merge.merge(table_loc, spark)
     assert set(again.stuck_regions) == set(pending) and again.commits == 0
     assert table.read_memwal_state(table_loc).merged == merged  # nothing merged over the wrong rows
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MEMWAL_SLOW"), reason="forced interleaving: run with MEMWAL_SLOW=1")
+def test_a_merge_whose_read_version_is_cleaned_under_it_ends_merged(tmp_path, spark):
+    """Forced interleaving across processes: the merger reads version R and pauses before its
+    commit; meanwhile two other commits make R+1 and R+2 and a cleanup with no floor removes R and
+    R+1. Either the commit lands outside the history (the freed slot R+1: the verifier finds the
+    progress missing from the latest version and merges the batch again) or Lance rebases it
+    onto R+2 (what pylance 14.0.2 did in our runs: the cleanup finished before the commit
+    started); either way the batch ends merged and the base table equals the model."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    loc = open_store(str(tmp_path / "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
+    w = demo.Workload(loc, seed=5, key_space=40, max_memtable_rows=50)
+    w.write_round(30, overwrite=0.3, delete=0.1)
+    planned = {rid: max(gs) for rid, gs in merge.plan_merge(loc).pending.items()}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MEMWAL_")},
+           "MEMWAL_PAUSE_AT": "merge.before_commit", "MEMWAL_PAUSE_SECONDS": "8"}
+    procs = os.path.join(os.path.dirname(__file__), "procs")
+    p = subprocess.Popen([sys.executable, os.path.join(procs, "merge_proc.py"), loc.lance_uri],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in p.stderr:
+            if "memwal paused at merge.before_commit" in line:
+                break
+        else:
+            raise AssertionError(f"the merger never paused: {p.stdout.read()[-2000:]}")
+        read = table.open_dataset(loc).version
+        ds = lance.dataset(loc.lance_uri)
+        ds.replace_schema_metadata({"memwal-test": "1"})
+        lance.dataset(loc.lance_uri).replace_schema_metadata({"memwal-test": "2"})
+        cleaned = lance.dataset(loc.lance_uri).cleanup_old_versions(older_than=timedelta(0))
+        assert cleaned.old_versions >= 2
+        out, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    result = json.loads(out.strip().splitlines()[-1])
+    landed_elsewhere = "is not in the latest version" in err
+    print(f"\n[freed slot] read version {read}; merger stderr says landed outside the latest version: "
+          f"{landed_elsewhere}; result: commits {result['commits']}, conflicts {result['conflicts']}, "
+          f"errors {result['region_errors']}")
+    merged = table.read_memwal_state(loc).merged
+    assert all(merged.get(rid, 0) >= g for rid, g in planned.items()), (merged, planned, err[-3000:])
+    assert {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()} == w.expected()
+    if landed_elsewhere:
+        assert result["conflicts"] >= 1 and not result["region_errors"]
