@@ -677,7 +677,7 @@ def cmd_demo(a) -> int:
     for _ in range(3):
         w.write_round(a.rows, overwrite=0.3, delete=0.03)
     # The demo cleans up base-table versions at the retention floor (a day), as a deployment
-    # would: GC then says which generations retained versions still hold, and until when.
+    # would: GC then says which generations the retained versions still hold.
     cfg = single_table(path, spark_master=a.spark_master, name="demo",
                        base_versions_older_than=GcOptions().cleanup_base_versions_floor_seconds)
     report = run_pass(cfg, list(STEPS), verbose=a.verbose)
