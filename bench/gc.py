@@ -144,7 +144,7 @@ def setup(loc, shape: Shape) -> None:
     empty = pa.table({f.name: pa.array([], f.type) for f in ds.schema}, schema=ds.schema)
     ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all() \
         .mark_sstables_as_compacted([CompactedSsTable(rid, shape.gens) for rid in regions]).execute(empty)
-    gc.cleanup_base_versions(loc, gc.GcOptions(cleanup_base_versions_older_than_seconds=0))
+    gc.cleanup_base_versions(loc, gc.GcOptions(cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
     print(f"  setup: {shape.regions} regions, {shape.regions * shape.per_region} deletable objects, "
           f"base table in {time.perf_counter() - t:.1f}s", flush=True)
 

@@ -3,7 +3,8 @@
 The jobs take these dataclasses, the `MemWalTable` Dagster component embeds them in its schema,
 `memwal.yaml` maps 1:1 onto them (a section per class, a key per field) and the CLI builds them
 from flags, so a setting has one name and one default everywhere. `from_mapping` is the one
-parser for hand-written mappings: unknown keys get a did-you-mean, sizes accept "256MB".
+parser for hand-written mappings: unknown keys get a did-you-mean, sizes accept "256MB",
+durations "7d", "12h", "30m", "90s".
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ T = TypeVar("T")
 # Binary units, as Spark reads sizes ("256m" = 256 MiB); "256MB" and "256MiB" mean the same.
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# Durations: seconds, or a number with one unit ("7d", "12h", "30m", "90s", "1.5h").
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # What Spark accepts as a master (SparkContext: "Master must either be yarn or start with
 # spark, k8s, or local", then its local[...] forms), and Spark Connect URLs.
 _SPARK_MASTER = re.compile(r"^(local|local\[(\d+|\*)\]|local\[(\d+|\*)\s*,\s*\d+\]|"
@@ -75,6 +79,17 @@ def seconds(value: Any, what: str) -> float:
     return number(value, what, float, 0)
 
 
+def parse_duration(value: Any, what: str) -> float:
+    """Seconds from a number or a duration such as "7d", "12h", "30m", "90s" (finite, >= 0)."""
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if not m:
+            raise OptionError(f"{what}: expected a duration in seconds or with a unit "
+                              f"(e.g. 86400, 7d, 12h, 30m, 90s), got {value!r}")
+        return seconds(float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()], what)
+    return seconds(value, what)
+
+
 def check_spark_master(value: Any, what: str = "spark master") -> str:
     """A Spark master Spark can start (checked before a JVM is started for it)."""
     if not isinstance(value, str) or not _SPARK_MASTER.match(value.strip()):
@@ -99,6 +114,8 @@ def _convert(f, hint: Any, value: Any, what: str) -> Any:
         return parse_size(value, what)
     if kind == "spark_master":
         return check_spark_master(value, what)
+    if kind == "duration":
+        return parse_duration(value, what)
     if hint is bool:
         if not isinstance(value, bool):
             raise OptionError(f"{what}: expected true or false, got {value!r}")
@@ -184,18 +201,46 @@ class SnapshotOptions(_Checked):
     inline_threshold: int = field(default=100, metadata=_min(0))
 
 
+# The base-version retention floor (`GcOptions.cleanup_base_versions_floor_seconds`), see there.
+BASE_VERSION_FLOOR_SECONDS = 86400.0
+
+
+def _duration(default: float | None) -> Any:
+    return field(default=default, metadata={"kind": "duration"})
+
+
 @dataclass(frozen=True)
 class GcOptions(_Checked):
     """What the garbage collector keeps: the newest `manifest_retention` manifest versions per
     region, anything younger than the ages, and (unless cleaned first) every generation a
-    retained base-table version can time-travel to."""
+    retained base-table version can time-travel to.
+
+    **The retention floor.** Lance commits a transaction by rebasing it over the transactions of
+    the versions committed since its read version; when `cleanup_old_versions` has removed those
+    versions meanwhile, a merge that read version N and a compaction committed at N+1 produce
+    duplicate keys and deleted rows back, and a commit can land in a version slot the cleanup
+    just freed (it succeeds, the latest version never sees it). So the base-version cleanup
+    never removes a version younger than `cleanup_base_versions_floor_seconds`, whether it is
+    configured by age or only by count, and an age below the floor is refused.
+
+    The default floor is a day: a commit's read version is at most one run old, and a merge run
+    is failed by run monitoring after `sensor.merge_max_runtime_seconds` (1 h), but monitoring
+    only marks the run failed: a worker that lives on can still commit later, and the age is
+    measured with the cleaning machine's clock against the committer's. A day leaves 24 times
+    the longest run for that (Delta refuses less than 7 days, Iceberg expires after 5, Lance's
+    own default is 2 weeks; memwal's shipped retention is a week). Its cost: the versions of a
+    day stay readable (about 14,000 for a table merged every 30 s, and a GC pass reads each).
+    Lower the floor only where no commit can be in flight for that long (tests, a table one
+    process maintains); 0 turns it off.
+    """
 
     manifest_retention: int = field(default=10, metadata=_min(1))  # the latest is always kept
-    manifest_min_age_seconds: float = 3600.0
-    orphan_grace_seconds: float = 86400.0  # a day: far beyond any flush (Iceberg 3 d, Delta 7 d)
+    manifest_min_age_seconds: float = _duration(3600.0)
+    orphan_grace_seconds: float = _duration(86400.0)  # a day: far beyond any flush (Iceberg 3 d, Delta 7 d)
     # Lance's own cleanup_old_versions of the base table, run before planning (None: off).
-    cleanup_base_versions_older_than_seconds: float | None = None
+    cleanup_base_versions_older_than_seconds: float | None = _duration(None)
     cleanup_base_versions_retain: int | None = field(default=None, metadata=_min(1))
+    cleanup_base_versions_floor_seconds: float = _duration(BASE_VERSION_FLOOR_SECONDS)
     keep_current_epoch_wal: bool = True
     max_workers: int = field(default=16, metadata=_min(1))
     # Base-table files no retained version references (commits that lost a race or crashed),
@@ -203,14 +248,29 @@ class GcOptions(_Checked):
     # _transactions/ and _indices/ per pass).
     collect_leaked_files: bool = True
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        age, floor = self.cleanup_base_versions_older_than_seconds, self.cleanup_base_versions_floor_seconds
+        if age is not None and age < floor:
+            raise OptionError(
+                f"gc.cleanup_base_versions_older_than_seconds: {age:g} s is below the retention floor of "
+                f"{floor:g} s (gc.cleanup_base_versions_floor_seconds): cleaning up base-table versions a "
+                "commit in flight still reads can duplicate keys and bring deleted rows back; use at least "
+                f"{floor:g} s, or lower gc.cleanup_base_versions_floor_seconds (--base-versions-floor) "
+                "only where no commit can be in flight that long")
+
     @property
     def base_cleanup(self) -> bool:
         return self.cleanup_base_versions_older_than_seconds is not None or self.cleanup_base_versions_retain is not None
 
     @property
     def base_cleanup_older_than(self) -> timedelta | None:
-        s = self.cleanup_base_versions_older_than_seconds
-        return None if s is None else timedelta(seconds=s)
+        """The age a version must reach before the cleanup removes it: the configured age, or
+        the floor for a cleanup by count alone (None: no cleanup configured)."""
+        if not self.base_cleanup:
+            return None
+        s = max(self.cleanup_base_versions_older_than_seconds or 0.0, self.cleanup_base_versions_floor_seconds)
+        return timedelta(microseconds=math.ceil(s * 1e6))  # rounded up: never a microsecond below the floor
 
 
 @dataclass(frozen=True)

@@ -182,14 +182,20 @@ def _flag_value(value: str) -> Any:
     return parsed if isinstance(parsed, (int, float, str, bool)) else value
 
 
-def _override(options: Any, section: str, key: str, flag: str, value: Any) -> Any:
+def _override(options: Any, section: str, key: str, flag: str, value: Any, keep: tuple[str, ...] = ()) -> Any:
     """`options` (a section of TableConfig) with `key` set from a flag, converted and checked
-    by `from_mapping` exactly as the config file's `section.key` is."""
+    by `from_mapping` exactly as the config file's `section.key` is (`keep`: the settings the
+    check weighs it against, taken from `options`: the retention floor for a cleanup age)."""
     from dataclasses import replace
 
+    from memwal_core.errors import OptionError
     from memwal_core.options import from_mapping
 
-    parsed = from_mapping(type(options), {key: value}, f"{flag}: {section}")
+    try:
+        parsed = from_mapping(type(options), {**{k: getattr(options, k) for k in keep}, key: value},
+                              f"{flag}: {section}")
+    except OptionError as e:
+        raise (e if str(e).startswith(flag) else OptionError(f"{flag}: {e}")) from None
     return replace(options, **{key: getattr(parsed, key)})
 
 
@@ -210,9 +216,12 @@ def apply_flags(cfg, a) -> Any:
     # The CLI is one short process: it runs its own session (`spark.master`), never the table's
     # long-lived Connect server; `--spark-master sc://HOST:PORT` asks for a Connect server.
     spark = replace(spark, connect=None)
+    if getattr(a, "base_versions_floor", None) is not None:  # first: the age below is checked against it
+        gc = _override(gc, "gc", "cleanup_base_versions_floor_seconds", "--base-versions-floor",
+                       _flag_value(a.base_versions_floor), keep=("cleanup_base_versions_older_than_seconds",))
     if getattr(a, "base_versions_older_than", None) is not None:
         gc = _override(gc, "gc", "cleanup_base_versions_older_than_seconds", "--base-versions-older-than",
-                       _flag_value(a.base_versions_older_than))
+                       _flag_value(a.base_versions_older_than), keep=("cleanup_base_versions_floor_seconds",))
     if getattr(a, "retrain_vector_indexes", False):
         compaction = replace(compaction, retrain_vector_indexes=True)
     lease = cfg.lease
@@ -748,7 +757,7 @@ def _looks_like_old_demo(path: str, entries: set[str]) -> bool:
 
 def cmd_demo(a) -> int:
     from memwal_core.observe import reader
-    from memwal_core.options import check_spark_master
+    from memwal_core.options import GcOptions, check_spark_master
     from memwal_core.state.store import open_store
     from memwal_core.tools import demo
 
@@ -769,9 +778,10 @@ def cmd_demo(a) -> int:
     w = demo.Workload(loc, seed=42, key_space=max(10, a.rows), max_memtable_rows=max(100, a.rows // a.regions))
     for _ in range(3):
         w.write_round(a.rows, overwrite=0.3, delete=0.03)
-    # The demo keeps only the latest base-table version, so GC can show what it reclaims; by
-    # default GC keeps every generation a retained base version could time-travel to.
-    cfg = single_table(path, spark_master=a.spark_master, name="demo", base_versions_older_than=0)
+    # The demo cleans up base-table versions at the retention floor (a day), as a deployment
+    # would: GC then says which generations the retained versions still hold.
+    cfg = single_table(path, spark_master=a.spark_master, name="demo",
+                       base_versions_older_than=GcOptions().cleanup_base_versions_floor_seconds)
     report = run_pass(cfg, list(STEPS), verbose=a.verbose)
     got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
     ok = got == w.expected()
@@ -882,9 +892,14 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--spark-conf", action="append", metavar="K=V", default=[],
                    help="a Spark setting, merged over the table's spark.conf (repeatable)")
     m.add_argument("--only", help=f"comma-separated subset of {','.join(STEPS)}")
-    m.add_argument("--base-versions-older-than", metavar="SECONDS",  # checked by options.seconds: one line
+    m.add_argument("--base-versions-older-than", metavar="DURATION",  # checked by GcOptions: one line
                    help="let GC first clean up base-table versions older than this (Lance's "
-                        "cleanup_old_versions); generations a retained version needs are always kept")
+                        "cleanup_old_versions; seconds or 7d, 12h, 30m, 90s); generations a retained "
+                        "version needs are always kept; refused below the retention floor (a day)")
+    m.add_argument("--base-versions-floor", metavar="DURATION",
+                   help="gc.cleanup_base_versions_floor_seconds: base-table versions younger than this are "
+                        "never cleaned up (default a day); lower it only where no commit can be in flight "
+                        "that long")
     m.add_argument("--retrain-vector-indexes", action="store_true",
                    help="compact step: retrain vector indexes that drifted past the threshold (never one "
                         "MemTables maintain: the spec requires a stable codebook)")

@@ -43,7 +43,6 @@ from memwal_core.options import (
     SparkOptions,
     check_spark_master,
     from_mapping,
-    seconds,
     unknown_keys,
 )
 from memwal_core.state.store import _S3_OPTION_ALIASES, _opt
@@ -121,6 +120,8 @@ class TableConfig:
 
 # A size with a unit as `memwal_core.options.parse_size` reads it ("256MB", "1.5g", "64KiB").
 _SIZE_TEXT = r"^\s*\d+(\.\d+)?\s*[kmgtKMGT]?([iI]?[bB])?\s*$"
+# A duration with a unit as `memwal_core.options.parse_duration` reads it ("7d", "12h", "90s").
+_DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*[smhdwSMHDW]?\s*$"
 
 
 def _section_schema(cls: type) -> dict[str, Any]:
@@ -134,6 +135,12 @@ def _section_schema(cls: type) -> dict[str, Any]:
             schema["properties"][f.name] = {"anyOf": [{"type": "integer", "minimum": 1},
                                                       {"type": "string", "pattern": _SIZE_TEXT}],
                                             "title": prop.get("title"), "default": prop.get("default")}
+        if f.metadata.get("kind") == "duration":
+            prop = schema["properties"][f.name]
+            alts = [{"type": "number", "minimum": 0}, {"type": "string", "pattern": _DURATION_TEXT}]
+            if f.default is None:
+                alts.append({"type": "null"})
+            schema["properties"][f.name] = {"anyOf": alts, "title": prop.get("title"), "default": prop.get("default")}
     return schema
 
 
@@ -299,15 +306,21 @@ def load_config(path: str | os.PathLike | None = None) -> list[TableConfig]:
 
 
 def single_table(uri: str, storage_options: dict[str, str] | None = None, name: str = "table",
-                 spark_master: str = "local[*]", base_versions_older_than: float | None = None,
-                 compaction: CompactionOptions | None = None) -> TableConfig:
-    """A config for `memwal maintain URI` (no config file; options given on the command line)."""
+                 spark_master: str = "local[*]", base_versions_older_than: float | str | None = None,
+                 compaction: CompactionOptions | None = None,
+                 base_versions_floor: float | str | None = None) -> TableConfig:
+    """A config for `memwal maintain URI` (no config file; options given on the command line).
+    A cleanup age below the retention floor is refused (`GcOptions`) unless the floor is lowered."""
     try:
         spark = SparkOptions(master=check_spark_master(spark_master, "--spark-master"))
+        raw: dict[str, Any] = {}
         if base_versions_older_than is not None:
-            base_versions_older_than = seconds(base_versions_older_than, "--base-versions-older-than")
+            raw["cleanup_base_versions_older_than_seconds"] = base_versions_older_than
+        if base_versions_floor is not None:
+            raw["cleanup_base_versions_floor_seconds"] = base_versions_floor
+        gc = from_mapping(GcOptions, raw, "gc")
     except OptionError as e:
         raise ConfigError(str(e)) from None
     return TableConfig(name=name, uri=uri, storage_options=dict(storage_options or {}), spark=spark,
-                       gc=GcOptions(cleanup_base_versions_older_than_seconds=base_versions_older_than),
+                       gc=gc,
                        compaction=compaction or CompactionOptions())

@@ -132,10 +132,10 @@ def run_demo(s3: LocalS3, *, bucket: str = "memwal-demo", regions: int = 4, rows
     for _ in range(3):
         w.write_round(rows, overwrite=0.3, delete=0.03)
     public = {k: v for k, v in options.items() if k != "aws_secret_access_key"}
-    # As in `memwal demo`: only the latest base-table version is kept, so GC shows what it reclaims.
+    # As in `memwal demo`: base-table versions are cleaned up at the retention floor (a day).
     cfg = TableConfig(name="s3demo", uri=uri, storage_options=public,
                       secrets={"aws_secret_access_key": SECRET_ENV}, spark=SparkOptions(master=spark_master),
-                      gc=GcOptions(cleanup_base_versions_older_than_seconds=0))
+                      gc=GcOptions(cleanup_base_versions_older_than_seconds=GcOptions().cleanup_base_versions_floor_seconds))
     report = run_pass(cfg, list(STEPS), verbose=verbose)
     got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
     ok = got == w.expected()

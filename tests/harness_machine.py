@@ -550,7 +550,7 @@ class MemWalMachine(RuleBasedStateMachine):
         self.count("gc")
         gc.run_gc(self.loc, gc.GcOptions(manifest_retention=keep, manifest_min_age_seconds=min_age,
                                         orphan_grace_seconds=grace, cleanup_base_versions_retain=base_retain,
-                                        max_workers=2))
+                                        cleanup_base_versions_floor_seconds=0, max_workers=2))  # one process
 
     @precondition(lambda self: self.loc is not None and self.crashes < 2)
     @rule(job=st.sampled_from(["gc", "snapshot", "merge"]), k=st.integers(1, 6))

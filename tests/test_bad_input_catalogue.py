@@ -359,7 +359,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("catalogue")
     a = build_table_a(str(tmp / "a"))
     jobs: dict[str, Run] = {}
-    jobs["A"] = Run(maintain_cmd(a.root, "--base-versions-older-than", "0"), before=tree(a.root))
+    jobs["A"] = Run(maintain_cmd(a.root, "--base-versions-older-than", "0", "--base-versions-floor", "0"), before=tree(a.root))
     for case in SIMPLE:
         root = str(tmp / case)
         build_simple(root, case)
@@ -639,7 +639,7 @@ def test_version_gap_gc_alone_does_not_act_on_the_stale_view(tmp_path):
     before = tree(root)
 
     res = gc.run_gc(loc, gc.GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                                     cleanup_base_versions_older_than_seconds=0))
+                                     cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
     err = res.region_errors[rid]
     assert err == (f"region {rid}: manifest version 7 is missing but version 8 exists (a gap in "
                    f"{layout.manifest_dir(rid)}/): the latest version found by probing, 6, is stale; not "

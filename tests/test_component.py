@@ -108,7 +108,7 @@ def test_defs_yaml_and_memwal_yaml_are_one_schema(tmp_path, monkeypatch):
         secrets: {aws_secret_access_key: EVENTS_SECRET}
         spark: {master: "local[2]", connect: "sc://127.0.0.1:15999"}
         merge: {budget_bytes: 128MB}
-        gc: {cleanup_base_versions_older_than_seconds: 60}
+        gc: {cleanup_base_versions_older_than_seconds: 60, cleanup_base_versions_floor_seconds: 30s}
         compaction: {max_small_fragments: 4}
     """
     root, module = _project(tmp_path, {"events": attributes})

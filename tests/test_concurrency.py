@@ -189,7 +189,8 @@ def _run(tmp_path, spark, seconds: float) -> None:
     assert not merge.merge(loc, spark).region_errors
     catchup.run_catchup(loc)
     final_gc = gc.run_gc(loc, gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                                          cleanup_base_versions_older_than_seconds=0))
+                                          cleanup_base_versions_older_than_seconds=0,
+                                          cleanup_base_versions_floor_seconds=0))
     base = as_dict(table.open_dataset(loc).to_table())
     lsm = as_dict(reader.lsm_table(loc))
     missing = checks.missing_generations(loc)
@@ -244,7 +245,8 @@ def test_generation_collected_under_a_stale_plan_is_skipped_not_an_error(tmp_pat
     stale = merge.plan_merge(loc)  # merger A's plan
     assert not merge.execute_merge(loc, merge.plan_merge(loc), spark).region_errors  # merger B
     snapshot.build_snapshot(loc)  # the index builder records region values: GC may trim merged generations
-    res = gc.run_gc(loc, gc.GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0))
+    res = gc.run_gc(loc, gc.GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0,
+                                      cleanup_base_versions_floor_seconds=0))
     assert res.counts()["generation"] == sum(len(b.generations) for b in stale.batches)
     result = merge.execute_merge(loc, stale, spark)  # merger A goes on with its plan
     assert result.region_errors == {}

@@ -4,8 +4,9 @@ A dry run is GC's own job with execution off: Lance explains its base-version cl
 same settings, and GC is planned as if those versions were gone. The property: for table states
 (tagged versions, orphans, several merges) and any combination of GC settings, the dry run's
 items and base versions EQUAL what the real run deletes, and the files that disappear are
-exactly the listed ones. Base-version ages here are positive (1 s, against a template whose
-last commit is older than that) or counts: a retention floor may refuse 0.
+exactly the listed ones. Base-version ages here are 1 s (against a template whose last commit
+is older than that) or counts, with the retention floor lowered explicitly: one process, nothing
+commits meanwhile.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def test_gc_dry_run_equals_the_real_run(templates, state, tag, orphan, older, re
             _plant_orphan(open_store(root))
         cfg = gc.GcOptions(manifest_retention=manifest_retention, manifest_min_age_seconds=manifest_age,
                            orphan_grace_seconds=grace, keep_current_epoch_wal=keep_epoch,
-                           cleanup_base_versions_older_than_seconds=older, cleanup_base_versions_retain=retain)
+                           cleanup_base_versions_older_than_seconds=older, cleanup_base_versions_retain=retain,
+                           cleanup_base_versions_floor_seconds=0)  # single process: nothing commits meanwhile
         dry, _ = check_dry_equals_real(root, cfg)
         if tag and cfg.base_cleanup:
             assert sorted(_versions(root))[1] not in dry.plan.base_cleanup.versions
@@ -154,7 +156,7 @@ def test_the_base_cleanup_is_what_frees_generations(templates):
     the real run deletes once the old versions are gone (it said 0 while the run deleted them)."""
     root = _copy(templates["history"])
     loc = open_store(root)
-    cfg = gc.GcOptions(cleanup_base_versions_older_than_seconds=OLD)
+    cfg = gc.GcOptions(cleanup_base_versions_older_than_seconds=OLD, cleanup_base_versions_floor_seconds=0)
     without = gc.plan_gc(loc, replace(cfg, cleanup_base_versions_older_than_seconds=None))
     assert without.counts()["generation"] == 0  # the first versions (merged = {}) read them all
     dry, real = check_dry_equals_real(root, cfg)
@@ -175,7 +177,7 @@ def test_cli_dry_run_lists_what_maintain_then_deletes(templates):
     --json`, then the same without --dry-run; the listed paths are the files that went."""
     root = _copy(templates["history"])
     versions, files = _versions(root), tree(root)
-    dry = _memwal("maintain", root, "--only", "gc", "--base-versions-older-than", str(OLD), "--dry-run", "--json")
+    dry = _memwal("maintain", root, "--only", "gc", "--base-versions-older-than", str(OLD), "--base-versions-floor", "0", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     assert tree(root) == files
@@ -186,7 +188,7 @@ def test_cli_dry_run_lists_what_maintain_then_deletes(templates):
     assert sum(w[k]["objects"] for k in ("generation", "wal", "manifest", "orphan")) == g["objects"]
     assert len(g["items"]) == sum(w[k]["items"] for k in ("generation", "wal", "manifest", "orphan"))
 
-    real = _memwal("maintain", root, "--only", "gc", "--base-versions-older-than", str(OLD), "--json")
+    real = _memwal("maintain", root, "--only", "gc", "--base-versions-older-than", str(OLD), "--base-versions-floor", "0", "--json")
     assert real.returncode == 0, real.stderr
     rep = json.loads(real.stdout)["steps"]["gc"]
     assert rep["objects_deleted"] == g["objects"] and rep["deleted"] == g["counts"]
@@ -206,7 +208,7 @@ def test_cli_dry_run_respects_only_and_lists_paths(templates, capsys):
     root = _copy(templates["merged"])
     _plant_orphan(open_store(root), age=3 * 86400)  # past the default 24 h grace
     files = tree(root)
-    assert cli.main(["maintain", root, "--only", "gc", "--base-versions-older-than", str(OLD), "--dry-run"]) == 0
+    assert cli.main(["maintain", root, "--only", "gc", "--base-versions-older-than", str(OLD), "--base-versions-floor", "0", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert not [ln for ln in out.splitlines() if ln.split(":")[0] in ("merge", "compact", "catchup", "index")], out
     head = next(ln for ln in out.splitlines() if ln.startswith("gc: would delete "))
@@ -235,7 +237,7 @@ def test_cli_dry_run_models_the_age_flag(templates, capsys):
     n = len(_versions(root))
     got = {}
     for age in ("604800", str(OLD)):
-        assert cli.main(["maintain", root, "--only", "gc", "--base-versions-older-than", age, "--dry-run", "--json"]) == 0
+        assert cli.main(["maintain", root, "--only", "gc", "--base-versions-older-than", age, "--base-versions-floor", "0", "--dry-run", "--json"]) == 0
         got[age] = json.loads(capsys.readouterr().out)["gc"]["would_delete"]
     assert got["604800"]["base_version"]["items"] == 0 and got["604800"]["generation"]["items"] == 0
     assert got[str(OLD)]["base_version"]["items"] == n - 1 and got[str(OLD)]["generation"]["items"] > 0
@@ -252,7 +254,7 @@ def test_gc_dry_run_on_s3(s3_table_loc, spark):
     w.write_round(40, puts_per_batch=10)
     assert not merge.merge(loc, spark).region_errors
     snapshot.build_snapshot(loc)
-    cfg = gc.GcOptions(cleanup_base_versions_retain=1, manifest_min_age_seconds=0)
+    cfg = gc.GcOptions(cleanup_base_versions_retain=1, manifest_min_age_seconds=0, cleanup_base_versions_floor_seconds=0)
     objects = {o.key for o in loc.store.list("")}
     versions = {int(v["version"]) for v in lance.dataset(loc.lance_uri, storage_options=loc.storage_options).versions()}
     dry = gc.run_gc(loc, cfg, dry_run=True)

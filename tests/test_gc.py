@@ -34,7 +34,7 @@ PROCS = os.path.join(os.path.dirname(__file__), "procs")
 
 # Collect as soon as allowed: no age or grace, and the base table's old versions cleaned first.
 FAST = gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                   cleanup_base_versions_older_than_seconds=0)
+                   cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0)
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -162,7 +162,8 @@ def test_randomized_interleaving(tmp_path, spark, seed):
         cfg = gc.GcOptions(manifest_retention=rng.choice([1, 3, 10]), manifest_min_age_seconds=0,
                           orphan_grace_seconds=0, keep_current_epoch_wal=rng.random() < 0.5)
         if rng.random() < 0.75:
-            gc.cleanup_base_versions(loc, replace(cfg, cleanup_base_versions_older_than_seconds=0))
+            gc.cleanup_base_versions(loc, replace(cfg, cleanup_base_versions_older_than_seconds=0,
+                                                      cleanup_base_versions_floor_seconds=0))
         keep = {rid: (sentinels(loc, rid), max(wal_positions(loc, rid))) for rid in w.regions.values()}
         before = tree(loc.store.root)
         plan = gc.plan_gc(loc, cfg)

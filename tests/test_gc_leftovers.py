@@ -27,7 +27,7 @@ from memwal_core.state.store import make_s3_client, open_store
 from memwal_core.tools import demo
 
 FAST = gc.GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                   cleanup_base_versions_older_than_seconds=0, keep_current_epoch_wal=False)
+                   cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0, keep_current_epoch_wal=False)
 
 
 def _as_dict(t: pa.Table) -> dict:

@@ -247,7 +247,8 @@ def test_cli_refuses_bad_base_versions_older_than(tmp_path, capsys, value):
     assert rc in (1, 2)
     assert len([ln for ln in err.splitlines() if "error" in ln]) == 1, err
     assert tree(root) == before
-    assert single_table(root, base_versions_older_than=0).gc.cleanup_base_versions_older_than_seconds == 0
+    assert single_table(root, base_versions_older_than=0,
+                        base_versions_floor=0).gc.cleanup_base_versions_older_than_seconds == 0
 
 
 # ---------------------------------------------------------------- #18.14 one line, one JVM

@@ -54,7 +54,7 @@ def make_table(loc, seed=1, regions=3, rounds=2):
 def cfg_for(loc, name="t", **kw) -> TableConfig:
     kw.setdefault("spark", SparkOptions(master="local[2]"))
     kw.setdefault("gc", GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                                  cleanup_base_versions_older_than_seconds=0))
+                                  cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
     return TableConfig(name=name, uri=loc.lance_uri, storage_options=dict(loc.storage_options), **kw)
 
 
@@ -287,7 +287,8 @@ def test_gc_without_base_version_cleanup_warns_what_it_keeps_forever(table_loc, 
     run's log, with the count it plots); with a cleanup configured (by age, or by count alone)
     it does not."""
     w = make_table(table_loc, regions=2, rounds=1)
-    retain_only = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_retain=1)
+    retain_only = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_retain=1,
+                           cleanup_base_versions_floor_seconds=0)
     for gc_options, warns in ((GcOptions(), True), (None, False), (retain_only, False)):
         td = table_definitions(cfg_for(table_loc, **({"gc": gc_options} if gc_options else {})))
         instance.add_dynamic_partitions(td.partitions.name, sorted(w.regions.values()))

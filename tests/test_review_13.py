@@ -69,7 +69,8 @@ def test_region_value_established_in_batch_1_is_forgotten_in_batch_2(table_loc, 
 
 
 AGGRESSIVE_GC = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                            cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1)
+                            cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1,
+                            cleanup_base_versions_floor_seconds=0)
 
 
 def test_after_gc_trims_the_first_generation_the_region_value_comes_from_an_unchecked_one(table_loc, spark):

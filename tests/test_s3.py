@@ -53,7 +53,7 @@ MEMWAL = os.path.join(os.path.dirname(sys.executable), "memwal")
 SECRET_ENV = "MEMWAL_TEST_S3_SECRET"
 PREFIX = "table"
 FAST_GC = gc.GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                      cleanup_base_versions_older_than_seconds=0)
+                      cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0)
 
 
 # ------------------------------------------------------------------------------- fixtures
@@ -387,7 +387,7 @@ def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
     version = table.open_dataset(loc).version
     px.cut_after(lambda r: r.kind == "put_if_absent" and r.key.startswith(f"{PREFIX}/_versions/"))
     plain, secrets = split_secrets(opts)  # a TableConfig holds no secret values
-    cfg = single_table(uri, plain, spark_master="local[2]", base_versions_older_than=0)
+    cfg = single_table(uri, plain, spark_master="local[2]", base_versions_older_than=0, base_versions_floor=0)
     report = run_pass(cfg, list(STEPS), secrets=secrets)
     assert px.cut_at is not None and px.is_down
     failed = report["failed"]
@@ -411,7 +411,7 @@ def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
     # merge, so the merge never starts Spark (a master nobody listens on proves it; a malformed
     # one is refused before anything runs). Compaction is left out here: this small table is
     # kept fully compacted, so the merged fragment is work for its Spark tasks.
-    run = _memwal("maintain", uri, *flags, "--base-versions-older-than", "0", "--json",
+    run = _memwal("maintain", uri, *flags, "--base-versions-older-than", "0", "--base-versions-floor", "0", "--json",
                   "--only", "merge,index,catchup,gc", "--spark-master", "spark://127.0.0.1:1")
     assert run.returncode == 0, run.stderr[-3000:]
     rep = json.loads(run.stdout)
@@ -549,7 +549,7 @@ def test_pipeline_on_s3_from_config_with_env_secret_and_ui(px, raw, secret, spar
             secrets: {{aws_secret_access_key: {SECRET_ENV}}}
             spark: {{master: "local[2]"}}
             gc: {{manifest_retention: 2, manifest_min_age_seconds: 0, orphan_grace_seconds: 0,
-                 cleanup_base_versions_older_than_seconds: 0}}
+                 cleanup_base_versions_older_than_seconds: 0, cleanup_base_versions_floor_seconds: 0}}
           - name: s3bad
             uri: s3://memwal-no-such-bucket/{PREFIX}
             storage_options: {{aws_endpoint: "{px.endpoint}", aws_region: us-east-1, aws_access_key_id: testing,

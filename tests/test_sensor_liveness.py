@@ -79,7 +79,7 @@ def collect_cursor_versions(w, table_loc, cfg, rid: str, cursor_version: int) ->
 
 
 def test_sensor_after_downtime_finds_regions_whose_cursor_versions_gc_collected(table_loc, instance):
-    w, cfg, td, defs = setup(table_loc, gc=GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0))
+    w, cfg, td, defs = setup(table_loc, gc=GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
     t0 = time.time()
     _, cursor = tick(defs, td, instance, now=t0)
     before = state_of(instance, cursor)
@@ -103,7 +103,7 @@ def test_sensor_after_downtime_finds_regions_whose_cursor_versions_gc_collected(
 def test_sensor_without_downtime_converges_within_a_verify_rotation(table_loc, instance):
     """GC configured with no minimum age can collect the cursor's next version between two
     ticks (a burst of commits): the rotating hint re-check finds it within VERIFY_EVERY ticks."""
-    w, cfg, td, defs = setup(table_loc, regions=1, gc=GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0))
+    w, cfg, td, defs = setup(table_loc, regions=1, gc=GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
     t = time.time()
     _, cursor = tick(defs, td, instance, now=t)
     st = state_of(instance, cursor)

@@ -74,7 +74,8 @@ class GroupWorkload:
 
 
 AGGRESSIVE_GC = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                            cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1)
+                            cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1,
+                            cleanup_base_versions_floor_seconds=0)
 
 
 def rows(t: pa.Table, key: str = "id") -> dict:

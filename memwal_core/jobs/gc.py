@@ -966,7 +966,14 @@ def plan_base_cleanup(loc: TableLocation, config: GcOptions, *, max_paths: int =
 def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, int]:
     """Option 5: Lance's own `cleanup_old_versions` (tagged versions are left alone). No version
     listing here: `ds.versions()` reads every retained manifest, the largest part of a GC pass on
-    a long history, and the plan that follows reads them once anyway (`run_gc` fills in the counts)."""
+    a long history, and the plan that follows reads them once anyway (`run_gc` fills in the counts).
+
+    `older_than` is always passed, at least the retention floor (`GcOptions`): Lance removes a
+    version only when it is older than `older_than` *and* not among the newest `retain_versions`
+    (given only `retain_versions`, it removes every older version whatever its age), so a
+    cleanup by count alone would otherwise remove versions a commit in flight still reads."""
+    if not config.base_cleanup:
+        return {"old_versions": 0, "bytes_removed": 0}
     ds = table.open_dataset(loc)
     kw = _cleanup_kwargs(config)
     lease.fence(loc, "base-table version cleanup")

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from memwal_core import faults
 from memwal_core.errors import MemwalError, one_line
-from memwal_core.jobs import snapshot
+from memwal_core.jobs import snapshot, verify
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
@@ -50,6 +50,20 @@ DEFAULT_MAX_GENERATIONS = MergeOptions().max_generations
 
 class MergeError(MemwalError):
     """A merge run cannot go on (a batch lost too many commit races, a key not expressible)."""
+
+
+class CommitVerificationError(MergeError):
+    """A merge commit recorded progress over rows that are not what it planned (keys present
+    twice, tombstoned keys back, upserted keys missing): its regions stop behind a permanent
+    wall until the table is repaired (`verify.py`)."""
+
+    def __init__(self, message: str, regions: list[str]) -> None:
+        super().__init__(message)
+        self.regions = regions
+
+
+# How a wall record of a failed commit verification starts: later runs keep the region stopped.
+COMMIT_CHECK_FAILED = "commit verification failed"
 
 
 @dataclass(frozen=True)
@@ -325,8 +339,12 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     run = _Run(loc, spark, tuple(pk), tuple(f.name for f in ds.schema), ds.schema, merge_tasks(spark), result,
                max_attempts)
     run.field_ids = tuple((f.name(), f.id()) for f in ds.lance_schema.fields())
-    run.evidence = {rid: rec for rid, rec in _recorded_walls(loc).items()
+    recorded_walls = _recorded_walls(loc)
+    run.evidence = {rid: rec for rid, rec in recorded_walls.items()
                     if rid in plan.pending and rec.shared_keys is not None}
+    for rid, rec in recorded_walls.items():  # a region merged over wrong rows stays stopped until repaired
+        if rid in plan.pending and rec.reason.startswith(COMMIT_CHECK_FAILED):
+            run.stop(rid, Wall(rec.generation, rec.reason, permanent=True))
     for rid, got in loaded.items():
         if got.ok:
             run.routes[rid] = routing_check(got.manifest, specs, ds.lance_schema)
@@ -780,6 +798,9 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
         return _commit(run, deduped, gens, index)
     except lease.LeaseLost:
         raise  # not this batch's fault: the whole step stops (another maintainer holds the table)
+    except CommitVerificationError as e:
+        _verification_failed(run, e, gens)
+        return True
     except Exception as e:  # noqa: BLE001 - isolated below
         rids = sorted({g.region_id for g in gens})
         if len(rids) == 1:
@@ -794,9 +815,20 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
                 return False
         except lease.LeaseLost:
             raise
+        except CommitVerificationError as e:
+            _verification_failed(run, e, mine)
         except Exception as e:  # noqa: BLE001 - this region only
             _commit_failed(run, rid, mine, e)
     return True
+
+
+def _verification_failed(run: _Run, e: CommitVerificationError, gens: list[PlannedGeneration]) -> None:
+    """Stop every region of a commit whose rows are wrong. The commit recorded their progress
+    with the rows, so the wall is right after it: nothing merges over the region again (in
+    this run or later ones: the wall record keeps it) until it is repaired."""
+    for rid in e.regions:
+        last = max(g.generation for g in gens if g.region_id == rid)
+        run.stop(rid, Wall(last + 1, f"{COMMIT_CHECK_FAILED}: {e}", permanent=True))
 
 
 def _commit_failed(run: _Run, rid: str, gens: list[PlannedGeneration], e: Exception) -> None:
@@ -819,6 +851,7 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
     builder = builder.mark_sstables_as_compacted(merged_markers(progress))
     source = pa.RecordBatchReader.from_batches(schema, _cast_stream(deduped.live, schema))
     faults.point("merge.before_commit")
+    read_version = ds.version  # Lance records the version it rebased onto, not this one
     lease.fence(loc, "merge commit")
     try:
         stats = builder.execute(source)
@@ -827,6 +860,28 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
             return False
         raise
     faults.point("merge.after_commit")
+    key_types = pa.schema([pa.field(c, schema.field(c).type) for c in pk])
+    upserted = pa.concat_tables([t.select(pk).cast(key_types) for t in deduped.live]) \
+        if deduped.live else key_types.empty_table()
+    try:
+        check = verify.verify_commit(loc, ds.version, progress, upserted, deleted, pk)
+    except Exception as e:  # noqa: BLE001 - the commit did happen: not a failed commit, not a retry
+        log.error("merge commit version %d could not be verified (%s: %s); taking it as committed",
+                  ds.version, type(e).__name__, one_line(e))
+        check = verify.CommitCheck(ds.version, ds.version, ds.version)
+    if not check.landed:  # nothing of it is in the latest version: the generations are still pending
+        log.warning("merge commit version %d is not in the latest version %d (%s); merging the batch again",
+                    check.version, check.latest, check.describe())
+        return False
+    if check.bad_rows:
+        gens_text = ", ".join(f"region {rid} generations {sorted(g.generation for g in gens if g.region_id == rid)}"
+                              for rid in sorted(progress))
+        raise CommitVerificationError(
+            f"merge commit version {check.version} ({gens_text}) does not hold what was merged: "
+            f"{check.describe()}; merge progress was recorded with it, so the region stops here until "
+            "the table is repaired (a base-version cleanup shorter than a commit, or a writer that "
+            "bypasses memwal, can do this)", sorted(progress))
+    log.debug("merge commit version %d verified in %.3f s", check.version, check.seconds)
     run.remember(deduped, {index[rid]: rid for rid in progress})
     new = open_dataset(loc)
     result.commits += 1
@@ -843,9 +898,10 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
             r.rows_read += s.rows
             r.bytes_read += s.bytes
             result.bytes_read += s.bytes
-    log.info("merged %d generations of %d regions: +%d upserted, -%d deleted, progress %s",
+    log.info("merged %d generations of %d regions: +%d upserted, -%d deleted, progress %s "
+             "(read version %d, committed version %d)",
              len(gens), len(progress), stats["num_inserted_rows"] + stats["num_updated_rows"],
-             stats["num_deleted_rows"], progress)
+             stats["num_deleted_rows"], progress, read_version, check.version)
     return True
 
 

@@ -22,7 +22,8 @@ def main() -> int:
     p.add_argument("--base-cleanup", type=float, default=None)
     a = p.parse_args()
     cfg = gc.GcOptions(manifest_retention=a.keep, manifest_min_age_seconds=a.min_age, orphan_grace_seconds=a.grace,
-                      cleanup_base_versions_older_than_seconds=a.base_cleanup)
+                      cleanup_base_versions_older_than_seconds=a.base_cleanup,
+                      cleanup_base_versions_floor_seconds=a.base_cleanup or 0)
     result = gc.run_gc(open_store(a.uri), cfg)
     print(json.dumps(result.to_dict()))
     return 1 if result.region_errors else 0

@@ -22,7 +22,7 @@ from memwal_core.jobs import compaction, gc, merge, snapshot
 from memwal_core.state.store import open_store
 
 GC_CONFIG = gc.GcOptions(manifest_retention=2, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                        cleanup_base_versions_older_than_seconds=0, max_workers=1)
+                        cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0, max_workers=1)
 
 
 def main() -> int:

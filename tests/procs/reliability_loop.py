@@ -28,7 +28,8 @@ from memwal_core.state import lease
 from memwal_core.state.store import open_store
 
 GC_CONFIG = gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                        cleanup_base_versions_older_than_seconds=2)
+                        cleanup_base_versions_older_than_seconds=2,
+                        cleanup_base_versions_floor_seconds=2)
 
 
 def main() -> int:

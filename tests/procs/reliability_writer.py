@@ -1,7 +1,8 @@
 """A pylance writer flushing continuously, for the concurrency suite.
 
-usage: reliability_writer.py URI SEED GO_FILE OUT_JSON
-Waits for GO_FILE (which holds the deadline as epoch seconds), then until the deadline writes
+usage: reliability_writer.py URI SEED GO_FILE OUT_JSON [STOP_FILE]
+Waits for GO_FILE (which holds the deadline as epoch seconds), then until the deadline (or
+until STOP_FILE exists) writes
 a deterministic (seeded) sequence of puts and deletes through one ShardWriter per region value
 (bucket), small MemTables so that generations are flushed all the time; every 25 batches one
 region's writer is closed and re-opened (a new writer epoch, a fence sentinel). At the end
@@ -28,6 +29,7 @@ BATCH = 12
 
 def main() -> int:
     uri, seed, go, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    stop = sys.argv[5] if len(sys.argv) > 5 else None
     rng = random.Random(seed)
     ds = lance.dataset(uri)
     model = {r["id"]: r for r in ds.to_table().to_pylist()}
@@ -53,7 +55,7 @@ def main() -> int:
         return writers[v]
 
     batches = reopens = 0
-    while time.time() < deadline:
+    while time.time() < deadline and not (stop and os.path.exists(stop)):
         v = rng.choice(sorted(by_value))
         pool = by_value[v]
         batches += 1
