@@ -148,7 +148,7 @@ OPS: dict[str, tuple[int, dict[str, Any]]] = {
     "catch_up": (3, {"named": st.booleans(), "retrain": st.booleans()}),
     "collect_garbage": (9, {"keep": st.integers(1, 3), "min_age": st.sampled_from([0.0, 3600.0]),
                             "grace": st.sampled_from([0.0, 3600.0]), "base_retain": st.none(),
-                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from([True, True, False])}),
+                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "full", "snapshot", "none"])}),
     "compact": (3, {"race_merge": st.booleans(), "attempts": st.integers(1, 3)}),
     "race_compaction": (4, {"attempts": st.integers(1, 3), "overlap": st.booleans(), "keys": st.integers(1, 3)}),
     "second_maintainer": (3, {"first": st.sampled_from(["merge", "gc", "snapshot", "catchup", "compact"]),
@@ -776,13 +776,15 @@ class MemWalMachine(RuleBasedStateMachine):
         catchup.run_catchup(self.loc, ["id_btree"] if named else None, retrain=retrain)
 
     def collect_garbage(self, keep: int, min_age: float, grace: float, base_retain: int | None,
-                        retention: str = "none", prep: bool = False) -> None:
+                        retention: str = "none", prep: str = "none") -> None:
         """GC with random manifest/orphan ages and base-version retention (by count, or by an
-        age no version reaches in a run). `prep`: the maintenance job's order, index builder
-        and catch-up first, so that merged generations become collectable."""
+        age no version reaches in a run). `prep`: the maintenance job's order first, index
+        builder and catch-up ("full", so that merged generations become collectable) or the
+        index builder alone ("snapshot": catch-up lags, new regions are missing from it)."""
         self.count("gc")
-        if prep:
+        if prep in ("full", "snapshot"):
             snapshot.build_snapshot(self.loc, max_workers=2)
+        if prep == "full":
             catchup.run_catchup(self.loc, None)
         kw: dict[str, Any] = {}
         if base_retain is not None:
