@@ -1,24 +1,28 @@
-"""The stateful randomized harness of issue #13 (used by tests/test_harness.py).
+"""The stateful randomized harness (used by tests/test_harness.py; docs/reliability.md
+"Stateful harness" describes it).
 
 State: a real MemWAL table written by pylance `ShardWriter`s, plus a model of every flushed
-generation's rows (read back once, when the generation first appears) and of everything the
-writers were asked to write. Rules write, delete, flush, reopen (epoch bump), merge (random
-byte budget and `max_generations`, so backlogs span batches), plan a merge and execute it
-later, make one generation unreadable for a merge (or until it flaps back mid-merge), plant
-a permanently bad generation and later repair it, build the MemWAL snapshot, catch indexes up,
-compact the base table (with a merge racing its commit), collect garbage with random retention,
-and kill a job (merge / snapshot / GC) in a subprocess before its k-th write.
+generation's rows (read back once, when the generation first appears in the newest manifest,
+found by listing), of everything the writers were asked to write, and of the merge progress
+each base-table version records. One Hypothesis rule draws a step from the weighted mix `OPS`:
+writes, deletes, flushes, reopens (epoch bump); merges (random byte budget and
+`max_generations`), plans executed later, a generation unreadable during a merge (or flapping
+back mid-merge); bad generations planted and repaired; the MemWAL index builder; catch-up; GC
+with random retention (checked by an independent plan oracle before it executes);
+compaction, also racing a merge in its own thread; a second maintainer thread; stale,
+removed or garbled version hints; fenced writers; orphan directories; and a job killed by
+SIGKILL in a subprocess before its k-th write.
 
 Invariants after every step:
 - merge progress never decreases and never passes a generation that could not be merged
   (bad, or unreadable during that merge): every generation at or below progress was good;
-- the base table equals the model applied up to each region's progress (so nothing merged
-  is lost and nothing unmerged leaked in);
-- pylance's LSM read (base + generations above progress) equals the model of everything
-  flushed, except the keys of bad generations not yet repaired (the wall);
+- the base table, at the latest and at every retained version, equals the model applied up
+  to that version's progress (nothing merged is lost, nothing unmerged leaked in);
+- pylance's LSM read, at the latest and at older retained versions, equals the model of
+  everything flushed, except the keys of bad generations not yet repaired (the wall);
 - no listed generation is missing on disk; nothing outside the table directory changed.
 At teardown every bad generation is repaired and one merge runs: the base table alone then
-equals the model.
+equals the model. `Stats.did` counts the steps that did something (see test_harness.py).
 """
 
 from __future__ import annotations
@@ -148,7 +152,8 @@ OPS: dict[str, tuple[int, dict[str, Any]]] = {
     "catch_up": (3, {"named": st.booleans(), "retrain": st.booleans()}),
     "collect_garbage": (9, {"keep": st.integers(1, 3), "min_age": st.sampled_from([0.0, 3600.0]),
                             "grace": st.sampled_from([0.0, 3600.0]), "base_retain": st.none(),
-                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "full", "snapshot", "none"])}),
+                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "full", "snapshot", "none"]),
+                            "keep_epoch": st.booleans()}),
     "compact": (3, {"race_merge": st.booleans(), "attempts": st.integers(1, 3)}),
     "race_compaction": (4, {"attempts": st.integers(1, 3), "overlap": st.booleans(), "keys": st.integers(1, 3)}),
     "second_maintainer": (3, {"first": st.sampled_from(["merge", "gc", "snapshot", "catchup", "compact"]),
@@ -722,6 +727,11 @@ class MemWalMachine(RuleBasedStateMachine):
         open_writer().close()
         self.discover()
         self.check_flushed(v)
+        # Merged, recorded and caught up: B's generation and its WAL (the sentinel's epoch is
+        # not the current one) are collectable; only the sentinel rule keeps A fenced.
+        self.run_merge(10**9, 4, False)
+        snapshot.build_snapshot(self.loc, max_workers=2)
+        catchup.run_catchup(self.loc, None)
         self.gc_run(self.loc, GcOptions(manifest_retention=1, manifest_min_age_seconds=0.0, orphan_grace_seconds=3600.0,
                                         keep_current_epoch_wal=keep_current_epoch, max_workers=2))
         self.version += 1
@@ -776,7 +786,7 @@ class MemWalMachine(RuleBasedStateMachine):
         catchup.run_catchup(self.loc, ["id_btree"] if named else None, retrain=retrain)
 
     def collect_garbage(self, keep: int, min_age: float, grace: float, base_retain: int | None,
-                        retention: str = "none", prep: str = "none") -> None:
+                        retention: str = "none", prep: str = "none", keep_epoch: bool = True) -> None:
         """GC with random manifest/orphan ages and base-version retention (by count, or by an
         age no version reaches in a run). `prep`: the maintenance job's order first, index
         builder and catch-up ("full", so that merged generations become collectable) or the
@@ -794,7 +804,8 @@ class MemWalMachine(RuleBasedStateMachine):
         elif retention == "long":
             kw["cleanup_base_versions_older_than_seconds"] = 3600.0
         self.gc_run(self.loc, GcOptions(manifest_retention=keep, manifest_min_age_seconds=min_age,
-                                        orphan_grace_seconds=grace, max_workers=2, **kw))
+                                        orphan_grace_seconds=grace, keep_current_epoch_wal=keep_epoch, max_workers=2,
+                                        **kw))
 
     def gc_run(self, loc, config: GcOptions) -> gc.GcResult:
         """`gc.run_gc` with the plan checked by the oracle before it executes, and what it must
@@ -814,6 +825,8 @@ class MemWalMachine(RuleBasedStateMachine):
         finally:
             gc.execute_gc = real_execute
         assert checked, "GC executed no plan"
+        unexpected = set(res.region_errors) - {rid for rid, _ in self.bad}
+        assert not unexpected, f"GC: region errors in regions with nothing bad planted: {res.region_errors}"
         self.deep = True
         counts = res.counts()
         for kind in gc.KINDS:

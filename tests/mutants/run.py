@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
         if status not in ("killed", "SURVIVED"):
             print(out[-3000:], flush=True)
         elif status == "killed":
-            reason = re.findall(r"^E\s+(\w*Error: .{0,160})", out, re.M)
+            reason = re.findall(r"^E\s+(\w*Error: .{0,160})", out, re.M) or re.findall(r"(\w+Error: .{0,160})", out)
             if reason:
                 print(f"{'':12} {reason[0]}", flush=True)
     print(f"{killed} of {len(patches)} killed in {time.monotonic() - t0:.0f} s", flush=True)
