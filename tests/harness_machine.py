@@ -133,11 +133,11 @@ def did(what: str, n: int = 1) -> None:
 # feature flags skewed the mix: hundreds of flushes for a handful of puts).
 GC_RETENTIONS = ["count1", "count1", "count2", "count4", "none", "long"]
 OPS: dict[str, tuple[int, dict[str, Any]]] = {
-    "put": (14, {"keys": st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=3, unique=True)}),
+    "put": (13, {"keys": st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=3, unique=True)}),
     "overwrite": (4, {"picks": st.lists(st.integers(0, 10_000), min_size=1, max_size=3)}),
     "delete": (5, {"keys": st.lists(st.integers(0, KEYS + ABSENT - 1), min_size=1, max_size=2, unique=True),
                    "whole_rows": st.booleans()}),
-    "flush": (9, {"r": st.integers(0, 7)}),
+    "flush": (8, {"r": st.integers(0, 7)}),
     "reopen": (3, {"r": st.integers(0, 7)}),
     "merge": (12, {"budget": st.sampled_from([1, 3_000, 10**9]), "max_gens": st.integers(1, 4),
                    "via_plan": st.booleans()}),
@@ -150,9 +150,9 @@ OPS: dict[str, tuple[int, dict[str, Any]]] = {
     "repair": (3, {"pick": st.integers(0, 10_000)}),
     "build_snapshot": (3, {"external": st.booleans(), "hints": st.booleans()}),
     "catch_up": (3, {"named": st.booleans(), "retrain": st.booleans()}),
-    "collect_garbage": (9, {"keep": st.integers(1, 3), "min_age": st.sampled_from([0.0, 3600.0]),
+    "collect_garbage": (11, {"keep": st.integers(1, 3), "min_age": st.sampled_from([0.0, 3600.0]),
                             "grace": st.sampled_from([0.0, 3600.0]), "base_retain": st.none(),
-                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "full", "snapshot", "none"]),
+                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "snapshot", "full", "snapshot", "none"]),
                             "keep_epoch": st.booleans()}),
     "compact": (3, {"race_merge": st.booleans(), "attempts": st.integers(1, 3)}),
     "race_compaction": (4, {"attempts": st.integers(1, 3), "overlap": st.booleans(), "keys": st.integers(1, 3)}),
@@ -162,6 +162,7 @@ OPS: dict[str, tuple[int, dict[str, Any]]] = {
     "stale_hint": (3, {"r": st.integers(0, 7), "back": st.integers(0, 4)}),
     "fenced_writer": (2, {"r": st.integers(0, 7), "keep_current_epoch": st.booleans()}),
     "plant_orphan": (2, {"r": st.integers(0, 7), "old": st.booleans()}),
+    "add_index": (2, {"column": st.sampled_from(["n", "s"])}),
     "crash": (1, {"job": st.sampled_from(["gc", "snapshot", "merge"]), "k": st.integers(1, 6)}),
 }
 WEIGHTED = [name for name, (w, _) in OPS.items() for _ in range(w)]
@@ -784,6 +785,17 @@ class MemWalMachine(RuleBasedStateMachine):
     def catch_up(self, named: bool, retrain: bool) -> None:
         self.count("catchup")
         catchup.run_catchup(self.loc, ["id_btree"] if named else None, retrain=retrain)
+
+    def add_index(self, column: str) -> None:
+        """A new base-table index (the table maintains all indexes): no region has caught it
+        up yet, so GC must keep every generation until catch-up runs for it."""
+        self.count("add_index")
+        name = f"{column}_idx"
+        ds = table.open_dataset(self.loc)
+        if any(i["name"] == name for i in ds.list_indices()):
+            return
+        ds.create_scalar_index(column, "BTREE", name=name)
+        did("index_added")
 
     def collect_garbage(self, keep: int, min_age: float, grace: float, base_retain: int | None,
                         retention: str = "none", prep: str = "none", keep_epoch: bool = True) -> None:

@@ -53,7 +53,7 @@ def _run(spark, tmp_path, steps: int, first_seed: int, per_example: int, example
 
 ALL_RULES = {"put", "overwrite", "delete", "flush", "reopen", "merge", "merge_transient", "plant_bad", "repair",
              "snapshot", "catchup", "gc", "crash", "stale_plan", "stale_execute", "compact", "race_compaction",
-             "second_maintainer", "stale_hint", "fenced_writer", "plant_orphan"}
+             "second_maintainer", "stale_hint", "fenced_writer", "plant_orphan", "add_index"}
 EFFECTS = {"merge_committed", "gc_deleted_generation", "gc_deleted_orphan", "gc_deleted_wal", "compaction_rewrote",
            "old_version_read", "fenced_write_refused", "hint_stale_by_2+"}
 
