@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test ui bench soak s3-demo spark-env proto clean
+.PHONY: run test ui bench soak mutate s3-demo spark-env proto clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "memwal needs $(PY) on PATH (set PY=...)"; exit 1; }
@@ -41,6 +41,11 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	MEMWAL_SOAK=1 $(BIN)/python -m pytest -q -m slow
+
+# Plants each bug of tests/mutants/*.patch in a scratch copy, one at a time, and runs the bounded
+# harness alone against it: one line per mutant (killed / survived, steps to kill), then `N of M killed`.
+mutate: $(STAMP)
+	$(BIN)/python tests/mutants/run.py
 
 s3-demo: $(STAMP)
 	$(BIN)/python -m memwal_pipeline.s3_demo

@@ -8,19 +8,27 @@ before its k-th *write*: `open_store` then wraps the store in a `CrashingStore`,
 `op`) count too. `MEMWAL_CRASH_TORN=1` makes a `delete_many` of two keys or more that is the
 k-th write delete its first half before exiting (a batch cut short, as a killed S3
 `delete_objects` or a local loop leaves it). `MEMWAL_COUNT_OPS=1` counts without crashing,
-so a test can learn how many writes a job does (`ops()`). All of this is inert unless those
-variables are set.
+so a test can learn how many writes a job does (`ops()`). `MEMWAL_CRASH_SIGNAL=1` makes every
+crash a real SIGKILL of the process instead (returncode -9), so a parent can tell a crash from a
+job that exited with an error of its own. All of this is inert unless those variables are set.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from typing import Callable, Iterable
 
 EXIT_CODE = 137
+
+
+def _die() -> None:
+    if os.environ.get("MEMWAL_CRASH_SIGNAL"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(EXIT_CODE)
 
 _lock = threading.Lock()
 _ops: list[str] = []
@@ -28,7 +36,7 @@ _ops: list[str] = []
 
 def point(name: str) -> None:
     if os.environ.get("MEMWAL_CRASH_AT") == name:
-        os._exit(EXIT_CODE)
+        _die()
     if os.environ.get("MEMWAL_PAUSE_AT") == name:
         os.write(2, f"memwal paused at {name}\n".encode())
         deadline = time.monotonic() + float(os.environ.get("MEMWAL_PAUSE_SECONDS", "60"))
@@ -65,7 +73,7 @@ def op(kind: str, torn: Callable[[], None] | None = None) -> None:
             torn()
             kind += " (torn: first half deleted)"
         os.write(2, f"memwal crash before write {n}: {kind}\n".encode())
-        os._exit(EXIT_CODE)
+        _die()
 
 
 def commit_lock(name: str):

@@ -57,3 +57,13 @@ def spark():
     session = get_spark("local[2]", {"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The stateful harness's counts (rules run, and how many steps did something: merges that
+    committed, GCs that deleted a generation, ...) at the end of every run, `-q` included."""
+    import sys
+
+    hm = sys.modules.get("harness_machine")
+    for line in getattr(getattr(hm, "Stats", None), "summary", []):
+        terminalreporter.write_line(line)

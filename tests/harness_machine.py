@@ -1,33 +1,39 @@
-"""The stateful randomized harness of issue #13 (used by tests/test_harness.py).
+"""The stateful randomized harness (used by tests/test_harness.py; docs/reliability.md
+"Stateful harness" describes it).
 
 State: a real MemWAL table written by pylance `ShardWriter`s, plus a model of every flushed
-generation's rows (read back once, when the generation first appears) and of everything the
-writers were asked to write. Rules write, delete, flush, reopen (epoch bump), merge (random
-byte budget and `max_generations`, so backlogs span batches), plan a merge and execute it
-later, make one generation unreadable for a merge (or until it flaps back mid-merge), plant
-a permanently bad generation and later repair it, build the MemWAL snapshot, catch indexes up,
-compact the base table (with a merge racing its commit), collect garbage with random retention,
-and kill a job (merge / snapshot / GC) in a subprocess before its k-th write.
+generation's rows (read back once, when the generation first appears in the newest manifest,
+found by listing), of everything the writers were asked to write, and of the merge progress
+each base-table version records. One Hypothesis rule draws a step from the weighted mix `OPS`:
+writes, deletes, flushes, reopens (epoch bump); merges (random byte budget and
+`max_generations`), plans executed later, a generation unreadable during a merge (or flapping
+back mid-merge); bad generations planted and repaired; the MemWAL index builder; catch-up; GC
+with random retention (checked by an independent plan oracle before it executes);
+compaction, also racing a merge in its own thread; a second maintainer thread; stale,
+removed or garbled version hints; fenced writers; orphan directories; and a job killed by
+SIGKILL in a subprocess before its k-th write.
 
 Invariants after every step:
 - merge progress never decreases and never passes a generation that could not be merged
   (bad, or unreadable during that merge): every generation at or below progress was good;
-- the base table equals the model applied up to each region's progress (so nothing merged
-  is lost and nothing unmerged leaked in);
-- pylance's LSM read (base + generations above progress) equals the model of everything
-  flushed, except the keys of bad generations not yet repaired (the wall);
+- the base table, at the latest and at every retained version, equals the model applied up
+  to that version's progress (nothing merged is lost, nothing unmerged leaked in);
+- pylance's LSM read, at the latest and at older retained versions, equals the model of
+  everything flushed, except the keys of bad generations not yet repaired (the wall);
 - no listed generation is missing on disk; nothing outside the table directory changed.
 At teardown every bad generation is repaired and one merge runs: the base table alone then
-equals the model.
+equals the model. `Stats.did` counts the steps that did something (see test_harness.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,12 +43,14 @@ import lance
 import pyarrow as pa
 from helpers import tree
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from lance.mem_wal import evaluate_sharding_spec
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 from memwal_core.observe import checks, reader
-from memwal_core.state import layout, region, table
+from memwal_core.options import GcOptions
+from memwal_core.state import layout, region, table, wal
+from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
@@ -100,6 +108,64 @@ class Stats:
     merges = 0
     merge_crashes = 0
     rule_counts: dict[str, int] = {}
+    # Steps that did something worth counting: a merge that committed, a GC that deleted a
+    # generation, a compaction that rewrote, a read of an older retained version, ...
+    did: dict[str, int] = {}
+    summary: list[str] = []  # one line per harness run, printed by conftest at session end
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.steps = cls.examples = cls.merges = cls.merge_crashes = 0
+        cls.rule_counts, cls.did = {}, {}
+
+
+_did_lock = threading.Lock()
+
+
+def did(what: str, n: int = 1) -> None:
+    if n > 0:
+        with _did_lock:
+            Stats.did[what] = Stats.did.get(what, 0) + n
+
+
+# The mix of steps: (weight, argument strategies) per rule. One Hypothesis rule draws the name
+# from this weighted list, then the arguments (Hypothesis's own rule choice with its swarm
+# feature flags skewed the mix: hundreds of flushes for a handful of puts).
+GC_RETENTIONS = ["count1", "count1", "count2", "count4", "none", "long"]
+OPS: dict[str, tuple[int, dict[str, Any]]] = {
+    "put": (13, {"keys": st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=3, unique=True)}),
+    "overwrite": (4, {"picks": st.lists(st.integers(0, 10_000), min_size=1, max_size=3)}),
+    "delete": (5, {"keys": st.lists(st.integers(0, KEYS + ABSENT - 1), min_size=1, max_size=2, unique=True),
+                   "whole_rows": st.booleans()}),
+    "flush": (8, {"r": st.integers(0, 7)}),
+    "reopen": (3, {"r": st.integers(0, 7)}),
+    "merge": (12, {"budget": st.sampled_from([1, 3_000, 10**9]), "max_gens": st.integers(1, 4),
+                   "via_plan": st.booleans()}),
+    "merge_with_unreadable_generation": (3, {"pick": st.integers(0, 10_000),
+                                             "budget": st.sampled_from([1, 3_000, 10**9]),
+                                             "max_gens": st.integers(1, 4), "back_at": st.integers(0, 2)}),
+    "plan_for_later": (2, {"budget": st.sampled_from([1, 3_000, 10**9]), "max_gens": st.integers(1, 4)}),
+    "execute_stale_plan": (2, {"keep": st.booleans()}),
+    "plant_bad": (2, {"r": st.integers(0, 7), "kind": st.sampled_from(BAD_KINDS), "n": st.integers(1, 2)}),
+    "repair": (3, {"pick": st.integers(0, 10_000)}),
+    "build_snapshot": (3, {"external": st.booleans(), "hints": st.booleans()}),
+    "catch_up": (3, {"named": st.booleans(), "retrain": st.booleans()}),
+    "collect_garbage": (11, {"keep": st.integers(1, 3), "min_age": st.sampled_from([0.0, 3600.0]),
+                            "grace": st.sampled_from([0.0, 3600.0]), "base_retain": st.none(),
+                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "snapshot", "full", "snapshot", "none"]),
+                            "keep_epoch": st.booleans()}),
+    "compact": (3, {"race_merge": st.booleans(), "attempts": st.integers(1, 3)}),
+    "race_compaction": (4, {"attempts": st.integers(1, 3), "overlap": st.booleans(), "keys": st.integers(1, 3)}),
+    "second_maintainer": (3, {"first": st.sampled_from(["merge", "gc", "snapshot", "catchup", "compact"]),
+                              "second": st.sampled_from(["merge", "gc", "compact"]),
+                              "budget": st.sampled_from([3_000, 10**9])}),
+    "stale_hint": (3, {"r": st.integers(0, 7), "back": st.integers(0, 4)}),
+    "fenced_writer": (2, {"r": st.integers(0, 7), "keep_current_epoch": st.booleans()}),
+    "plant_orphan": (2, {"r": st.integers(0, 7), "old": st.booleans()}),
+    "add_index": (2, {"column": st.sampled_from(["n", "s"])}),
+    "crash": (1, {"job": st.sampled_from(["gc", "snapshot", "merge"]), "k": st.integers(1, 6)}),
+}
+WEIGHTED = [name for name, (w, _) in OPS.items() for _ in range(w)]
 
 
 class MemWalMachine(RuleBasedStateMachine):
@@ -151,6 +217,19 @@ class MemWalMachine(RuleBasedStateMachine):
         self.broken = False
         self.stale = None
         self.scratch: dict[str, tuple[str, Any]] = {}
+        self.version_merged: dict[int, dict[str, int] | None] = {}  # base version -> merged (the model's view)
+        self.base_checked: set[int] = set()  # base versions whose rows were compared with the model
+        self.deep = True  # next check reads every retained version (after anything that deletes)
+        self.last_gc_ok: set[str] = set()
+
+    # ------------------------------------------------------------ the step
+    @rule(op=st.sampled_from(WEIGHTED), data=st.data())
+    def act(self, op: str, data) -> None:
+        """One step: a rule drawn by weight (OPS), then its arguments."""
+        if self.loc is None:
+            return
+        kw = {name: data.draw(strat, label=name) for name, strat in OPS[op][1].items()}
+        getattr(self, op)(**kw)
 
     def value(self, key: int) -> Any:
         if key not in self.value_cache:
@@ -223,22 +302,15 @@ class MemWalMachine(RuleBasedStateMachine):
                 self.written[r["id"]] = r
         self.settle()
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(keys=st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=3, unique=True))
     def put(self, keys: list[int]) -> None:
         self.count("put")
         self.put_rows(keys)
 
-    @precondition(lambda self: self.loc is not None and self.written)
-    @rule(picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=3))
     def overwrite(self, picks: list[int]) -> None:
         self.count("overwrite")
         live = sorted(self.written)
         self.put_rows(sorted({live[p % len(live)] for p in picks}))
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(keys=st.lists(st.integers(0, KEYS + ABSENT - 1), min_size=1, max_size=2, unique=True),
-          whole_rows=st.booleans())
     def delete(self, keys: list[int], whole_rows: bool) -> None:
         """Delete by key, or by whole rows (pylance ignores the non-key columns): either way the
         tombstone's other columns, a non-key region column too, are NULL."""
@@ -252,15 +324,11 @@ class MemWalMachine(RuleBasedStateMachine):
                 self.written.pop(k, None)
         self.settle()
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(r=st.integers(0, 7))
     def flush(self, r: int) -> None:
         """Close the region's writer: its MemTable becomes a generation."""
         self.count("flush")
         self.close(self.values[r % len(self.values)])
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(r=st.integers(0, 7))
     def reopen(self, r: int) -> None:
         """Close and reopen: the new writer claims the region with a bumped epoch."""
         self.count("reopen")
@@ -272,40 +340,37 @@ class MemWalMachine(RuleBasedStateMachine):
     def merged(self) -> dict[str, int]:
         return table.read_memwal_state(self.loc).merged
 
-    def run_merge(self, budget: int, max_gens: int, via_plan: bool) -> merge.MergeResult:
+    def run_merge(self, budget: int, max_gens: int, via_plan: bool, loc=None) -> merge.MergeResult:
         Stats.merges += 1
+        loc = loc or self.loc
         try:
             if via_plan:
-                plan = merge.plan_merge(self.loc, budget_bytes=budget, max_generations=max_gens)
-                return merge.execute_merge(self.loc, plan, self.spark)
-            return merge.merge(self.loc, self.spark, budget_bytes=budget, max_generations=max_gens)
+                plan = merge.plan_merge(loc, budget_bytes=budget, max_generations=max_gens)
+                return merged_result(merge.execute_merge(loc, plan, self.spark))
+            return merged_result(merge.merge(loc, self.spark, budget_bytes=budget, max_generations=max_gens))
         except Exception as e:
             # One region's bad generation must fail that region only, never the whole run.
             raise AssertionError(f"MERGE RAISED: {type(e).__name__}: {str(e)[:300]}") from e
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(budget=st.sampled_from([1, 3_000, 10**9]), max_gens=st.integers(1, 4), via_plan=st.booleans())
     def merge(self, budget: int, max_gens: int, via_plan: bool) -> None:
         self.count("merge")
         self.run_merge(budget, max_gens, via_plan)
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(budget=st.sampled_from([1, 3_000, 10**9]), max_gens=st.integers(1, 4))
     def plan_for_later(self, budget: int, max_gens: int) -> None:
         """Plan a merge now and execute it some steps later (a slow scheduler): by then other
         merges, GC, repairs and new writes may have happened."""
         self.count("stale_plan")
         self.stale = merge.plan_merge(self.loc, budget_bytes=budget, max_generations=max_gens)
 
-    @precondition(lambda self: self.loc is not None and self.stale is not None)
-    @rule(keep=st.booleans())
     def execute_stale_plan(self, keep: bool) -> None:
+        if self.stale is None:
+            return
         self.count("stale_execute")
         Stats.merges += 1
         plan = self.stale
         self.stale = plan if keep else None  # keep: it may run yet again later
         try:
-            merge.execute_merge(self.loc, plan, self.spark)
+            merged_result(merge.execute_merge(self.loc, plan, self.spark))
         except Exception as e:
             raise AssertionError(f"MERGE RAISED: {type(e).__name__}: {str(e)[:300]}") from e
 
@@ -326,9 +391,6 @@ class MemWalMachine(RuleBasedStateMachine):
         path = next(x.path for x in m.generations if x.generation == g)
         return os.path.join(self.root, "table", layout.generation_dir(rid, path, g))
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(pick=st.integers(0, 10_000), budget=st.sampled_from([1, 3_000, 10**9]), max_gens=st.integers(1, 4),
-          back_at=st.integers(0, 2))
     def merge_with_unreadable_generation(self, pick: int, budget: int, max_gens: int, back_at: int) -> None:
         """One pending generation is unreadable (moved away) from the start of a merge until the
         merge ends (`back_at` 0: the region must stop below it) or until batch `back_at + 1`
@@ -353,9 +415,10 @@ class MemWalMachine(RuleBasedStateMachine):
             try:
                 if pick % 2 == 0:
                     plan = merge.plan_merge(self.loc, budget_bytes=budget, max_generations=max_gens)
-                    merge.execute_merge(self.loc, plan, self.spark, progress=progress)
+                    merged_result(merge.execute_merge(self.loc, plan, self.spark, progress=progress))
                 else:
-                    merge.merge(self.loc, self.spark, budget_bytes=budget, max_generations=max_gens, progress=progress)
+                    merged_result(merge.merge(self.loc, self.spark, budget_bytes=budget, max_generations=max_gens,
+                                              progress=progress))
             except Exception as e:
                 raise AssertionError(f"MERGE RAISED: {type(e).__name__}: {str(e)[:300]}") from e
             after = self.merged().get(rid, 0)
@@ -421,8 +484,6 @@ class MemWalMachine(RuleBasedStateMachine):
         region.commit_next(self.loc.store, latest, add)
         return gen
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(r=st.integers(0, 7), kind=st.sampled_from(BAD_KINDS), n=st.integers(1, 2))
     def plant_bad(self, r: int, kind: str, n: int) -> None:
         """A foreign writer flushes a generation that cannot be merged as it is."""
         self.count("plant_bad")
@@ -499,16 +560,14 @@ class MemWalMachine(RuleBasedStateMachine):
         shutil.rmtree(path)
         shutil.copytree(src, path)
 
-    @precondition(lambda self: self.loc is not None and self.bad)
-    @rule(pick=st.integers(0, 10_000))
     def repair(self, pick: int) -> None:
         """The operator rewrites a bad generation with good data of the same rows."""
+        if not self.bad:
+            return
         self.count("repair")
         rid, g = sorted(self.bad)[pick % len(self.bad)]
         self.repair_one(rid, g)
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(race_merge=st.booleans(), attempts=st.integers(1, 3))
     def compact(self, race_merge: bool, attempts: int) -> None:
         """Base-table compaction with every trigger at its lowest; with `race_merge` a merge
         commits between its rewrite and its commit (the Rewrite conflicts and re-plans, or
@@ -524,38 +583,417 @@ class MemWalMachine(RuleBasedStateMachine):
                 raced.append(attempt)
                 self.run_merge(3_000, 2, False)
 
-        compaction.compact(self.loc, self.spark, opts, before_commit=before_commit)
+        compacted(compaction.compact(self.loc, self.spark, opts, before_commit=before_commit))
+
+    def pending_work(self, keys: int) -> None:
+        """Make sure a merge has something to commit that touches the base table's fragments:
+        overwrite a few base keys and flush their regions."""
+        self.put_rows(list(range(min(keys, BASE_KEYS))))
+        for v in list(self.writers):
+            self.close(v)
+
+    def race_compaction(self, attempts: int, overlap: bool, keys: int) -> None:
+        """Compaction in its own thread, with its own table handle, while a merge commits.
+        Without `overlap` the merge starts once the compaction has rewritten (so its commit
+        conflicts: retried, or given up after `attempts` plans with the rewrite cleaned up);
+        with it both start at once."""
+        self.count("race_compaction")
+        self.pending_work(keys)
+        opts = compaction.CompactionOptions(max_fragments=1, max_small_fragments=1, min_small_fragments=1,
+                                            min_deleted_rows=1, max_deleted_row_ratio=0.0, max_index_segments=1,
+                                            max_attempts=attempts)
+        rewritten, merged_done = threading.Event(), threading.Event()
+        out: dict[str, Any] = {}
+
+        def before_commit(attempt: int) -> None:
+            rewritten.set()
+            if attempt == 1:
+                merged_done.wait(120)
+
+        def run() -> None:
+            try:
+                out["res"] = compaction.compact(open_store(self.loc.lance_uri), self.spark, opts,
+                                                before_commit=before_commit)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+                out["error"] = e
+            finally:
+                rewritten.set()
+
+        t = threading.Thread(target=run, name="harness-compaction")
+        t.start()
+        try:
+            if not overlap:
+                rewritten.wait(120)
+            self.run_merge(10**9, 4, False, loc=open_store(self.loc.lance_uri))
+        finally:
+            merged_done.set()
+            t.join(300)
+        assert not t.is_alive(), "compaction thread did not finish"
+        if "error" in out:
+            raise AssertionError(f"COMPACTION RAISED: {type(out['error']).__name__}: {out['error']}") from out["error"]
+        res = compacted(out["res"])
+        if res.conflicts:
+            did("compaction_merge_conflict")
+        self.deep = True
+
+    def second_maintainer(self, first: str, second: str, budget: int) -> None:
+        """Two maintenance jobs at once, each in its own thread with its own table handle (a
+        second maintainer on another machine). GC's base-version cleanup here only removes
+        versions older than a few seconds: a cleanup racing a commit must leave young versions."""
+        self.count("second_maintainer")
+        if first == second == "gc":
+            second = "merge"
+
+        def job(name: str):
+            loc = open_store(self.loc.lance_uri)
+            if name == "merge":
+                return self.run_merge(budget, 4, False, loc=loc)
+            if name == "gc":
+                return self.gc_run(loc, GcOptions(manifest_retention=1, manifest_min_age_seconds=0.0,
+                                                  orphan_grace_seconds=3600.0,
+                                                  cleanup_base_versions_older_than_seconds=5.0,
+                                                  cleanup_base_versions_floor_seconds=5.0, max_workers=2))
+            if name == "snapshot":
+                return snapshot.build_snapshot(loc, max_workers=2)
+            if name == "catchup":
+                return catchup.run_catchup(loc, None)
+            opts = compaction.CompactionOptions(max_fragments=1, max_small_fragments=1, min_small_fragments=1,
+                                                min_deleted_rows=1, max_deleted_row_ratio=0.0, max_index_segments=1)
+            return compacted(compaction.compact(loc, self.spark, opts))
+
+        out: dict[str, Any] = {}
+
+        def run(name: str, slot: str) -> None:
+            try:
+                out[slot] = job(name)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+                out[slot + "_error"] = e
+
+        ts = [threading.Thread(target=run, args=(first, "a")), threading.Thread(target=run, args=(second, "b"))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+        assert not any(t.is_alive() for t in ts), "a maintainer thread did not finish"
+        for slot in ("a", "b"):
+            if slot + "_error" in out:
+                e = out[slot + "_error"]
+                raise AssertionError(f"CONCURRENT {first}/{second}: {type(e).__name__}: {e}") from e
+        did("concurrent_jobs")
+        self.deep = True
+
+    def stale_hint(self, r: int, back: int) -> None:
+        """Roll a region's version_hint.json back (by `back` >= 2 versions, never below the
+        oldest kept one), or remove it (`back` 0) or garble it (`back` 1): readers, writers and
+        jobs must still find the newest manifest."""
+        self.count("stale_hint")
+        rid = self.rids[self.values[r % len(self.values)]]
+        vs = self.manifest_versions(rid)
+        if not vs:
+            return
+        key = os.path.join(self.root, "table", layout.version_hint_key(rid))
+        if back == 0:
+            if os.path.exists(key):
+                os.unlink(key)
+        elif back == 1:
+            with open(key, "w") as f:
+                f.write("{not json")
+        else:
+            target = max(vs[0], vs[-1] - back)
+            region.write_version_hint(self.loc.store, rid, target)
+            if vs[-1] - target >= 2:
+                did("hint_stale_by_2+")
+
+    def fenced_writer(self, r: int, keep_current_epoch: bool) -> None:
+        """Writer A writes; B claims the region (fencing A), replays and flushes A's entry; C
+        claims and closes; GC collects everything it may; A's next write must be refused."""
+        self.count("fenced_writer")
+        v = self.values[r % len(self.values)]
+        rid = self.rids[v]
+        mine = [k for k in range(KEYS) if self.value(k) == v]
+        if not mine:
+            return
+        self.close(v)
+
+        def open_writer():
+            return self.ds.mem_wal_writer(rid, max_memtable_rows=100, durable_write=True)
+
+        a = open_writer()
+        self.version += 1
+        rows = [row(self.kind, k, self.version) for k in mine[:2]]
+        a.put(pa.Table.from_pylist(rows, schema=SCHEMA))
+        for x in rows:
+            self.written[x["id"]] = x
+        b = open_writer()  # fences A; its sentinel is A's next WAL position
+        b.close()
+        open_writer().close()
+        self.discover()
+        self.check_flushed(v)
+        # Merged, recorded and caught up: B's generation and its WAL (the sentinel's epoch is
+        # not the current one) are collectable; only the sentinel rule keeps A fenced.
+        self.run_merge(10**9, 4, False)
+        snapshot.build_snapshot(self.loc, max_workers=2)
+        catchup.run_catchup(self.loc, None)
+        self.gc_run(self.loc, GcOptions(manifest_retention=1, manifest_min_age_seconds=0.0, orphan_grace_seconds=3600.0,
+                                        keep_current_epoch_wal=keep_current_epoch, max_workers=2))
+        self.version += 1
+        try:
+            a.put(pa.Table.from_pylist([row(self.kind, mine[0], self.version)], schema=SCHEMA))
+        except OSError as e:
+            assert "fenced" in str(e).lower(), f"FENCED WRITER: unexpected error {e}"
+            did("fenced_write_refused")
+        else:
+            raise AssertionError(f"FENCED WRITER: region {rid}: a fenced writer's write was accepted after GC")
+        finally:
+            try:
+                a.close()
+            except OSError:
+                pass
+        self.discover()
+        self.check_flushed(v)
+
+    def plant_orphan(self, r: int, old: bool) -> None:
+        """A generation directory no manifest lists (a flush that died before listing it, or a
+        GC that died after unlisting it): `old` ones are past any grace period."""
+        self.count("plant_orphan")
+        v = self.values[r % len(self.values)]
+        rid = self.rids[v]
+        m = self.latest_manifest(rid)
+        if m is None or m.current_generation < 2:
+            return
+        gaps = {b.missing for (x, _), b in self.bad.items() if x == rid and b.kind == "gap"}
+        g = next((n for n in range(1, m.current_generation) if n not in gaps), None)
+        if g is None:
+            return
+        self.version += 1
+        keys = self.fresh_keys(1, lambda x, o: x == o, v)
+        src = self.writer_made(SCHEMA, [row(self.kind, k, self.version) for k in keys])
+        dest = os.path.join(self.root, "table", layout.generation_dir(rid, f"{uuid.uuid4().hex[:8]}_gen_{g}", g))
+        shutil.copytree(src, dest)
+        if old:
+            t = time.time() - 3 * 86400
+            for dp, _, fs in os.walk(dest):
+                for f in fs:
+                    os.utime(os.path.join(dp, f), (t, t))
 
     # ----------------------------------------------------- other jobs
-    # (Two arguments each: Hypothesis orders rules by argument count, and the first rule is
-    # drawn far more often than the others.)
-    @precondition(lambda self: self.loc is not None)
-    @rule(external=st.booleans(), hints=st.booleans())
     def build_snapshot(self, external: bool, hints: bool) -> None:
         """The MemWAL index builder; `external` forces the snapshot out of line."""
         self.count("snapshot")
         snapshot.build_snapshot(self.loc, max_workers=2, update_hints=hints,
                                 **({"inline_threshold": 0} if external else {}))
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(named=st.booleans(), retrain=st.booleans())
     def catch_up(self, named: bool, retrain: bool) -> None:
         self.count("catchup")
         catchup.run_catchup(self.loc, ["id_btree"] if named else None, retrain=retrain)
 
-    @precondition(lambda self: self.loc is not None)
-    @rule(keep=st.integers(1, 3), min_age=st.sampled_from([0.0, 3600.0]), grace=st.sampled_from([0.0, 3600.0]),
-          base_retain=st.sampled_from([None, 1, 2]))
-    def collect_garbage(self, keep: int, min_age: float, grace: float, base_retain: int | None) -> None:
-        self.count("gc")
-        gc.run_gc(self.loc, gc.GcOptions(manifest_retention=keep, manifest_min_age_seconds=min_age,
-                                        orphan_grace_seconds=grace, cleanup_base_versions_retain=base_retain,
-                                        cleanup_base_versions_floor_seconds=0, max_workers=2))  # one process
+    def add_index(self, column: str) -> None:
+        """A new base-table index (the table maintains all indexes): no region has caught it
+        up yet, so GC must keep every generation until catch-up runs for it."""
+        self.count("add_index")
+        name = f"{column}_idx"
+        ds = table.open_dataset(self.loc)
+        if any(i["name"] == name for i in ds.list_indices()):
+            return
+        ds.create_scalar_index(column, "BTREE", name=name)
+        did("index_added")
 
-    @precondition(lambda self: self.loc is not None and self.crashes < 2)
-    @rule(job=st.sampled_from(["gc", "snapshot", "merge"]), k=st.integers(1, 6))
+    def collect_garbage(self, keep: int, min_age: float, grace: float, base_retain: int | None,
+                        retention: str = "none", prep: str = "none", keep_epoch: bool = True) -> None:
+        """GC with random manifest/orphan ages and base-version retention (by count, or by an
+        age no version reaches in a run). `prep`: the maintenance job's order first, index
+        builder and catch-up ("full", so that merged generations become collectable) or the
+        index builder alone ("snapshot": catch-up lags, new regions are missing from it)."""
+        self.count("gc")
+        if prep in ("full", "snapshot"):
+            snapshot.build_snapshot(self.loc, max_workers=2)
+        if prep == "full":
+            catchup.run_catchup(self.loc, None)
+        kw: dict[str, Any] = {}
+        if base_retain is not None:
+            kw["cleanup_base_versions_retain"] = base_retain
+        elif retention.startswith("count"):
+            kw["cleanup_base_versions_retain"] = int(retention[5:])
+        elif retention == "long":
+            kw["cleanup_base_versions_older_than_seconds"] = 3600.0
+        # The retention floor lowered: nothing else commits while this rule runs (one process).
+        self.gc_run(self.loc, GcOptions(manifest_retention=keep, manifest_min_age_seconds=min_age,
+                                        orphan_grace_seconds=grace, keep_current_epoch_wal=keep_epoch, max_workers=2,
+                                        cleanup_base_versions_floor_seconds=0, **kw))
+
+    def gc_run(self, loc, config: GcOptions) -> gc.GcResult:
+        """`gc.run_gc` with the plan checked by the oracle before it executes, and what it must
+        keep checked after."""
+        before = self.wal_facts()
+        checked = []
+        real_execute = gc.execute_gc
+
+        def execute_checked(where, plan: gc.GcPlan) -> gc.GcResult:
+            self.check_gc_plan(plan)
+            checked.append(plan)
+            return real_execute(where, plan)
+
+        gc.execute_gc = execute_checked
+        try:
+            res = gc.run_gc(loc, config)
+        finally:
+            gc.execute_gc = real_execute
+        assert checked, "GC executed no plan"
+        unexpected = set(res.region_errors) - {rid for rid, _ in self.bad}
+        assert not unexpected, f"GC: region errors in regions with nothing bad planted: {res.region_errors}"
+        self.deep = True
+        counts = res.counts()
+        for kind in gc.KINDS:
+            if counts[kind]:
+                did(f"gc_deleted_{kind}")
+        after = self.wal_facts()
+        for rid, (fences, tail) in before.items():
+            now_fences, now_positions = after.get(rid, (set(), set()))[0], self.wal_positions(rid)
+            assert fences <= now_fences, f"GC: region {rid} lost fence sentinels {sorted(fences - now_fences)}"
+            assert tail is None or tail in now_positions, f"GC: region {rid} lost its WAL tail {tail}"
+        for rid in self.gens:
+            m = self.latest_manifest(rid)
+            hint = region.read_version_hint(self.loc.store, rid)
+            if m is not None and hint is not None:
+                assert hint in self.manifest_versions(rid), (
+                    f"GC: region {rid} version hint {hint} points at a deleted manifest version")
+        return res
+
+    # ------------------------------------------------------- GC oracle
+    def manifest_versions(self, rid: str) -> list[int]:
+        d = os.path.join(self.root, "table", layout.manifest_dir(rid))
+        if not os.path.isdir(d):
+            return []
+        return sorted(v for v in (layout.parse_bitrev(f) for f in os.listdir(d) if f.endswith(layout.MANIFEST_SUFFIX)) if v)
+
+    def latest_manifest(self, rid: str) -> region.RegionManifest | None:
+        """The region's newest manifest, found by listing its directory: independent of the
+        version hint and of memwal's probe."""
+        vs = self.manifest_versions(rid)
+        return region.load_version(self.loc.store, rid, vs[-1]) if vs else None
+
+    def wal_positions(self, rid: str) -> set[int]:
+        d = os.path.join(self.root, "table", layout.wal_dir(rid))
+        return {p for p in (layout.parse_bitrev(f) for f in os.listdir(d)) if p} if os.path.isdir(d) else set()
+
+    def wal_facts(self) -> dict[str, tuple[set[int], int | None]]:
+        """Per region: the fence sentinels and the highest WAL position on disk."""
+        out = {}
+        for rid in self.gens:
+            ps = self.wal_positions(rid)
+            fences = {p for p in ps if wal.read_entry_meta(self.loc.store, rid, p).fence_sentinel}
+            out[rid] = (fences, max(ps, default=None))
+        return out
+
+    def check_gc_plan(self, plan: gc.GcPlan) -> None:
+        """Every item the plan would delete is allowed by the spec, computed here from scratch:
+        a generation only at or below merged progress at the latest and at the OLDEST retained
+        base version, below every gating index's catch-up (a region missing from it counts 0),
+        flushed, and (sharded tables) in a region whose value a MemWAL snapshot records; a WAL
+        entry only if covered by replay, not a fence sentinel, not the tail, not the current
+        epoch's (when kept) and of a collectable generation no listed generation still needs;
+        a manifest version only outside the newest `manifest_retention` and old enough; an
+        orphan only if unlisted, below current_generation and older than the grace period."""
+        cfg = plan.config
+        now = time.time()
+        ds = table.open_dataset(self.loc)
+        state = table.read_memwal_state(self.loc, ds.version)
+        indexes = [i["name"] for i in ds.list_indices()]
+        gating = state.gating_indexes(indexes)
+        retained = [int(i["version"]) for i in ds.versions()]
+        merged_by_version = {v: self.merged_at(v) for v in retained}
+        recorded = snapshot.recorded_values(self.loc, state) if self.kind != "unsharded" else None
+
+        def allowed(rid: str) -> int:
+            bounds = [state.merged.get(rid, 0)]
+            bounds += [m.get(rid, 0) for m in merged_by_version.values() if m is not None]
+            bounds += [state.catchup.get(name, {}).get(rid, 0) for name in gating]
+            return min(bounds)
+
+        referenced = None
+        for item in plan.items:
+            rid = item.region_id
+            if item.kind == gc.LEAKED:  # a base-table file of a lost commit: no retained version uses it
+                if referenced is None:
+                    referenced = self.referenced_base_files(retained)
+                for key in item.keys:
+                    used = key.split("/")[1] if key.startswith("_indices/") else key.rsplit("/", 1)[-1]
+                    assert used not in referenced, (
+                        f"GC ORACLE: leaked-file item {key} is referenced by a retained base version")
+                    age = now - os.stat(os.path.join(self.root, "table", key)).st_mtime
+                    assert age >= cfg.orphan_grace_seconds - 1, f"GC ORACLE: leaked file {key} only {age:.0f} s old"
+                continue
+            m = self.latest_manifest(rid)
+            assert m is not None, f"GC ORACLE: plan deletes {item.path} of region {rid} with no manifest"
+            listed = {g.generation: g.path for g in m.generations}
+            lim = allowed(rid)
+            what = f"GC ORACLE: {item.kind} {item.path} (number {item.number}) of region {rid}"
+            if item.kind == gc.GENERATION:
+                g = item.number
+                assert g in listed and g < m.current_generation and not m.sealed, f"{what}: not a flushed listed generation"
+                assert g <= lim, (f"{what}: generation {g} above the allowed limit {lim} (merged {state.merged.get(rid, 0)}, "
+                                  f"retained versions {sorted(merged_by_version)}, gating {gating}, catch-up "
+                                  f"{ {n: state.catchup.get(n, {}).get(rid, 0) for n in gating} })")
+                if recorded is not None:
+                    assert recorded.get(rid), f"{what}: the region's value is in no MemWAL snapshot yet"
+            elif item.kind == gc.WAL:
+                p = item.number
+                e = wal.read_entry_meta(self.loc.store, rid, p)
+                assert not e.fence_sentinel, f"{what}: a fence sentinel"
+                assert p != max(self.wal_positions(rid)), f"{what}: the WAL tail"
+                assert p <= m.message.replay_after_wal_entry_position, f"{what}: not covered by replay"
+                assert e.generation is not None and e.generation <= lim and e.generation < m.current_generation, (
+                    f"{what}: entry of generation {e.generation}, allowed limit {lim}")
+                assert e.generation not in listed or any(
+                    i.kind == gc.GENERATION and i.region_id == rid and i.number == e.generation for i in plan.items), (
+                    f"{what}: entry of generation {e.generation}, still listed and kept")
+                if cfg.keep_current_epoch_wal:
+                    assert e.writer_epoch != m.writer_epoch, f"{what}: the current writer epoch's entry"
+            elif item.kind == gc.MANIFEST:
+                v = item.number
+                assert v <= m.version - cfg.manifest_retention, f"{what}: within the newest {cfg.manifest_retention}"
+                age = now - os.stat(os.path.join(self.root, "table", item.path)).st_mtime
+                assert age >= cfg.manifest_min_age_seconds - 1, f"{what}: only {age:.0f} s old"
+            else:
+                name = item.path.rsplit("/", 1)[-1]
+                assert name not in listed.values(), f"{what}: listed"
+                g = layout.generation_of_dir(name)
+                assert g is not None and g < m.current_generation, f"{what}: not below current generation"
+                assert not any(b.unlisted == name for b in self.bad.values()), f"{what}: the rows behind a manifest gap"
+                d = os.path.join(self.root, "table", item.path)
+                newest = max((os.stat(os.path.join(dp, f)).st_mtime for dp, _, fs in os.walk(d) for f in fs),
+                             default=os.stat(d).st_mtime)
+                assert now - newest >= cfg.orphan_grace_seconds - 1, f"{what}: only {now - newest:.0f} s old"
+
+    def referenced_base_files(self, versions: list[int]) -> set[str]:
+        """File names (data and deletion files) and index uuids every retained base version
+        reads, through pylance's own metadata: independent of GC's manifest parsing."""
+        names: set[str] = set()
+        for v in versions:
+            at = table.open_dataset(self.loc).checkout_version(v)
+            names.update(str(i["uuid"]) for i in at.list_indices())
+            for frag in at.get_fragments():
+                names.update(f.path.rsplit("/", 1)[-1] for f in frag.data_files())
+                d = frag.deletion_file()
+                if d:
+                    names.add(str(d).rsplit("/", 1)[-1])
+        return names
+
+    def merged_at(self, v: int) -> dict[str, int] | None:
+        """merged progress recorded by base version v (None: no MemWAL index at v)."""
+        if v not in self.version_merged:
+            try:
+                self.version_merged[v] = table.read_memwal_state(self.loc, v).merged
+            except table.MemWalNotInitialized:
+                self.version_merged[v] = None
+        return self.version_merged[v]
+
     def crash(self, job: str, k: int) -> None:
-        """The job in its own process, killed (exit 137) right before its k-th write."""
+        """The job in its own process, killed by SIGKILL right before its k-th write. It must die
+        by that signal or finish: a job that exits with an error of its own is a failure, unless
+        the only regions it reports are ones holding a planted bad generation."""
+        if self.crashes >= 2:
+            return
         self.count("crash")
         if job == "merge":
             # A merge crash starts a Spark JVM (~15 s): only for k == 6. Decided by the drawn
@@ -565,19 +1003,28 @@ class MemWalMachine(RuleBasedStateMachine):
             else:
                 Stats.merge_crashes += 1
         self.crashes += 1
-        env = {**os.environ, "MEMWAL_CRASH_AFTER_OPS": str(k),
+        env = {**os.environ, "MEMWAL_CRASH_AFTER_OPS": str(k), "MEMWAL_CRASH_SIGNAL": "1",
                "PYTHONPATH": os.pathsep.join([WORKTREE, os.environ.get("PYTHONPATH", "")])}
         p = subprocess.run([sys.executable, JOB, job, self.loc.lance_uri, "--budget", "3000"],
                            env=env, capture_output=True, text=True, timeout=300)
-        assert p.returncode in (0, 1, 137), p.stderr[-3000:]
+        self.deep = True
+        if p.returncode == -9:
+            did("crash_killed")
+            return
+        assert p.returncode in (0, 1), f"CRASH: {job} exited {p.returncode} (not by SIGKILL): {p.stderr[-3000:]}"
+        out = json.loads(p.stdout.strip().splitlines()[-1])["result"]
+        errors = out.get("region_errors") or out.get("errors") or {}
+        bad_regions = {rid for rid, _ in self.bad}
+        assert p.returncode == 0 or (errors and set(errors) <= bad_regions), (
+            f"CRASH: {job} failed by itself (exit {p.returncode}), errors {errors}: {p.stderr[-3000:]}")
+        did("crash_finished")
 
     # ---------------------------------------------------------- the model
     def discover(self) -> None:
         """Record the rows of every generation that appeared since the last look."""
         for rid, known in self.gens.items():
-            try:
-                m = region.load_latest(self.loc.store, rid)
-            except Exception:  # noqa: BLE001 - the region has no manifest yet
+            m = self.latest_manifest(rid)
+            if m is None:  # the region has no manifest yet
                 continue
             top = max(known, default=0)
             for g in m.generations:
@@ -614,9 +1061,12 @@ class MemWalMachine(RuleBasedStateMachine):
                     f"WALL: region {rid} progress {p} passed bad generation {g} ({self.bad[(rid, g)].kind})")
         self.last_merged = dict(merged)
         assert checks.missing_generations(self.loc) == {}, "a listed generation is missing on disk"
-        base = {r["id"]: r for r in table.open_dataset(self.loc).to_table().to_pylist()}
+        ds = table.open_dataset(self.loc)
+        self.version_merged.setdefault(ds.version, dict(merged))
+        base = {r["id"]: r for r in ds.to_table().to_pylist()}
         want_base = self.expected(merged)
         assert base == want_base, diff("BASE", base, want_base)
+        self.base_checked.add(ds.version)
         held = self.held_keys()
         try:
             lsm = {r["id"]: r for r in reader.lsm_table(self.loc).to_pylist()}
@@ -625,13 +1075,54 @@ class MemWalMachine(RuleBasedStateMachine):
                 lsm = None  # pylance cannot read a generation with other columns: nor can readers
             else:
                 raise
+        want = {k: v for k, v in self.expected(None).items() if k not in held}
         if lsm is not None:
-            want = {k: v for k, v in self.expected(None).items() if k not in held}
             got = {k: v for k, v in lsm.items() if k not in held}
             assert got == want, diff("LSM", got, want)
+        self.check_versions(ds, merged, want, held)
         assert tree(os.path.join(self.root, "outside")) == self.outside, "something outside the table changed"
         assert set(os.listdir(self.root)) <= {"outside", "table", "scratch"}, "something appeared next to the table"
         self.broken = False
+
+    def check_versions(self, ds, merged: dict[str, int], want: dict[int, dict], held: set[int]) -> None:
+        """Every retained base version: its rows equal the model at its merged progress (once:
+        a version never changes), and the LSM read at it (its base plus the generations above
+        its merged progress) equals the model of everything flushed. The LSM reads cover every
+        retained version after anything that deletes (GC, a crash, concurrent maintainers),
+        else the oldest and the newest."""
+        versions = sorted(int(i["version"]) for i in ds.versions())
+        for v in versions:
+            if v in self.base_checked:
+                continue
+            m = self.merged_at(v)
+            got = {r["id"]: r for r in lance.dataset(self.loc.lance_uri, version=v).to_table().to_pylist()}
+            exp = self.expected(m or {})
+            assert got == exp, diff(f"BASE at retained version {v}", got, exp)
+            self.base_checked.add(v)
+        with_index = [v for v in versions if self.merged_at(v) is not None and v != ds.version]
+        if not self.deep:
+            with_index = with_index[:1]
+        self.deep = False
+        manifests = None
+        seen = {tuple(sorted(merged.items()))}
+        for v in with_index:
+            m = self.merged_at(v)
+            key = tuple(sorted(m.items()))
+            if key in seen:
+                continue  # same progress as a version read already: the same logical read
+            seen.add(key)
+            if manifests is None:
+                manifests = {rid: mf for rid in self.gens if (mf := self.latest_manifest(rid)) is not None}
+            state = table.read_memwal_state(self.loc, v)
+            try:
+                rows = lsm_read(lance.dataset(self.loc.lance_uri, version=v), reader.pending_snapshots(state, manifests))
+            except Exception as e:
+                if any(b.kind in LSM_MAY_FAIL for b in self.bad.values()):
+                    continue
+                raise AssertionError(f"LSM read at retained version {v} failed: {type(e).__name__}: {e}") from e
+            got = {r["id"]: r for r in rows.to_pylist() if r["id"] not in held}
+            assert got == want, diff(f"LSM at retained version {v} (merged {m})", got, want)
+            did("old_version_read")
 
     def teardown(self) -> None:
         if self.loc is None:
@@ -663,3 +1154,20 @@ def diff(what: str, got: dict, want: dict) -> str:
     changed = sorted(k for k in set(got) & set(want) if got[k] != want[k])
     return (f"{what} differs from the model: missing keys {missing}, unexpected keys {extra}, "
             f"changed {[(k, got[k], want[k]) for k in changed[:5]]}")
+
+
+def merged_result(res: merge.MergeResult) -> merge.MergeResult:
+    if res.commits:
+        did("merge_committed")
+    did("merge_conflict_retried", res.conflicts)
+    return res
+
+
+def compacted(res: compaction.CompactionResult) -> compaction.CompactionResult:
+    if res.fragments_removed:
+        did("compaction_rewrote")
+    if res.conflicts:
+        did("compaction_conflict")
+    if res.status.startswith("gave up"):
+        did("compaction_gave_up")
+    return res

@@ -20,28 +20,42 @@ SOAK = bool(os.environ.get("MEMWAL_SOAK"))
 
 
 def _run(spark, tmp_path, steps: int, first_seed: int, per_example: int, examples: int) -> None:
-    hm.Stats.steps = hm.Stats.examples = hm.Stats.merges = hm.Stats.merge_crashes = 0
-    hm.Stats.rule_counts = {}
+    hm.Stats.reset()
     t0 = time.monotonic()
     s = first_seed
-    while hm.Stats.steps < steps:
-        machine = type("Machine", (hm.MemWalMachine,), {"spark": spark, "workdir": str(tmp_path)})
-        print(f"harness seed {s} (steps so far {hm.Stats.steps})", flush=True)
-        run_state_machine_as_test(seed(s)(machine), settings=settings(
-            max_examples=examples, stateful_step_count=per_example, deadline=None, database=None,
-            phases=[Phase.generate, Phase.target, Phase.shrink],
-            suppress_health_check=list(HealthCheck), print_blob=True))
-        s += 1
-    print(f"harness: {hm.Stats.steps} steps, {hm.Stats.examples} state machines, {hm.Stats.merges} merges, "
-          f"{hm.Stats.merge_crashes} merge crashes in {time.monotonic() - t0:.0f} s; seeds {first_seed}..{s - 1}; "
-          f"rules {dict(sorted(hm.Stats.rule_counts.items()))}", flush=True)
-    # A harness that never merged, failed a read or planted a bad generation proves nothing.
+    # MEMWAL_HARNESS_NO_SHRINK=1 (make mutate): report the first failure as found, unshrunk.
+    phases = [Phase.generate] if os.environ.get("MEMWAL_HARNESS_NO_SHRINK") else [Phase.generate, Phase.target,
+                                                                                 Phase.shrink]
+    try:
+        while hm.Stats.steps < steps:
+            machine = type("Machine", (hm.MemWalMachine,), {"spark": spark, "workdir": str(tmp_path)})
+            print(f"harness seed {s} (steps so far {hm.Stats.steps})", flush=True)
+            run_state_machine_as_test(seed(s)(machine), settings=settings(
+                max_examples=examples, stateful_step_count=per_example, deadline=None, database=None,
+                phases=phases, suppress_health_check=list(HealthCheck), print_blob=True))
+            s += 1
+    except BaseException:
+        print(f"HARNESS FAILED after {hm.Stats.steps} steps (seed {s})", flush=True)
+        raise
+    finally:
+        line = (f"harness: {hm.Stats.steps} steps, {hm.Stats.examples} state machines, {hm.Stats.merges} merges, "
+                f"{hm.Stats.merge_crashes} merge crashes in {time.monotonic() - t0:.0f} s; seeds {first_seed}..{s}; "
+                f"rules {dict(sorted(hm.Stats.rule_counts.items()))}; "
+                f"did {dict(sorted(hm.Stats.did.items()))}")
+        print(line, flush=True)
+        hm.Stats.summary.append(line)
+    # A harness that never merged, collected, compacted or read an older version proves nothing.
     missing = ALL_RULES - set(hm.Stats.rule_counts)
     assert not missing, f"rules never run: {sorted(missing)}"
+    idle = EFFECTS - {k for k, n in hm.Stats.did.items() if n}
+    assert not idle, f"never did: {sorted(idle)}"
 
 
 ALL_RULES = {"put", "overwrite", "delete", "flush", "reopen", "merge", "merge_transient", "plant_bad", "repair",
-             "snapshot", "catchup", "gc", "crash", "stale_plan", "stale_execute", "compact"}
+             "snapshot", "catchup", "gc", "crash", "stale_plan", "stale_execute", "compact", "race_compaction",
+             "second_maintainer", "stale_hint", "fenced_writer", "plant_orphan", "add_index"}
+EFFECTS = {"merge_committed", "gc_deleted_generation", "gc_deleted_orphan", "gc_deleted_wal", "compaction_rewrote",
+           "old_version_read", "fenced_write_refused", "hint_stale_by_2+"}
 
 
 @pytest.mark.timeout(1800)  # ~4 min when green; shrinking a failure may take 10 more
