@@ -434,6 +434,13 @@ _S3_OPTION_ALIASES = {
     "aws_session_token": ("session_token", "aws_session_token", "token"),
     "aws_region": ("region", "aws_region", "aws_default_region"),
     "aws_endpoint": ("endpoint", "aws_endpoint", "aws_endpoint_url", "endpoint_url"),
+    # The secret options of gs:// and az:// tables (object_store's spellings), for the config's
+    # `secrets:` and the refusal of a secret written into `storage_options`.
+    "azure_storage_account_key": ("azure_storage_account_key", "azure_storage_access_key",
+                                  "azure_storage_master_key", "master_key", "account_key", "access_key"),
+    "azure_storage_sas_key": ("azure_storage_sas_key", "azure_storage_sas_token", "sas_key", "sas_token"),
+    "azure_client_secret": ("azure_client_secret", "azure_storage_client_secret", "client_secret"),
+    "google_service_account_key": ("google_service_account_key", "service_account_key"),
 }
 
 
@@ -491,7 +498,8 @@ class TableLocation:
 
 
 def open_store(uri: str, storage_options: Mapping[str, str] | None = None) -> TableLocation:
-    """`file://` URIs, plain paths and `s3://bucket/prefix`; anything else is refused clearly.
+    """`file://` URIs, plain paths, `s3://bucket/prefix`, `gs://bucket/prefix` and
+    `az://container/prefix`; anything else is refused clearly.
 
     With `MEMWAL_CRASH_AFTER_OPS` / `MEMWAL_COUNT_OPS` set (reliability tests only) the store
     counts its writes (`faults.CrashingStore`).
@@ -528,6 +536,27 @@ def _open_store(uri: str, storage_options: Mapping[str, str] | None) -> TableLoc
         lance_options.pop("s3_read_timeout", None)
         store = S3Store(parsed.netloc, prefix, make_s3_client(options), lance_uri, s3_attempts(options))
         return TableLocation(store, lance_uri, lance_options)
+    if parsed.scheme in ("gs", "az"):
+        return _open_cloud(uri, parsed, options)
     raise ValueError(f"unsupported table URI scheme {parsed.scheme!r} in {uri} "
-                     "(use a local path, file://, or s3://)")
+                     "(use a local path, file://, s3://, gs:// or az://)")
+
+
+def _open_cloud(uri: str, parsed, options: dict[str, str]) -> TableLocation:
+    """`gs://bucket/prefix` and `az://container/prefix` (the Azure account is the storage
+    option `azure_storage_account_name`, or the environment's AZURE_STORAGE_ACCOUNT_NAME)."""
+    from memwal_core.state.cloud_store import CloudStore
+
+    if not parsed.netloc:
+        raise ValueError(f"{parsed.scheme}:// URI without a {'bucket' if parsed.scheme == 'gs' else 'container'}: {uri}")
+    if "@" in parsed.netloc:
+        raise ValueError(f"{uri}: write the table as az://CONTAINER/PREFIX and give the account as the "
+                         "storage option azure_storage_account_name")
+    scheme = parsed.scheme
+    # As for S3: Lance percent-decodes the path; the store decodes it the same way.
+    raw_prefix = parsed.path.strip("/")
+    prefix = unquote(raw_prefix).strip("/")
+    lance_uri = f"{scheme}://{parsed.netloc}/{raw_prefix}".rstrip("/")
+    store = CloudStore(scheme, parsed.netloc, prefix, options, lance_uri)
+    return TableLocation(store, lance_uri, dict(options))
 
