@@ -24,6 +24,8 @@ from memwal_core.state.cloud_store import CloudStore, obstore_arguments
 from memwal_core.state.store import NotFound, StoreError, open_store
 from memwal_core.tools import demo
 
+pytestmark = pytest.mark.cloud
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEMWAL = os.path.join(os.path.dirname(sys.executable), "memwal")
 
@@ -262,6 +264,8 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     assert backend.secret not in run.stdout + run.stderr
     rep = json.loads(run.stdout)
     steps = rep["steps"]
+    assert rep["failed"] == [] and all(steps[s]["ok"] for s in ("merge", "compact", "catchup", "index", "gc")), rep
+    assert steps["index"]["num_regions"] == len(w.regions), steps["index"]
     assert steps["merge"]["generations_merged"] == pending, steps["merge"]
     assert steps["gc"]["generations_deleted"] == pending, steps["gc"]
 
@@ -274,10 +278,12 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     assert as_dict(table.open_dataset(loc).to_table()) == expected
     assert as_dict(reader.lsm_table(loc)) == expected
 
-    # More writes after maintenance: the LSM read sees base + the new generations, and a second
-    # pass merges exactly those.
+    # More writes after maintenance: the LSM read sees base + the new generations, and
+    # `memwal status` (key from the environment) reports them pending.
     w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
     assert as_dict(reader.lsm_table(loc)) == w.expected()
     status_run = _memwal("status", uri, *flags, "--json", env=env)
     assert status_run.returncode == 0, status_run.stderr[-2000:]
     assert backend.secret not in status_run.stdout + status_run.stderr
+    now_pending = sum(len(r.pending_generations) for r in status.table_status(loc).regions)
+    assert now_pending > 0 and str(now_pending) in status_run.stdout
