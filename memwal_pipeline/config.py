@@ -169,7 +169,7 @@ class TableSpec(dg.Model):
     to the project root (a component's defs.yaml)."""
 
     name: str = Field(description="Identifier (letters, digits, _): prefixes asset keys, jobs and the pool.")
-    uri: str = Field(description="The table: a local path or s3://bucket/prefix.")
+    uri: str = Field(description="The table: a local path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix.")
     storage_options: _Strings = Field(default_factory=dict, description="Lance storage options, no secrets.")
     secrets: _Strings = Field(default_factory=dict, description=(
         f"Secret storage option ({', '.join(SECRET_OPTIONS)}) -> the environment variable holding it, "

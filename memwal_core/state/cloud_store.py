@@ -24,7 +24,7 @@ import time
 from datetime import timedelta
 from typing import Any, Iterable, Iterator, Mapping
 
-from memwal_core.state.store import (
+from memwal_core.state.objects import (
     BODY_RETRY_BACKOFF_S,
     BODY_RETRY_MAX_BACKOFF_S,
     NotFound,

@@ -21,22 +21,15 @@ from typing import Iterable, Iterator, Mapping, Protocol
 from urllib.parse import unquote, urlparse
 
 from memwal_core import faults
-from memwal_core.errors import MemwalError
-
-
-class StoreError(MemwalError, OSError):
-    """An object-store request failed for a reason other than "not found"."""
-
-
-class NotFound(MemwalError, KeyError):
-    """The object does not exist."""
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    key: str
-    size: int
-    mtime: float  # seconds since the epoch
+from memwal_core.state.cloud_store import CloudStore
+from memwal_core.state.objects import (  # noqa: F401 - the store vocabulary, imported from here too
+    BODY_RETRY_BACKOFF_S,
+    BODY_RETRY_MAX_BACKOFF_S,
+    NotFound,
+    ObjectInfo,
+    StoreError,
+    _clean,
+)
 
 
 class ObjectStore(Protocol):
@@ -51,12 +44,6 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
     def list_dirs(self, prefix: str) -> list[str]: ...
     def delete_many(self, keys: Iterable[str]) -> int: ...
-
-
-def _clean(key: str) -> str:
-    if key.startswith("/") or any(p in ("", ".", "..") for p in key.rstrip("/").split("/")):
-        raise ValueError(f"unsafe object key {key!r}")
-    return key
 
 
 @contextlib.contextmanager
@@ -422,9 +409,6 @@ class S3Store:
         return n
 
 
-# A body read that broke off: the first wait before the GET is sent again, doubling up to the cap.
-BODY_RETRY_BACKOFF_S = 0.1
-BODY_RETRY_MAX_BACKOFF_S = 2.0
 DEFAULT_S3_MAX_ATTEMPTS = 8
 
 # Lance storage-option names (object_store's) -> what boto3 needs.
@@ -545,8 +529,6 @@ def _open_store(uri: str, storage_options: Mapping[str, str] | None) -> TableLoc
 def _open_cloud(uri: str, parsed, options: dict[str, str]) -> TableLocation:
     """`gs://bucket/prefix` and `az://container/prefix` (the Azure account is the storage
     option `azure_storage_account_name`, or the environment's AZURE_STORAGE_ACCOUNT_NAME)."""
-    from memwal_core.state.cloud_store import CloudStore
-
     if not parsed.netloc:
         raise ValueError(f"{parsed.scheme}:// URI without a {'bucket' if parsed.scheme == 'gs' else 'container'}: {uri}")
     if "@" in parsed.netloc:
