@@ -287,3 +287,52 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     assert backend.secret not in status_run.stdout + status_run.stderr
     now_pending = sum(len(r.pending_generations) for r in status.table_status(loc).regions)
     assert now_pending > 0 and str(now_pending) in status_run.stdout
+
+
+# ------------------------------------------------------------------ faults between client and server
+
+def test_azure_body_cut_and_lost_answer_through_a_proxy(azurite):
+    """tests/s3proxy.py forwards any path-style HTTP, so it stands between the store and Azurite:
+    a GET whose body breaks off mid-read is resumed (and, cut every time, fails naming the
+    object after memwal's own GETs); a conditional create whose answer is lost after the server stored it is retried by
+    object_store, refused by our own object, read back and counted as written; another writer's
+    object still wins."""
+    from s3proxy import S3Proxy
+
+    backend = Backend("az", azurite)
+    uri = backend.new_uri()
+    proxy = S3Proxy(f"http://127.0.0.1:{azurite.port}").start()
+    try:
+        opts = backend.options(azure_endpoint=f"{proxy.endpoint}/devstoreaccount1", client_max_retries="3")
+        store = open_store(uri, opts).store
+        data = os.urandom(200_000)
+        store.put("a/body", data)
+        is_body = lambda r: r.key.endswith("/a/body")  # noqa: E731
+        proxy.cut_body("get", 2, match=is_body)
+        assert store.get("a/body") == data  # object_store resumes a body cut off mid-read itself
+        assert proxy.count("get") == 3
+
+        # Cut every time: object_store gives up after `client_max_retries`, memwal sends the GET
+        # again (`attempts` in all), then fails naming the object.
+        proxy.cut_body("get", 1000, match=is_body)
+        with pytest.raises(StoreError, match=rf"get {uri}/a/body failed: reading the body broke off "
+                                             rf"{store.attempts} times") as e:
+            store.get("a/body")
+        assert store.stats["get_body_retry"] == store.attempts - 1
+        assert backend.secret not in str(e.value) and "\n" not in str(e.value)
+        proxy.clear_faults()
+
+        key = "_mem_wal/r/manifest/00000000000000000001.binpb"
+        proxy.drop_answer("put_if_absent", 1, match=lambda r: r.key.endswith(key))
+        assert store.put_if_absent(key, b"mine") is True
+        assert store.get(key) == b"mine"
+        assert proxy.count("put_if_absent") == 2  # the lost one, then memwal's resend
+        assert store.stats["put_if_absent_retry"] == 1
+
+        other = "_mem_wal/r/manifest/00000000000000000002.binpb"
+        assert store.put_if_absent(other, b"theirs") is True
+        proxy.drop_answer("put_if_absent", 1, match=lambda r: r.key.endswith(other))
+        assert store.put_if_absent(other, b"mine") is False
+        assert store.get(other) == b"theirs"
+    finally:
+        proxy.stop()

@@ -12,8 +12,9 @@ The guarantees match `S3Store`: `put_if_absent` is the server's conditional crea
 (`If-None-Match: *` on Azure, `ifGenerationMatch=0` on GCS); listings follow the server's
 pagination (object_store pages through them); deletes go out in batches (Azure's blob batch,
 256 keys a request; GCS has no batch delete: object_store sends them concurrently); each request is
-retried with exponential backoff by object_store; an object body whose read broke off is read
-again by a new GET, like `S3Store.get`. Every failure other than "not found" is a `StoreError`
+retried with exponential backoff by object_store (which also resumes a body cut off mid-read);
+on top of that memwal sends a GET again when the body keeps breaking off, like `S3Store.get`, and
+a conditional create whose connection broke (see `CloudStore.put_if_absent`). Every failure other than "not found" is a `StoreError`
 naming the operation and the object (`az://container/key`).
 """
 
@@ -44,6 +45,7 @@ _BOOL_CLIENT_OPTIONS = ("allow_http", "allow_invalid_certificates", "randomize_a
 # object_store would send as concurrent batches, which a slow server answers past the client
 # timeout); GCS has no batch delete, object_store sends the deletes of a call concurrently.
 DELETE_BATCH = {"az": 256, "gs": 1000}
+CREATE_SENDS = 3  # sends of one conditional create whose connection broke (`put_if_absent`)
 DEFAULT_MAX_RETRIES = 10  # object_store's own default: Lance's `client_max_retries`
 DEFAULT_RETRY_TIMEOUT_S = 180  # object_store's own default: Lance's `client_retry_timeout`
 
@@ -91,8 +93,8 @@ def _first_line(e: BaseException) -> str:
 class CloudStore:
     """A prefix in a GCS bucket or an Azure container, through obstore (see the module docstring).
 
-    `attempts` bounds the GETs of one object whose body read breaks off (object_store retries
-    each request; a body streamed after the answer is not covered by that)."""
+    `attempts` bounds memwal's own resends on top of object_store's retries: the GETs of an
+    object whose body keeps breaking off, and a conditional create whose connection broke."""
 
     def __init__(self, scheme: str, bucket: str, prefix: str, options: Mapping[str, str], uri: str,
                  attempts: int = 8):
@@ -191,25 +193,37 @@ class CloudStore:
         object was there first. The server decides (a conditional create), so of racing
         writers exactly one gets True.
 
-        object_store retries a request whose answer was lost; the retry of a create the server
-        had stored is then refused by our own object. So on "already exists" the object is read
-        back, and holding exactly `data` counts as written (callers that must tell two writers
-        of identical bytes apart put something of their own in the bytes)."""
+        object_store does not resend a conditional create whose connection broke (the server
+        may have stored it): memwal does, `CREATE_SENDS` times in all, with backoff (each send
+        has object_store's retries of its own: a server that is gone fails after those). The resend of a
+        create the server had stored is refused by our own object, so on "already exists" the
+        object is read back, and holding exactly `data` counts as written (callers that must
+        tell two writers of identical bytes apart put something of their own in the bytes)."""
         import obstore
-        from obstore.exceptions import AlreadyExistsError, PreconditionError
+        from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionError
 
         full = self._key(key)
-        self.stats["put_if_absent"] += 1
-        try:
-            obstore.put(self._store, full, data, mode="create")
-            return True
-        except (AlreadyExistsError, PreconditionError):
+        delay = BODY_RETRY_BACKOFF_S
+        sends = min(self.attempts, CREATE_SENDS)
+        for attempt in range(1, sends + 1):
+            self.stats["put_if_absent"] += 1
             try:
-                return self.get(key) == data
-            except NotFound:  # deleted meanwhile: it was not ours to keep
-                return False
-        except Exception as e:  # noqa: BLE001
-            raise self._fail("put_if_absent", full, e) from None
+                obstore.put(self._store, full, data, mode="create")
+                return True
+            except (AlreadyExistsError, PreconditionError):
+                try:
+                    return self.get(key) == data
+                except NotFound:  # deleted meanwhile: it was not ours to keep
+                    return False
+            except GenericError as e:  # the connection broke (after object_store's own retries)
+                if attempt == sends:
+                    raise self._fail("put_if_absent", full, e) from None
+                self.stats["put_if_absent_retry"] += 1
+                time.sleep(delay)
+                delay = min(delay * 2, BODY_RETRY_MAX_BACKOFF_S)
+            except Exception as e:  # noqa: BLE001 - not found (no bucket), denied, ...: no resend
+                raise self._fail("put_if_absent", full, e) from None
+        raise AssertionError("unreachable")
 
     def _dir(self, prefix: str) -> str:
         full = self._key(prefix) if prefix else self.prefix
