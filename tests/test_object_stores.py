@@ -213,7 +213,7 @@ def test_options_are_lances_names(tmp_path):
     assert str(sa) not in repr(loc)
 
 
-def test_config_takes_cloud_secrets_from_the_environment_only(tmp_path):
+def test_config_takes_cloud_secrets_from_the_environment_only(tmp_path, monkeypatch):
     from memwal_pipeline.config import ConfigError, load_config, table_identity
 
     path = tmp_path / "memwal.yaml"
@@ -224,6 +224,17 @@ def test_config_takes_cloud_secrets_from_the_environment_only(tmp_path):
                     "    secrets: {azure_storage_account_key: MEMWAL_AZ_KEY}\n")
     (cfg,) = load_config(str(path))
     assert cfg.secrets == {"azure_storage_account_key": "MEMWAL_AZ_KEY"}
+    # The table's Dagster resource resolves it from the environment at run time.
+    from dagster import EnvVar
+
+    from memwal_pipeline.definitions import table_definitions
+
+    monkeypatch.setenv("MEMWAL_AZ_KEY", "YXotczNjcjN0LXZhbHVl")
+    res = table_definitions(cfg).resources["t_table"]
+    assert isinstance(res.azure_storage_account_key, EnvVar) and "YXotczNjcjN0LXZhbHVl" not in path.read_text()
+    live = res.process_config_and_initialize()
+    assert live.location().storage_options["azure_storage_account_key"] == "YXotczNjcjN0LXZhbHVl"
+    assert "YXotczNjcjN0LXZhbHVl" not in repr(live.location())
     assert table_identity("az://c/t/", {"azure_storage_account_name": "a"}) == \
         table_identity("az://c/t", {"azure_storage_account_name": "a"}) != \
         table_identity("az://c/t", {"azure_storage_account_name": "b"})
