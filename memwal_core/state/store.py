@@ -1,4 +1,5 @@
-"""Object stores under a table root: local disk and S3 (or any S3-protocol server).
+"""Object stores under a table root: local disk and S3 (or any S3-protocol server); `gs://` and
+`az://` tables are `cloud_store.CloudStore`s, opened here too.
 
 Keys are '/'-separated and relative to the table root. Every manifest commit goes through
 `put_if_absent`, the only primitive that makes concurrent committers safe, so both stores
