@@ -347,3 +347,18 @@ def test_azure_body_cut_and_lost_answer_through_a_proxy(azurite):
         assert store.get(other) == b"theirs"
     finally:
         proxy.stop()
+
+
+def test_messages_never_quote_a_secret():
+    """object_store's errors quote the request URL, where a SAS token travels: its signature and
+    every secret option's value are cut out of memwal's messages."""
+    from memwal_core.state.cloud_store import _first_line, secret_values
+
+    sas = "sv=2022-11-02&ss=b&sig=AbCdEf%2Bgh%3D"
+    err = RuntimeError(f"Error performing GET http://h/c/k?{sas}&se=1 in 2ms - 403 Forbidden\nsecond line")
+    msg = _first_line(err, secret_values({"azure_storage_sas_token": sas, "azure_storage_account_name": "a"}))
+    assert "AbCdEf" not in msg and "second line" not in msg and "403 Forbidden" in msg
+    msg = _first_line(RuntimeError("signature of KEYVALUE1 did not match"), secret_values({"account_key": "KEYVALUE1"}))
+    assert "KEYVALUE1" not in msg and "[redacted]" in msg
+    # Alone, the signature of a signed URL is cut out too.
+    assert "AbCdEf" not in _first_line(RuntimeError(f"GET http://h/c/k?{sas}"))

@@ -21,6 +21,7 @@ naming the operation and the object (`az://container/key`).
 from __future__ import annotations
 
 import collections
+import re
 import time
 from datetime import timedelta
 from typing import Any, Iterable, Iterator, Mapping
@@ -45,6 +46,16 @@ _BOOL_CLIENT_OPTIONS = ("allow_http", "allow_invalid_certificates", "randomize_a
 # object_store would send as concurrent batches, which a slow server answers past the client
 # timeout); GCS has no batch delete, object_store sends the deletes of a call concurrently.
 DELETE_BATCH = {"az": 256, "gs": 1000}
+# The secret options of gs:// and az:// tables, each with every spelling object_store accepts
+# (for the config's `secrets:`, the refusal of a secret written into `storage_options`, and
+# the redaction of error messages).
+SECRET_ALIASES = {
+    "azure_storage_account_key": ("azure_storage_account_key", "azure_storage_access_key",
+                                  "azure_storage_master_key", "master_key", "account_key", "access_key"),
+    "azure_storage_sas_key": ("azure_storage_sas_key", "azure_storage_sas_token", "sas_key", "sas_token"),
+    "azure_client_secret": ("azure_client_secret", "azure_storage_client_secret", "client_secret"),
+    "google_service_account_key": ("google_service_account_key", "service_account_key"),
+}
 CREATE_SENDS = 3  # sends of one conditional create whose connection broke (`put_if_absent`)
 DEFAULT_MAX_RETRIES = 10  # object_store's own default: Lance's `client_max_retries`
 DEFAULT_RETRY_TIMEOUT_S = 180  # object_store's own default: Lance's `client_retry_timeout`
@@ -85,9 +96,27 @@ def obstore_arguments(scheme: str, options: Mapping[str, str]) -> dict[str, Any]
     return {"config": config, "client_options": client, "retry_config": retry}
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"[:500]
+# A SAS token travels in the request URL, which object_store's errors quote: its signature
+# (and any other credential-like query value) is cut out of every message.
+_SIGNED_QUERY = re.compile(r"(?i)([?&](?:sig|signature|x-goog-signature|x-goog-credential|token)=)[^&\s]*")
+
+
+def _first_line(e: BaseException, secrets: Iterable[str] = ()) -> str:
+    """The error's first line, without a secret: neither a signed URL's signature nor any
+    secret option's value (however the message quotes it)."""
+    lines = str(e).strip().splitlines()
+    text = _SIGNED_QUERY.sub(r"\1[redacted]", lines[0] if lines else "")
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return f"{type(e).__name__}: {text}"[:500]
+
+
+def secret_values(options: Mapping[str, str]) -> list[str]:
+    """The values of the secret options among `options` (every spelling object_store accepts)."""
+    names = {a for aliases in SECRET_ALIASES.values() for a in aliases}
+    return sorted({str(v) for k, v in options.items() if k.lower() in names and len(str(v)) >= 4}, key=len,
+                  reverse=True)
 
 
 class CloudStore:
@@ -107,12 +136,13 @@ class CloudStore:
         self.uri = uri
         self.attempts = max(1, int(attempts))
         self.stats: collections.Counter = collections.Counter()
+        self._secrets = secret_values(options)
         try:
             self._store = from_url(f"{scheme}://{bucket}", **obstore_arguments(scheme, options))
         except BaseException as e:  # obstore raises (or panics) on a bad option: name the table only
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise StoreError(f"{self.service} store for {uri} could not be configured: {_first_line(e)} "
+            raise StoreError(f"{self.service} store for {uri} could not be configured: {_first_line(e, self._secrets)} "
                              f"(storage options given: {sorted(options)})") from None
 
     def _key(self, key: str) -> str:
@@ -133,7 +163,7 @@ class CloudStore:
         if isinstance(e, (PermissionDeniedError, UnauthenticatedError)) or " 403 Forbidden" in text or \
                 " 401 Unauthorized" in text:
             hint = " (access denied: check the credentials and the bucket's permissions)"
-        return StoreError(f"{self.service} {kind} {self._name(full)} failed: {_first_line(e)}{hint}")
+        return StoreError(f"{self.service} {kind} {self._name(full)} failed: {_first_line(e, self._secrets)}{hint}")
 
     def get(self, key: str) -> bytes:
         """The object's bytes; a body whose read fails is fetched again, up to `attempts` GETs."""
@@ -156,7 +186,7 @@ class CloudStore:
             except Exception as e:  # noqa: BLE001 - mid-body: GET again
                 if attempt == self.attempts:
                     raise StoreError(f"{self.service} get {self._name(full)} failed: reading the body broke "
-                                     f"off {attempt} times, last: {_first_line(e)}") from None
+                                     f"off {attempt} times, last: {_first_line(e, self._secrets)}") from None
                 self.stats["get_body_retry"] += 1
                 time.sleep(delay)
                 delay = min(delay * 2, BODY_RETRY_MAX_BACKOFF_S)

@@ -22,6 +22,7 @@ from typing import Iterable, Iterator, Mapping, Protocol
 from urllib.parse import unquote, urlparse
 
 from memwal_core import faults
+from memwal_core.state.cloud_store import SECRET_ALIASES as CLOUD_SECRET_ALIASES
 from memwal_core.state.cloud_store import CloudStore
 from memwal_core.state.objects import (  # noqa: F401 - the store vocabulary, imported from here too
     BODY_RETRY_BACKOFF_S,
@@ -419,13 +420,7 @@ _S3_OPTION_ALIASES = {
     "aws_session_token": ("session_token", "aws_session_token", "token"),
     "aws_region": ("region", "aws_region", "aws_default_region"),
     "aws_endpoint": ("endpoint", "aws_endpoint", "aws_endpoint_url", "endpoint_url"),
-    # The secret options of gs:// and az:// tables (object_store's spellings), for the config's
-    # `secrets:` and the refusal of a secret written into `storage_options`.
-    "azure_storage_account_key": ("azure_storage_account_key", "azure_storage_access_key",
-                                  "azure_storage_master_key", "master_key", "account_key", "access_key"),
-    "azure_storage_sas_key": ("azure_storage_sas_key", "azure_storage_sas_token", "sas_key", "sas_token"),
-    "azure_client_secret": ("azure_client_secret", "azure_storage_client_secret", "client_secret"),
-    "google_service_account_key": ("google_service_account_key", "service_account_key"),
+    **CLOUD_SECRET_ALIASES,  # the secret options of gs:// and az:// tables
 }
 
 
