@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test ui bench soak mutate s3-demo spark-env proto clean
+.PHONY: run test ui bench soak mutate s3-demo spark-env proto clean emulators
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "memwal needs $(PY) on PATH (set PY=...)"; exit 1; }
@@ -28,9 +28,16 @@ run: $(STAMP)
 
 # `dg check defs`: every defs.yaml against the MemWalTable schema, then the code location loads
 # (tests/test_component.py and tests/test_pipeline.py also run it and `dagster definitions validate`).
-test: $(STAMP)
+test: $(STAMP) emulators
 	$(BIN)/dg check defs
 	$(BIN)/python -m pytest -q
+
+# Azurite (Azure Blob emulator, an npm package) for tests/test_object_stores.py, into .tools/azurite
+# of this checkout, never globally. Without npm the az:// tests skip and say why.
+emulators:
+	@test -x .tools/azurite/node_modules/.bin/azurite-blob || { command -v npm >/dev/null 2>&1 \
+		&& npm install --no-audit --no-fund --prefix .tools/azurite azurite@3.35.0 \
+		|| echo "npm missing or failed: the az:// tests will skip"; }
 
 ui: $(STAMP)
 	@# One planned event per range run instead of one per partition (docs/benchmarks.md §9).
@@ -61,4 +68,4 @@ proto:
 	.protoc-venv/bin/python -m grpc_tools.protoc -Imemwal_core/proto --python_out=memwal_core/proto memwal_core/proto/memwal.proto
 
 clean:
-	rm -rf $(VENV) .protoc-venv .pytest_cache
+	rm -rf $(VENV) .protoc-venv .pytest_cache .tools

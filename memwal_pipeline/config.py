@@ -49,10 +49,11 @@ from memwal_core.state.store import _S3_OPTION_ALIASES, _opt
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "memwal.yaml"
-SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+SECRET_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token", "azure_storage_account_key",
+                  "azure_storage_sas_key", "azure_client_secret", "google_service_account_key")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 # Every spelling of a secret option that Lance or memwal's store accepts (keys compared lower-cased).
-_SECRET_ALIASES = {a for name in ("aws_secret_access_key", "aws_session_token") for a in _S3_OPTION_ALIASES[name]}
+_SECRET_ALIASES = {a for name in SECRET_OPTIONS if name != "aws_access_key_id" for a in _S3_OPTION_ALIASES[name]}
 
 
 class ConfigError(OptionError):
@@ -78,6 +79,11 @@ def table_identity(uri: str, storage_options: dict[str, str] | None = None) -> t
     if parsed.scheme in ("s3", "s3a"):
         prefix = posixpath.normpath("/" + unquote(parsed.path)).strip("/")
         return ("s3", _opt(storage_options or {}, "aws_endpoint") or "", parsed.netloc, prefix)
+    if parsed.scheme in ("gs", "az"):
+        prefix = posixpath.normpath("/" + unquote(parsed.path)).strip("/")
+        options = {k.lower(): v for k, v in (storage_options or {}).items()}
+        where = options.get("azure_endpoint") or options.get("azure_storage_account_name") or ""
+        return (parsed.scheme, where, parsed.netloc, prefix)
     path = parsed.path if parsed.scheme == "file" else uri
     return ("file", os.path.realpath(os.path.expanduser(path)))
 
@@ -104,7 +110,7 @@ class TableConfig:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise ConfigError(f"table name must be an identifier (letters, digits, _), got {self.name!r}")
         if not self.uri or not isinstance(self.uri, str):
-            raise ConfigError(f"table {self.name}: 'uri' is required (a path or s3://bucket/prefix)")
+            raise ConfigError(f"table {self.name}: 'uri' is required (a path, s3://, gs:// or az://)")
         for key in self.secrets:
             if key not in SECRET_OPTIONS:
                 raise ConfigError(f"table {self.name}: secret option {key!r} is not one of {SECRET_OPTIONS}")
@@ -173,7 +179,7 @@ class TableSpec(dg.Model):
     to the project root (a component's defs.yaml)."""
 
     name: str = Field(description="Identifier (letters, digits, _): prefixes asset keys, jobs and the pool.")
-    uri: str = Field(description="The table: a local path or s3://bucket/prefix.")
+    uri: str = Field(description="The table: a local path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix.")
     storage_options: _Strings = Field(default_factory=dict, description="Lance storage options, no secrets.")
     secrets: _Strings = Field(default_factory=dict, description=(
         f"Secret storage option ({', '.join(SECRET_OPTIONS)}) -> the environment variable holding it, "

@@ -11,7 +11,7 @@ from memwal_core.spark import connect as spark_connect
 from memwal_core.spark.session import get_spark
 from memwal_core.state.store import TableLocation, open_store
 
-from .config import TableConfig
+from .config import SECRET_OPTIONS, TableConfig
 
 
 class TableResource(ConfigurableResource):
@@ -24,10 +24,14 @@ class TableResource(ConfigurableResource):
     aws_access_key_id: Optional[str] = None
     aws_secret_access_key: Optional[str] = None
     aws_session_token: Optional[str] = None
+    azure_storage_account_key: Optional[str] = None
+    azure_storage_sas_key: Optional[str] = None
+    azure_client_secret: Optional[str] = None
+    google_service_account_key: Optional[str] = None
 
     def location(self) -> TableLocation:
         options = dict(self.storage_options)
-        for key in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
+        for key in SECRET_OPTIONS:
             value = getattr(self, key)
             if value:
                 options[key] = value

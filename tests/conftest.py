@@ -67,3 +67,33 @@ def pytest_terminal_summary(terminalreporter) -> None:
     hm = sys.modules.get("harness_machine")
     for line in getattr(getattr(hm, "Stats", None), "summary", []):
         terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def azurite():
+    """Azurite's blob service on 127.0.0.1 (installed into .tools/azurite by npm when missing)."""
+    from emulators import Azurite, install_azurite
+
+    why = install_azurite()
+    if why:
+        pytest.skip(f"Azurite cannot be installed: {why}")
+    server = Azurite().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """gcp-storage-emulator on 127.0.0.1 (a dev dependency); skips, naming the error, when it is
+    not installed or when object_store cannot write to it (see tests/emulators.py)."""
+    from emulators import GcsEmulator
+
+    if GcsEmulator.command() is None:
+        pytest.skip("gcp-storage-emulator is not installed (pip install -e '.[dev]')")
+    server = GcsEmulator().start()
+    why = server.unusable()
+    if why:
+        server.stop()
+        pytest.skip(f"gcp-storage-emulator cannot serve object_store (Lance's and obstore's client): {why}")
+    yield server
+    server.stop()

@@ -173,7 +173,8 @@ def test_open_store_local_forms(tmp_path, monkeypatch):
         rel.child_uri("../x")
 
 
-@pytest.mark.parametrize("uri,msg", [("gs://b/t", "unsupported table URI scheme 'gs'"),
+@pytest.mark.parametrize("uri,msg", [("hdfs://b/t", "unsupported table URI scheme 'hdfs'"),
+                                     ("gs:///t", "without a bucket"),
                                      ("s3:///t", "without a bucket"),
                                      ("file://host/t", "with a host")])
 def test_open_store_refuses(uri, msg):

@@ -1,4 +1,5 @@
-"""Object stores under a table root: local disk and S3 (or any S3-protocol server).
+"""Object stores under a table root: local disk and S3 (or any S3-protocol server); `gs://` and
+`az://` tables are `cloud_store.CloudStore`s, opened here too.
 
 Keys are '/'-separated and relative to the table root. Every manifest commit goes through
 `put_if_absent`, the only primitive that makes concurrent committers safe, so both stores
@@ -21,23 +22,17 @@ from typing import Iterable, Iterator, Mapping, Protocol
 from urllib.parse import unquote, urlparse
 
 from memwal_core import faults
-from memwal_core.errors import MemwalError
 from memwal_core.state import layout
-
-
-class StoreError(MemwalError, OSError):
-    """An object-store request failed for a reason other than "not found"."""
-
-
-class NotFound(MemwalError, KeyError):
-    """The object does not exist."""
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    key: str
-    size: int
-    mtime: float  # seconds since the epoch
+from memwal_core.state.cloud_store import SECRET_ALIASES as CLOUD_SECRET_ALIASES
+from memwal_core.state.cloud_store import CloudStore
+from memwal_core.state.objects import (  # noqa: F401 - the store vocabulary, imported from here too
+    BODY_RETRY_BACKOFF_S,
+    BODY_RETRY_MAX_BACKOFF_S,
+    NotFound,
+    ObjectInfo,
+    StoreError,
+    _clean,
+)
 
 
 class ObjectStore(Protocol):
@@ -52,12 +47,6 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
     def list_dirs(self, prefix: str) -> list[str]: ...
     def delete_many(self, keys: Iterable[str]) -> int: ...
-
-
-def _clean(key: str) -> str:
-    if key.startswith("/") or any(p in ("", ".", "..") for p in key.rstrip("/").split("/")):
-        raise ValueError(f"unsafe object key {key!r}")
-    return key
 
 
 @contextlib.contextmanager
@@ -423,9 +412,6 @@ class S3Store:
         return n
 
 
-# A body read that broke off: the first wait before the GET is sent again, doubling up to the cap.
-BODY_RETRY_BACKOFF_S = 0.1
-BODY_RETRY_MAX_BACKOFF_S = 2.0
 DEFAULT_S3_MAX_ATTEMPTS = 8
 
 # Lance storage-option names (object_store's) -> what boto3 needs.
@@ -435,6 +421,7 @@ _S3_OPTION_ALIASES = {
     "aws_session_token": ("session_token", "aws_session_token", "token"),
     "aws_region": ("region", "aws_region", "aws_default_region"),
     "aws_endpoint": ("endpoint", "aws_endpoint", "aws_endpoint_url", "endpoint_url"),
+    **CLOUD_SECRET_ALIASES,  # the secret options of gs:// and az:// tables
 }
 
 
@@ -492,7 +479,8 @@ class TableLocation:
 
 
 def open_store(uri: str, storage_options: Mapping[str, str] | None = None) -> TableLocation:
-    """`file://` URIs, plain paths and `s3://bucket/prefix`; anything else is refused clearly.
+    """`file://` URIs, plain paths, `s3://bucket/prefix`, `gs://bucket/prefix` and
+    `az://container/prefix`; anything else is refused clearly.
 
     With `MEMWAL_CRASH_AFTER_OPS` / `MEMWAL_COUNT_OPS` set (reliability tests only) the store
     counts its writes (`faults.CrashingStore`).
@@ -530,6 +518,25 @@ def _open_store(uri: str, storage_options: Mapping[str, str] | None) -> TableLoc
         lance_options.pop("s3_read_timeout", None)
         store = S3Store(parsed.netloc, prefix, make_s3_client(options), lance_uri, s3_attempts(options))
         return TableLocation(store, lance_uri, lance_options)
+    if parsed.scheme in ("gs", "az"):
+        return _open_cloud(uri, parsed, options)
     raise ValueError(f"unsupported table URI scheme {parsed.scheme!r} in {uri} "
-                     "(use a local path, file://, or s3://)")
+                     "(use a local path, file://, s3://, gs:// or az://)")
+
+
+def _open_cloud(uri: str, parsed, options: dict[str, str]) -> TableLocation:
+    """`gs://bucket/prefix` and `az://container/prefix` (the Azure account is the storage
+    option `azure_storage_account_name`, or the environment's AZURE_STORAGE_ACCOUNT_NAME)."""
+    if not parsed.netloc:
+        raise ValueError(f"{parsed.scheme}:// URI without a {'bucket' if parsed.scheme == 'gs' else 'container'}: {uri}")
+    if "@" in parsed.netloc:
+        raise ValueError(f"{uri}: write the table as az://CONTAINER/PREFIX and give the account as the "
+                         "storage option azure_storage_account_name")
+    scheme = parsed.scheme
+    # As for S3: Lance percent-decodes the path; the store decodes it the same way.
+    raw_prefix = parsed.path.strip("/")
+    prefix = unquote(raw_prefix).strip("/")
+    lance_uri = f"{scheme}://{parsed.netloc}/{raw_prefix}".rstrip("/")
+    store = CloudStore(scheme, parsed.netloc, prefix, options, lance_uri)
+    return TableLocation(store, lance_uri, dict(options))
 
