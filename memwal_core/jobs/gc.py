@@ -19,7 +19,12 @@ so it lists what the real run deletes. Per region:
    - 0 for a sharded region whose routing value no MemWAL index snapshot records yet
      (`unrecorded_regions`): its merged generations are the merger's authority for that value.
 2. **WAL entries** at positions `p <= replay_after_wal_entry_position` and below the WAL tail,
-   whose entry generation is one of the deleted (or earlier deleted) generations. Kept always:
+   whose entry generation is one of the deleted (or earlier deleted) generations. An entry that
+   names no generation (Lance 13 / LanceDB 0.40 write only `writer_epoch`) is decided by its
+   position instead (`covered_position`): the spec's flush sets `replay_after` to the last entry
+   of the generation it commits, so the newest region manifest version whose
+   `current_generation - 1` is at most the collectable bound says up to which position every
+   entry lives in a collectable generation; no entry is read to learn its generation. Kept always:
    - every **fence sentinel**: pylance detects fencing when a stale writer's put-if-absent of
      its next WAL position collides, and that position is always a later writer's sentinel
      (each claim writes one at the tip). Delete it and the stale writer's put succeeds into a
@@ -544,6 +549,31 @@ def _hold(ctx: _Context, rp: RegionGcPlan, reason: str, g: region.Generation) ->
         h[2] = g.generation if h[2] is None else max(h[2], g.generation)
 
 
+def covered_position(store, rid: str, m: region.RegionManifest, bound: int) -> tuple[int, int | None]:
+    """(position, manifest version): the highest WAL position whose entries all went into
+    generations <= `bound`, read from the region manifest history; (0, None) when unknown.
+
+    Spec (Region Manifest): a flush commits the manifest version that lists the new generation,
+    advances `current_generation` past it and sets `replay_after_wal_entry_position` to the last
+    WAL entry it contains; so at any version v, every entry at a position
+    <= replay_after(v) lives in a generation < current_generation(v). The newest version with
+    `current_generation - 1 <= bound` therefore gives a position below which every entry is in a
+    generation <= bound, without reading a single entry. Versions are walked down from `m`
+    (manifests are small; GC retains `manifest_retention` of them); a missing or unreadable
+    version stops the walk (nothing is assumed)."""
+    v, cur = m.version, m
+    while True:
+        if cur.current_generation - 1 <= bound:
+            return cur.message.replay_after_wal_entry_position, v
+        v -= 1
+        if v < 1:
+            return 0, None
+        try:
+            cur = region.load_version(store, rid, v)
+        except region.RegionError:
+            return 0, None
+
+
 def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: int,
               kept_listed: set[int]) -> None:
     store, rid = ctx.loc.store, rp.region_id
@@ -571,6 +601,12 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
     cut = min(replay_after, tail - 1)
     if cut < 1:
         return
+
+    # Entries without a `generation` in their metadata (Lance 13, LanceDB 0.40) are decided
+    # by position: those at or below `nogen_cut` went into generations that are all collectable
+    # now (<= limit, < current_generation) and none of which is still listed as kept.
+    nogen_bound = min([limit, m.current_generation - 1] + [g - 1 for g in kept_listed])
+    nogen_cut, _ = covered_position(store, rid, m, nogen_bound) if nogen_bound >= 1 else (0, None)
 
     metas: dict[int, wal.WalEntryMeta | None] = {}
 
@@ -606,10 +642,18 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
     def classify(p: int, e: wal.WalEntryMeta) -> None:
         if e.writer_epoch < 0:
             rp.kept["wal:unreadable"] += 1
-        elif e.fence_sentinel or e.generation is None:
-            rp.kept["wal:fence_sentinel" if e.fence_sentinel else "wal:no_generation"] += 1
+        elif e.fence_sentinel:
+            rp.kept["wal:fence_sentinel"] += 1
         elif ctx.config.keep_current_epoch_wal and e.writer_epoch == m.writer_epoch:
             rp.kept["wal:current_epoch"] += 1
+        elif e.generation is None:
+            if p > nogen_cut:
+                rp.kept["wal:no_generation"] += 1
+            else:
+                key = layout.wal_key(rid, p)
+                rp.items.append(GcItem(WAL, rid, key, e.size,
+                                       f"covered (<= {nogen_cut}) entry of generations <= {nogen_bound}",
+                                       (key,), p))
         elif e.generation > limit or e.generation >= m.current_generation or e.generation in kept_listed:
             rp.kept["wal:generation_kept"] += 1
         else:
