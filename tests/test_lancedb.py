@@ -375,3 +375,56 @@ def test_memwal_maintain_cli_thousands_of_upserts(tmp_path):
     t.upsert([5, 6, 7], "after")
     t.flush()
     t.check("LanceDB writes after memwal maintain")
+
+
+# ----------------------------------------------------------------------------------------
+# covered_position: decided from the manifest history, never more than is covered
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from memwal_core.proto import memwal_pb2 as pb  # noqa: E402
+from memwal_core.state import layout  # noqa: E402
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(st.tuples(st.booleans(), st.integers(0, 5)), min_size=1, max_size=25),
+       gone=st.integers(0, 30), holes=st.sets(st.integers(1, 30), max_size=4), bound=st.integers(0, 12),
+       data=st.data())
+def test_covered_position_is_never_past_what_is_collectable(tmp_path_factory, steps, gone, holes, bound, data):
+    """Manifest histories: each version either flushes a generation (advancing replay_after past
+    the entries written since) or does not (a claim, a GC trim); a prefix of versions collected,
+    some versions in the middle missing or unreadable (a failed delete). The position found is
+    replay_after of a version whose flushed generations are all <= bound; with no hole it is the
+    newest such version's."""
+    loc = open_store(str(tmp_path_factory.mktemp("cov")))
+    rid = str(uuid.uuid4())
+    versions: list[tuple[int, int]] = []  # (current_generation, replay_after) per version
+    cur, replay, pos = 1, 0, 0
+    for flush, writes in steps:
+        pos += writes
+        if flush and pos > replay:
+            cur, replay = cur + 1, pos
+        versions.append((cur, replay))
+    latest = len(versions)
+    for v, (cg, ra) in enumerate(versions, start=1):
+        if v < latest and (v <= gone or v in holes):
+            if data.draw(st.booleans()):  # missing, or there but unreadable
+                continue
+            loc.store.put(layout.manifest_key(rid, v), b"\xff garbage")
+            continue
+        msg = pb.RegionManifest(version=v, writer_epoch=1, replay_after_wal_entry_position=ra,
+                                current_generation=cg, region_id=pb.Uuid(uuid=uuid.UUID(rid).bytes))
+        loc.store.put(layout.manifest_key(rid, v), msg.SerializeToString())
+    m = region.load_version(loc.store, rid, latest)
+    got, v = gc.covered_position(loc.store, rid, m, bound)
+    if v is None:
+        assert got == 0
+    else:
+        assert versions[v - 1] == (region.load_version(loc.store, rid, v).current_generation, got)
+        assert versions[v - 1][0] - 1 <= bound  # every entry <= got is in a generation <= bound
+    qualifying = [i for i, (cg, _) in enumerate(versions, start=1) if cg - 1 <= bound]
+    readable = {i for i in range(1, latest + 1) if i == latest or not (i <= gone or i in holes)}
+    if not holes and qualifying and max(qualifying) in readable:
+        assert v == max(qualifying)

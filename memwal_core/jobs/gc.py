@@ -555,23 +555,48 @@ def covered_position(store, rid: str, m: region.RegionManifest, bound: int) -> t
 
     Spec (Region Manifest): a flush commits the manifest version that lists the new generation,
     advances `current_generation` past it and sets `replay_after_wal_entry_position` to the last
-    WAL entry it contains; so at any version v, every entry at a position
-    <= replay_after(v) lives in a generation < current_generation(v). The newest version with
+    WAL entry it contains; so at any version v, every entry at a position <= replay_after(v)
+    lives in a generation < current_generation(v). Any version read with
     `current_generation - 1 <= bound` therefore gives a position below which every entry is in a
-    generation <= bound, without reading a single entry. Versions are walked down from `m`
-    (manifests are small; GC retains `manifest_retention` of them); a missing or unreadable
-    version stops the walk (nothing is assumed)."""
-    v, cur = m.version, m
-    while True:
-        if cur.current_generation - 1 <= bound:
-            return cur.message.replay_after_wal_entry_position, v
-        v -= 1
-        if v < 1:
-            return 0, None
-        try:
-            cur = region.load_version(store, rid, v)
-        except region.RegionError:
-            return 0, None
+    generation <= bound, without reading a single entry: that check on a version actually read is
+    the whole safety argument. Which version is found is only a matter of how much is reclaimed:
+    `current_generation` never decreases from one version to the next and the versions GC leaves
+    are a contiguous suffix, so two bisections (the oldest version still there, then the newest
+    that qualifies) find the best one in O(log versions) reads; a version that cannot be read is
+    taken for part of the collected prefix and never returned (at worst less is reclaimed)."""
+    if m.current_generation - 1 <= bound:
+        return m.message.replay_after_wal_entry_position, m.version
+    cache: dict[int, region.RegionManifest | None] = {m.version: m}
+
+    def load(v: int) -> region.RegionManifest | None:
+        if v not in cache:
+            try:
+                cache[v] = region.load_version(store, rid, v)
+            except region.RegionError:
+                cache[v] = None
+        return cache[v]
+
+    lo, hi = 1, m.version  # the oldest version still there: missing ones are a prefix
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if store.exists(layout.manifest_key(rid, mid)):
+            hi = mid
+        else:
+            lo = mid + 1
+    best: region.RegionManifest | None = None
+    lo, hi = lo, m.version - 1  # the newest qualifying version in [oldest, latest - 1]
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = load(mid)
+        if got is None:  # unreadable: like the missing prefix (a delete that failed part-way)
+            lo = mid + 1
+        elif got.current_generation - 1 <= bound:
+            best, lo = got, mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        return 0, None
+    return best.message.replay_after_wal_entry_position, best.version
 
 
 def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: int,
@@ -606,7 +631,12 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
     # by position: those at or below `nogen_cut` went into generations that are all collectable
     # now (<= limit, < current_generation) and none of which is still listed as kept.
     nogen_bound = min([limit, m.current_generation - 1] + [g - 1 for g in kept_listed])
-    nogen_cut, _ = covered_position(store, rid, m, nogen_bound) if nogen_bound >= 1 else (0, None)
+    nogen: list[int] = []  # found once, on the first such entry: pylance 14 tables never need it
+
+    def nogen_cut() -> int:
+        if not nogen:
+            nogen.append(covered_position(store, rid, m, nogen_bound)[0] if nogen_bound >= 1 else 0)
+        return nogen[0]
 
     metas: dict[int, wal.WalEntryMeta | None] = {}
 
@@ -647,12 +677,12 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
         elif ctx.config.keep_current_epoch_wal and e.writer_epoch == m.writer_epoch:
             rp.kept["wal:current_epoch"] += 1
         elif e.generation is None:
-            if p > nogen_cut:
+            if p > nogen_cut():
                 rp.kept["wal:no_generation"] += 1
             else:
                 key = layout.wal_key(rid, p)
                 rp.items.append(GcItem(WAL, rid, key, e.size,
-                                       f"covered (<= {nogen_cut}) entry of generations <= {nogen_bound}",
+                                       f"covered (<= {nogen_cut()}) entry of generations <= {nogen_bound}",
                                        (key,), p))
         elif e.generation > limit or e.generation >= m.current_generation or e.generation in kept_listed:
             rp.kept["wal:generation_kept"] += 1
