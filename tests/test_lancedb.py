@@ -335,6 +335,21 @@ def test_no_usable_key_is_flagged(tmp_path):
     del tbl
 
 
+def test_unknown_feature_is_flagged(tmp_path):
+    """A table a newer Lance marked with a feature flag memwal does not know: status reports the
+    refusal (the same `read_memwal_state` check the merger runs) instead of a healthy table."""
+    from test_bad_input_core import set_feature_flags
+
+    t = LdbTable(str(tmp_path / "db"), "unsharded")
+    t.upsert([1, 2], "x")
+    t.flush()
+    assert blockers.merge_blockers(t.loc) == []
+    set_feature_flags(t.loc, writer=1 | 512)
+    found = blockers.merge_blockers(t.loc)
+    assert [b.kind for b in found] == [blockers.TABLE_REFUSED]
+    assert "writer_feature_flags" in found[0].message and "512" in found[0].message
+
+
 # ----------------------------------------------------------------------------------------
 # One `memwal maintain` over a few thousand LanceDB upserts
 
