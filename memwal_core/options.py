@@ -198,6 +198,10 @@ class GcOptions(_Checked):
     cleanup_base_versions_retain: int | None = field(default=None, metadata=_min(1))
     keep_current_epoch_wal: bool = True
     max_workers: int = field(default=16, metadata=_min(1))
+    # Base-table files no retained version references (commits that lost a race or crashed),
+    # older than `orphan_grace_seconds` (`jobs/leaks.py`; costs a listing of data/, _deletions/,
+    # _transactions/ and _indices/ per pass).
+    collect_leaked_files: bool = True
 
     @property
     def base_cleanup(self) -> bool:
@@ -207,6 +211,19 @@ class GcOptions(_Checked):
     def base_cleanup_older_than(self) -> timedelta | None:
         s = self.cleanup_base_versions_older_than_seconds
         return None if s is None else timedelta(seconds=s)
+
+
+@dataclass(frozen=True)
+class LeaseOptions(_Checked):
+    """The table lease (`memwal_core/state/lease.py`): one maintainer commits to a table at a
+    time, across processes, hosts and Dagster instances. A holder renews every third of
+    `ttl_seconds`; a lease not renewed for `ttl_seconds` (a dead or paused holder) may be taken
+    over. A second maintainer waits up to `wait_seconds`, then skips the step ("held by ...").
+    `ttl_seconds` must exceed the clock skew between maintainer hosts by a wide margin."""
+
+    enabled: bool = True
+    ttl_seconds: float = field(default=60.0, metadata=_min(1))
+    wait_seconds: float = 30.0
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,10 @@ def apply_flags(cfg, a) -> Any:
                        _flag_value(a.base_versions_older_than))
     if getattr(a, "retrain_vector_indexes", False):
         compaction = replace(compaction, retrain_vector_indexes=True)
-    return replace(cfg, merge=merge, spark=spark, gc=gc, compaction=compaction)
+    lease = cfg.lease
+    if getattr(a, "lease_wait", None) is not None:
+        lease = _override(lease, "lease", "wait_seconds", "--lease-wait", _flag_value(a.lease_wait))
+    return replace(cfg, merge=merge, spark=spark, gc=gc, compaction=compaction, lease=lease)
 
 
 def target(a) -> tuple[Any, dict[str, str]]:
@@ -377,6 +380,11 @@ def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch:
         if obs:  # merge: per-region materializations; the run's totals are an observation
             md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()}
         report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
+        if str(md.get("status", "")).startswith("skipped: "):
+            # Another maintainer held the table's lease past the wait: not a failure.
+            report["steps"][step]["skipped"] = md["status"][len("skipped: "):]
+            _say(f"[{cfg.name}] {step} {md['status']}")
+            continue
         if str(md.get("status", "")).startswith("failed: "):
             # A step that reports its failure instead of raising (compaction: the steps after
             # it must still run in Dagster); its failed check says the same, said once here.
@@ -417,7 +425,8 @@ def _summary(step: str, md: dict[str, Any]) -> str:
               "compact": ("status", "fragments_before", "fragments", "deleted_row_ratio", "index_segments"),
               "index": ("num_regions", "storage", "hints_updated"),
               "catchup": ("indexes", "max_gap"),
-              "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "kept", "retained_base_versions")}[step]
+              "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "leaked_objects_deleted",
+                     "kept", "retained_base_versions")}[step]
     parts = [f"{f.replace('_', ' ')} {md[f]}" for f in fields if f in md]
     return (": " + ", ".join(parts)) if parts else ""
 
@@ -644,7 +653,7 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
     st = status.table_status(loc)
     stuck = _stuck(st)
     try:
-        holds = gc.plan_gc(loc).holds
+        holds = gc.plan_gc(loc, gc.GcOptions(collect_leaked_files=False)).holds  # holds only: no file scan
     except Exception as e:  # noqa: BLE001 - status still shows the lag
         holds = []
         _say(f"warning: GC plan failed: {e}")
@@ -887,6 +896,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--retrain-vector-indexes", action="store_true",
                    help="compact step: retrain vector indexes that drifted past the threshold (never one "
                         "MemTables maintain: the spec requires a stable codebook)")
+    m.add_argument("--lease-wait", metavar="SECONDS",
+                   help="lease.wait_seconds: how long a step waits for the table's lease while another "
+                        "maintainer holds it, before it is skipped (\"skipped: lease held by ... until ...\")")
     m.add_argument("--dry-run", action="store_true",
                    help="print what the chosen steps would do, with the same settings, and change nothing: "
                         "GC lists what it would delete (base-table versions its cleanup removes included)")

@@ -48,7 +48,8 @@ def s3_tree(client, bucket: str) -> dict[str, tuple[int, str]]:
     out = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for o in page.get("Contents", []):
-            out[o["Key"]] = (o["Size"], o["ETag"])
+            if f"/{layout.LEASE_DIR}/" not in f"/{o['Key']}":  # the lease's records (see helpers.tree)
+                out[o["Key"]] = (o["Size"], o["ETag"])
     return out
 
 

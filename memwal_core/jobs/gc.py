@@ -49,6 +49,14 @@ so it lists what the real run deletes. Per region:
    directory before the manifest), and whose newest object is older than `orphan_grace_seconds`.
    The latest manifest is read again right before they are deleted.
 
+5. **Leaked base-table files** (`jobs/leaks.py`, when `collect_leaked_files` and the plan covers
+   every region): files under `data/`, `_deletions/`, `_transactions/`, `_indices/` that no
+   retained version's manifest references (commits that lost a race or crashed), older than
+   `orphan_grace_seconds`; kind `leaked`, region "" (deleted after the regions' work).
+
+Every committing step holds the table lease (`state/lease.py`): `run_gc` / `execute_gc` take it,
+and the base-version cleanup, each manifest commit and each delete are fenced by it.
+
 Execution, per region: commit the trimmed manifest (`region.commit_next`: a lost race reloads
 and re-applies the trim to the fresh manifest; `writer_epoch` never changes), then delete
 generation directories and WAL entries (lowest position first), fix the version hint, delete
@@ -80,7 +88,8 @@ from memwal_core import faults
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, routing, table, wal
+from memwal_core.jobs import leaks
+from memwal_core.state import layout, lease, region, routing, table, wal
 from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")
@@ -89,7 +98,8 @@ GENERATION = "generation"
 WAL = "wal"
 MANIFEST = "manifest"
 ORPHAN = "orphan"
-KINDS = (GENERATION, WAL, MANIFEST, ORPHAN)
+LEAKED = "leaked"  # a base-table file of a lost or crashed commit (`jobs/leaks.py`); region_id ""
+KINDS = (GENERATION, WAL, MANIFEST, ORPHAN, LEAKED)
 BASE_VERSION = "base_version"  # a base-table version Lance's cleanup removes (not a GcItem)
 
 CRASH_AFTER_MANIFEST_COMMIT = "gc.after_manifest_commit"
@@ -200,10 +210,12 @@ class GcPlan:
     region_errors: dict[str, str] = field(default_factory=dict)  # region id -> why it is skipped
     # Planned with these base versions taken as removed (a dry run's cleanup); None: as they are.
     base_cleanup: BaseCleanupPlan | None = None
+    leaked: list[GcItem] = field(default_factory=list)  # base-table files of lost commits
+    leak_scan: dict[str, Any] = field(default_factory=dict)  # its cost and what it kept
 
     @property
     def items(self) -> list[GcItem]:
-        return [i for r in self.regions.values() for i in r.items]
+        return [i for r in self.regions.values() for i in r.items] + self.leaked
 
     @property
     def bytes(self) -> int:
@@ -218,6 +230,7 @@ class GcPlan:
         total: collections.Counter = collections.Counter()
         for r in self.regions.values():
             total.update(r.kept)
+        total.update(self.leak_scan.get("kept", {}))
         return dict(sorted(total.items()))
 
     def counts(self) -> dict[str, int]:
@@ -239,6 +252,7 @@ class GcPlan:
             "region_errors": dict(self.region_errors),
             "holds": [asdict(h) | {"text": h.describe()} for h in self.holds],
             "base_cleanup": self.base_cleanup.to_dict() if self.base_cleanup is not None else None,
+            "leak_scan": dict(self.leak_scan),
         }
 
 
@@ -275,6 +289,11 @@ class GcResult:
     retained_versions: int = 0
     dry_run: bool = False
     plan: GcPlan | None = None  # what was planned (a dry run's answer: its items would be deleted)
+    # Leaked base-table files deleted (objects, bytes; also in `deleted` as kind "leaked") and
+    # what finding them cost (`jobs/leaks.py`: manifests read, files listed, seconds).
+    leaked_objects: int = 0
+    leaked_bytes: int = 0
+    leak_scan: dict[str, Any] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         c = collections.Counter(i.kind for i in self.deleted)
@@ -288,6 +307,7 @@ class GcResult:
             "skipped": [i.to_dict() for i in self.skipped], "base_cleanup": self.base_cleanup,
             "plan_seconds": round(self.plan_seconds, 3), "execute_seconds": round(self.execute_seconds, 3),
             "retained_versions": self.retained_versions,
+            "leaked_objects": self.leaked_objects, "leaked_bytes": self.leaked_bytes, "leak_scan": dict(self.leak_scan),
             "items": [i.to_dict() for i in self.deleted],
             **({"dry_run": True, "planned": [i.to_dict() for i in self.plan.items]}
                if self.dry_run and self.plan is not None else {}),
@@ -802,7 +822,28 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
                 rp.items.clear()
                 rp.trim.clear()
                 log.error("%s", rp.error)
-    return GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors, base_cleanup)
+    plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors, base_cleanup)
+    if config.collect_leaked_files and regions is None:
+        _plan_leaks(loc, plan, now)
+    return plan
+
+
+LEAKS_KEY = "leaked files"  # the plan's / result's `region_errors` key for a failed leak scan
+
+
+def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float) -> None:
+    scan = leaks.plan_leaks(loc, now, plan.config.orphan_grace_seconds)
+    plan.leak_scan = {"versions_read": scan.versions, "files_listed": scan.files_listed,
+                      "list_seconds": round(scan.list_seconds, 3), "refs_seconds": round(scan.refs_seconds, 3),
+                      "kept": dict(scan.kept)}
+    if scan.error:
+        plan.region_errors[LEAKS_KEY] = scan.error
+        log.error("%s", scan.error)
+        return
+    for lk in scan.leaks:
+        plan.leaked.append(GcItem(LEAKED, "", lk.key, lk.bytes,
+                                  f"{lk.what} no retained version references ({scan.versions} manifests read), "
+                                  f"{lk.age:.0f}s old", lk.keys))
 
 
 # ------------------------------------------------------------------------------------------
@@ -811,6 +852,12 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
 
 def _check_item(item: GcItem) -> None:
     """Every key must be where its kind says, inside its region directory."""
+    if item.kind == LEAKED:
+        if item.region_id or not all(leaks.is_leak_key(k) for k in item.keys) or not all(
+                k == item.path or layout.is_inside(k, item.path) for k in item.keys):
+            raise layout.UnsafePath(f"refusing to delete leaked-file item {item.path!r} (a key lies outside "
+                                    f"{', '.join(leaks.LEAK_DIRS)})")
+        return
     rdir = layout.region_dir(item.region_id)
     if item.kind == WAL:
         ok = item.keys == (layout.wal_key(item.region_id, item.number),)
@@ -852,6 +899,8 @@ def _delete(loc: TableLocation, items: list[GcItem], out: _RegionOutcome) -> Non
     keys = [k for i in items for k in i.keys]
     for i in items:
         _check_item(i)
+    if keys:
+        lease.fence(loc, "GC delete")
     for start in range(0, len(keys), 1000):
         out.objects += loc.store.delete_many(keys[start:start + 1000])
     out.deleted.extend(items)
@@ -909,6 +958,7 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
     return out
 
 
+@lease.step("gc")
 def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
     """Delete exactly what `plan` lists (orphans re-checked against the latest manifest)."""
     t0 = time.monotonic()
@@ -923,6 +973,18 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
             result.manifest_commits += out.commits
             if out.error:
                 result.region_errors[rp.region_id] = out.error
+    result.leak_scan = dict(plan.leak_scan)
+    if plan.leaked:
+        out = _RegionOutcome()
+        try:
+            _delete(loc, plan.leaked, out)
+        except Exception as e:  # noqa: BLE001 - reported; the regions' results stand
+            result.region_errors[LEAKS_KEY] = f"deleting leaked files: {one_line(e)}"
+            log.error("GC: %s", result.region_errors[LEAKS_KEY])
+        result.deleted.extend(out.deleted)
+        result.deleted_objects += out.objects
+        result.leaked_objects = sum(len(i.keys) for i in out.deleted)
+        result.leaked_bytes = sum(i.bytes for i in out.deleted)
     result.bytes_reclaimed = sum(i.bytes for i in result.deleted)
     result.execute_seconds = time.monotonic() - t0
     return result
@@ -981,12 +1043,14 @@ def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, in
     a long history, and the plan that follows reads them once anyway (`run_gc` fills in the counts)."""
     ds = table.open_dataset(loc)
     kw = _cleanup_kwargs(config)
+    lease.fence(loc, "base-table version cleanup")
     faults.op("lance_cleanup_old_versions")  # reliability tests: a crash point
     stats = ds.cleanup_old_versions(**kw)
     return {"old_versions": int(getattr(stats, "old_versions", 0)),
             "bytes_removed": int(getattr(stats, "bytes_removed", 0))}
 
 
+@lease.step("gc")
 def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
            dry_run: bool = False, progress: Callable[[str], None] | None = None) -> GcResult:
     """Base-version cleanup (when configured), plan, execute. A dry run is the same path with
@@ -1014,7 +1078,8 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     if progress:
         progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.region_errors)} region errors")
     if dry_run:
-        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors), dry_run=True)
+        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors), dry_run=True,
+                          leak_scan=dict(plan.leak_scan))
     else:
         result = execute_gc(loc, plan)
     if base is not None and "error" not in base:  # as the plan read them, right after the cleanup

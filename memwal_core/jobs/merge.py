@@ -35,7 +35,7 @@ from memwal_core.jobs import snapshot
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
-from memwal_core.state import layout, region, routing, walls
+from memwal_core.state import layout, lease, region, routing, walls
 from memwal_core.state.keys import refuse_unsupported_keys, sql_literal
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import TableLocation, refuse_links
@@ -295,6 +295,7 @@ class _Clock:
         return time.monotonic() - self.t0
 
 
+@lease.step("merge")
 def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: int = 5,
                   progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
     """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
@@ -777,6 +778,8 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
     a race (the caller re-reads progress and retries what is left)."""
     try:
         return _commit(run, deduped, gens, index)
+    except lease.LeaseLost:
+        raise  # not this batch's fault: the whole step stops (another maintainer holds the table)
     except Exception as e:  # noqa: BLE001 - isolated below
         rids = sorted({g.region_id for g in gens})
         if len(rids) == 1:
@@ -789,6 +792,8 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
         try:
             if not _commit(run, deduped.only({index[rid]}), mine, index):
                 return False
+        except lease.LeaseLost:
+            raise
         except Exception as e:  # noqa: BLE001 - this region only
             _commit_failed(run, rid, mine, e)
     return True
@@ -814,6 +819,7 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
     builder = builder.mark_sstables_as_compacted(merged_markers(progress))
     source = pa.RecordBatchReader.from_batches(schema, _cast_stream(deduped.live, schema))
     faults.point("merge.before_commit")
+    lease.fence(loc, "merge commit")
     try:
         stats = builder.execute(source)
     except OSError as e:
@@ -855,6 +861,7 @@ def _bytes_written(ds: lance.LanceDataset, version: int) -> int:
     return sum((f.file_size_bytes or 0) for frag in frags for f in frag.files)
 
 
+@lease.step("merge")
 def merge(loc: TableLocation, spark, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
           max_generations: int = DEFAULT_MAX_GENERATIONS, regions: list[str] | None = None,
           progress: ProgressFn | None = None) -> MergeResult:

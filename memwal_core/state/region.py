@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from memwal_core.errors import MemwalError
 from memwal_core.options import MAX_REGION_GENERATIONS
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout
+from memwal_core.state import layout, lease
 from memwal_core.state.store import NotFound, ObjectStore
 
 log = logging.getLogger("memwal.region")
@@ -424,6 +424,7 @@ def commit_next(store: ObjectStore, current: RegionManifest, mutate: Mutation, *
         msg.version = version
         raw = msg.SerializeToString()
         _refuse_gap(store, current.region_id, version)
+        lease.fence_store(store, f"region {current.region_id} manifest version {version}")
         if store.put_if_absent(layout.manifest_key(current.region_id, version), raw):
             write_version_hint(store, current.region_id, version)
             return RegionManifest(current.region_id, version, msg, raw)

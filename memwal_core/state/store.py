@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlparse
 
 from memwal_core import faults
 from memwal_core.errors import MemwalError
+from memwal_core.state import layout
 
 
 class StoreError(MemwalError, OSError):
@@ -498,7 +499,8 @@ def open_store(uri: str, storage_options: Mapping[str, str] | None = None) -> Ta
     """
     loc = _open_store(uri, storage_options)
     if faults.counting():
-        loc = TableLocation(faults.CrashingStore(loc.store), loc.lance_uri, loc.storage_options)
+        loc = TableLocation(faults.CrashingStore(loc.store, uncounted=(layout.LEASE_DIR + "/",)),
+                            loc.lance_uri, loc.storage_options)
     return loc
 
 
