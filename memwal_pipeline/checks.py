@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
 
-from memwal_core.observe import checks, status
+from memwal_core.observe import blockers, checks, status
 
 from . import failures
 from . import metadata as bounded
@@ -158,4 +158,16 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
             "regions_failed": MetadataValue.int(len(region_errors)),
             "region_errors": MetadataValue.json(bounded.top(region_errors))})
 
-    return [region_exclusivity, merge_lag, catchup_gap, gc_consistency]
+    @asset_check(asset=keys.asset("base_table"), name="mergeable", required_resource_keys=res,
+                 description="Nothing the merger refuses before merging: a usable primary key, known table "
+                             "features, and no region value held by two regions (mixed writers).")
+    def mergeable(context) -> AssetCheckResult:
+        found = blockers.merge_blockers(loc_of(context))
+        for b in found:
+            context.log.error(f"merge blocked ({b.kind}): {b.message}")
+        return AssetCheckResult(passed=not found, severity=AssetCheckSeverity.ERROR, metadata={
+            "blockers": MetadataValue.int(len(found)),
+            "kinds": MetadataValue.json(sorted({b.kind for b in found})),
+            "details": MetadataValue.json(bounded.top({f"{b.kind}:{i}": b.message for i, b in enumerate(found)}))})
+
+    return [region_exclusivity, merge_lag, catchup_gap, gc_consistency, mergeable]

@@ -655,7 +655,7 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
     """`memwal status` for a table already resolved (the demos call it after their pass):
     per-region lag, index gaps, what GC keeps; 1 when a region is in error or stuck."""
     from memwal_core.jobs import gc
-    from memwal_core.observe import status
+    from memwal_core.observe import blockers, status
     from memwal_core.state.store import open_store
 
     loc = open_store(uri, storage_options or {})
@@ -666,9 +666,15 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
     except Exception as e:  # noqa: BLE001 - status still shows the lag
         holds = []
         _say(f"warning: GC plan failed: {e}")
-    bad = 1 if (st.region_errors or stuck) else 0
+    try:
+        blocked = blockers.merge_blockers(loc)
+    except Exception as e:  # noqa: BLE001 - status still shows the lag
+        blocked = []
+        _say(f"warning: merge blockers not checked: {e}")
+    bad = 1 if (st.region_errors or stuck or blocked) else 0
     if as_json:
         print(json.dumps({**st.to_dict(), "stuck": [s.__dict__ for s in stuck],
+                          "merge_blockers": [b.to_dict() for b in blocked],
                           "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]}, indent=2, default=str))
         return bad
     print(f"table {st.table} (version {st.table_version}): {len(st.regions)} regions, "
@@ -687,6 +693,8 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
         print(f"GC keeps {h.describe()}")
     for s in stuck:
         print(f"STUCK {s.describe()}")
+    for b in blocked:
+        print(f"MERGE BLOCKED ({b.kind}): {b.message}")
     return bad
 
 

@@ -89,9 +89,11 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
                     "region manifests into the MemWAL index, catch indexes up, collect garbage; checks merge "
                     "lag (stuck regions), catch-up gap and GC consistency.")
     checks_job = define_asset_job(
-        f"{cfg.name}_checks", selection=AssetSelection.checks(by_name["region_exclusivity"], by_name["merge_lag"]),
+        f"{cfg.name}_checks", selection=AssetSelection.checks(by_name["region_exclusivity"], by_name["merge_lag"],
+                                                              by_name["mergeable"]),
         tags={"memwal/table": cfg.name},
-        description="Scheduled health checks: region exclusivity (reads pending rows) and merge lag.")
+        description="Scheduled health checks: region exclusivity (reads pending rows), merge lag, and what "
+                    "would stop a merge (mergeable).")
     checks_schedule = ScheduleDefinition(name=f"{cfg.name}_checks_schedule", job=checks_job,
                                          cron_schedule=CHECKS_CRON, default_status=DefaultScheduleStatus.RUNNING,
                                          description="Region exclusivity and merge lag, every hour at :30.")

@@ -226,7 +226,8 @@ def test_checks_job_runs_exclusivity_and_gc_consistency_reports_unreadable(table
     assert {s.name for s in defs.schedules} >= {"t_checks_schedule", "t_maintenance_schedule"}
     out = defs.resolve_job_def("t_checks").execute_in_process(instance=instance)
     names = {c.check_name: c for c in out.get_asset_check_evaluations()}
-    assert set(names) == {"region_exclusivity", "merge_lag"} and names["region_exclusivity"].passed
+    assert set(names) == {"region_exclusivity", "merge_lag", "mergeable"} and names["region_exclusivity"].passed
+    assert names["mergeable"].passed
     bad = sorted(w.regions.values())[1]
     latest = region.load_latest(table_loc.store, bad)
     table_loc.store.put(layout.manifest_key(bad, latest.version + 1), b"\xff\xff garbage")

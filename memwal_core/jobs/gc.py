@@ -19,7 +19,12 @@ so it lists what the real run deletes. Per region:
    - 0 for a sharded region whose routing value no MemWAL index snapshot records yet
      (`unrecorded_regions`): its merged generations are the merger's authority for that value.
 2. **WAL entries** at positions `p <= replay_after_wal_entry_position` and below the WAL tail,
-   whose entry generation is one of the deleted (or earlier deleted) generations. Kept always:
+   whose entry generation is one of the deleted (or earlier deleted) generations. An entry that
+   names no generation (Lance 13 / LanceDB 0.40 write only `writer_epoch`) is decided by its
+   position instead (`covered_position`): the spec's flush sets `replay_after` to the last entry
+   of the generation it commits, so the newest region manifest version whose
+   `current_generation - 1` is at most the collectable bound says up to which position every
+   entry lives in a collectable generation; no entry is read to learn its generation. Kept always:
    - every **fence sentinel**: pylance detects fencing when a stale writer's put-if-absent of
      its next WAL position collides, and that position is always a later writer's sentinel
      (each claim writes one at the tip). Delete it and the stale writer's put succeeds into a
@@ -564,6 +569,56 @@ def _hold(ctx: _Context, rp: RegionGcPlan, reason: str, g: region.Generation) ->
         h[2] = g.generation if h[2] is None else max(h[2], g.generation)
 
 
+def covered_position(store, rid: str, m: region.RegionManifest, bound: int) -> tuple[int, int | None]:
+    """(position, manifest version): the highest WAL position whose entries all went into
+    generations <= `bound`, read from the region manifest history; (0, None) when unknown.
+
+    Spec (Region Manifest): a flush commits the manifest version that lists the new generation,
+    advances `current_generation` past it and sets `replay_after_wal_entry_position` to the last
+    WAL entry it contains; so at any version v, every entry at a position <= replay_after(v)
+    lives in a generation < current_generation(v). Any version read with
+    `current_generation - 1 <= bound` therefore gives a position below which every entry is in a
+    generation <= bound, without reading a single entry: that check on a version actually read is
+    the whole safety argument. Which version is found is only a matter of how much is reclaimed:
+    `current_generation` never decreases from one version to the next and the versions GC leaves
+    are a contiguous suffix, so two bisections (the oldest version still there, then the newest
+    that qualifies) find the best one in O(log versions) reads; a version that cannot be read is
+    taken for part of the collected prefix and never returned (at worst less is reclaimed)."""
+    if m.current_generation - 1 <= bound:
+        return m.message.replay_after_wal_entry_position, m.version
+    cache: dict[int, region.RegionManifest | None] = {m.version: m}
+
+    def load(v: int) -> region.RegionManifest | None:
+        if v not in cache:
+            try:
+                cache[v] = region.load_version(store, rid, v)
+            except region.RegionError:
+                cache[v] = None
+        return cache[v]
+
+    lo, hi = 1, m.version  # the oldest version still there: missing ones are a prefix
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if store.exists(layout.manifest_key(rid, mid)):
+            hi = mid
+        else:
+            lo = mid + 1
+    best: region.RegionManifest | None = None
+    lo, hi = lo, m.version - 1  # the newest qualifying version in [oldest, latest - 1]
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = load(mid)
+        if got is None:  # unreadable: like the missing prefix (a delete that failed part-way)
+            lo = mid + 1
+        elif got.current_generation - 1 <= bound:
+            best, lo = got, mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        return 0, None
+    return best.message.replay_after_wal_entry_position, best.version
+
+
 def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: int,
               kept_listed: set[int]) -> None:
     store, rid = ctx.loc.store, rp.region_id
@@ -591,6 +646,17 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
     cut = min(replay_after, tail - 1)
     if cut < 1:
         return
+
+    # Entries without a `generation` in their metadata (Lance 13, LanceDB 0.40) are decided
+    # by position: those at or below `nogen_cut` went into generations that are all collectable
+    # now (<= limit, < current_generation) and none of which is still listed as kept.
+    nogen_bound = min([limit, m.current_generation - 1] + [g - 1 for g in kept_listed])
+    nogen: list[int] = []  # found once, on the first such entry: pylance 14 tables never need it
+
+    def nogen_cut() -> int:
+        if not nogen:
+            nogen.append(covered_position(store, rid, m, nogen_bound)[0] if nogen_bound >= 1 else 0)
+        return nogen[0]
 
     metas: dict[int, wal.WalEntryMeta | None] = {}
 
@@ -626,10 +692,18 @@ def _plan_wal(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, limit: 
     def classify(p: int, e: wal.WalEntryMeta) -> None:
         if e.writer_epoch < 0:
             rp.kept["wal:unreadable"] += 1
-        elif e.fence_sentinel or e.generation is None:
-            rp.kept["wal:fence_sentinel" if e.fence_sentinel else "wal:no_generation"] += 1
+        elif e.fence_sentinel:
+            rp.kept["wal:fence_sentinel"] += 1
         elif ctx.config.keep_current_epoch_wal and e.writer_epoch == m.writer_epoch:
             rp.kept["wal:current_epoch"] += 1
+        elif e.generation is None:
+            if p > nogen_cut():
+                rp.kept["wal:no_generation"] += 1
+            else:
+                key = layout.wal_key(rid, p)
+                rp.items.append(GcItem(WAL, rid, key, e.size,
+                                       f"covered (<= {nogen_cut()}) entry of generations <= {nogen_bound}",
+                                       (key,), p))
         elif e.generation > limit or e.generation >= m.current_generation or e.generation in kept_listed:
             rp.kept["wal:generation_kept"] += 1
         else:

@@ -29,6 +29,7 @@ log = logging.getLogger("memwal.table")
 MEMWAL_INDEX_NAME = "__lance_mem_wal"
 MEMWAL_TYPE_URL = "/lance.table.MemWalIndexDetails"
 PK_METADATA_KEY = b"lance-schema:unenforced-primary-key"
+PK_POSITION_METADATA_KEY = b"lance-schema:unenforced-primary-key:position"
 _U64_MAX = 2**64 - 1
 
 
@@ -137,13 +138,53 @@ def open_dataset(loc: TableLocation, version: int | None = None, commit_lock=Non
 
 
 def primary_key(ds: lance.LanceDataset) -> list[str]:
-    """Primary key columns, from Lance's unenforced-primary-key field metadata."""
-    cols = [f.name for f in ds.schema if (f.metadata or {}).get(PK_METADATA_KEY, b"").lower() == b"true"]
+    """Primary key columns in key order: the one place memwal learns the key.
+
+    Lance writes the key in two forms: `lance-schema:unenforced-primary-key: true` (pylance's
+    `initialize_mem_wal` users, key order = field order) and
+    `lance-schema:unenforced-primary-key:position: 'N'` (Lance 13 / LanceDB 0.40
+    `set_unenforced_primary_key`, key order = N). pylance's own accessor
+    (`lance_schema.unenforced_primary_key()`) knows both and orders them as Lance does
+    (positioned fields by position, then the others by field id); memwal takes that order
+    so its merge keys and delete predicates match what Lance's LSM readers dedupe on.
+    """
+    cols = _pk_from_lance(ds)
+    if cols is None:  # a pylance without the accessor: parse both forms by hand
+        cols = pk_from_metadata(ds.schema)
     if not cols:
         raise NoPrimaryKey(
             f"table {ds.uri} has no primary key: MemWAL merges upsert by primary key, so mark the key "
             "column with field metadata {'lance-schema:unenforced-primary-key': 'true'}")
+    top = set(ds.schema.names)
+    nested = [c for c in cols if c not in top]
+    if nested:
+        raise NoPrimaryKey(f"table {ds.uri}: primary key field(s) {nested} are not top-level columns; "
+                           "memwal merges by top-level key columns only")
     return cols
+
+
+def _pk_from_lance(ds: lance.LanceDataset) -> list[str] | None:
+    try:
+        fields = ds.lance_schema.unenforced_primary_key()
+    except AttributeError:
+        return None
+    return [f.name() for f in fields]
+
+
+def pk_from_metadata(schema) -> list[str]:
+    """Key columns from field metadata, both forms, in Lance's order (see `primary_key`)."""
+    positioned, flagged = [], []
+    for i, f in enumerate(schema):
+        md = f.metadata or {}
+        pos = md.get(PK_POSITION_METADATA_KEY)
+        if pos is not None:
+            try:
+                positioned.append((int(pos), i, f.name))
+            except ValueError:
+                continue
+        elif md.get(PK_METADATA_KEY, b"").lower() == b"true":
+            flagged.append(f.name)
+    return [n for _, _, n in sorted(positioned)] + flagged
 
 
 def refuse_stable_row_ids(ds: lance.LanceDataset) -> None:

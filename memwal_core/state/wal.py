@@ -2,7 +2,8 @@
 
 pylance 14 writes each entry as an Arrow IPC stream `wal/{bitrev(position)}.arrow` (positions
 start at 1) whose schema metadata carries `writer_epoch` and `generation`; a writer that claims
-a region first writes a data-less fence sentinel (`fence_sentinel: true`).
+a region first writes a data-less fence sentinel (`fence_sentinel: true`). Lance 13 (LanceDB
+0.40) writes `writer_epoch` only: `generation` is then None, and GC decides by position.
 """
 
 from __future__ import annotations
