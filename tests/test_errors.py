@@ -33,7 +33,7 @@ def _exception_classes() -> dict[str, type]:
 def test_the_walk_finds_the_known_errors():
     """The walk below must see the modules it is meant to check (else it proves nothing)."""
     found = _exception_classes()
-    for name in ("memwal_core.state.region.RegionError", "memwal_core.state.store.StoreError",
+    for name in ("memwal_core.state.region.RegionError", "memwal_core.state.objects.StoreError",
                  "memwal_core.jobs.merge.MergeError", "memwal_core.jobs.gc.GcError",
                  "memwal_core.spark.tasks.Refused", "memwal_core.jobs.snapshot.SnapshotError"):
         assert name in found, sorted(found)
@@ -45,8 +45,8 @@ def test_every_core_exception_derives_from_memwal_error():
 
 
 @pytest.mark.parametrize("name, other", [
-    ("memwal_core.state.store.StoreError", OSError),
-    ("memwal_core.state.store.NotFound", KeyError),
+    ("memwal_core.state.objects.StoreError", OSError),
+    ("memwal_core.state.objects.NotFound", KeyError),
     ("memwal_core.spark.tasks.Refused", ValueError),
     ("memwal_core.state.layout.UnsafePath", ValueError),
     ("memwal_core.state.routing.UnsupportedTransform", ValueError),

@@ -37,6 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from memwal_core.errors import MemwalError
 from memwal_core.state import table
 from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
 
@@ -56,7 +57,7 @@ _DELETION_TYPE, _DELETION_READ_VERSION, _DELETION_ID, _DELETION_KNOWN = 1, 2, 3,
 _DELETION_SUFFIX = {0: "arrow", 1: "bin"}
 
 
-class LeakScanError(Exception):
+class LeakScanError(MemwalError):
     """The references of the retained versions cannot be established: collect nothing."""
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 
 import logging
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -36,7 +35,7 @@ from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import layout, lease, region, routing, walls
-from memwal_core.state.keys import refuse_unsupported_keys, sql_literal
+from memwal_core.state.keys import delete_predicate, quote_column, refuse_unsupported_keys  # noqa: F401 - merge.* names
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import TableLocation, refuse_links
 from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
@@ -277,28 +276,6 @@ class MergeResult:
         return d
 
 
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def quote_column(name: str) -> str:
-    """A column name as Lance's SQL filter reads it: plain, or in backquotes (a backquote inside
-    is doubled), so any key column name can be used in a delete predicate."""
-    return name if _IDENT.match(name) else "`" + name.replace("`", "``") + "`"
-
-
-def delete_predicate(keys: pa.Table, pk: list[str]) -> str:
-    """SQL predicate matching exactly the tombstoned keys (for `when_not_matched_by_source_delete`).
-
-    Each value is written as a literal of its column's type (`keys.sql_literal`): a value Lance
-    read as another would refuse the commit or delete a live row."""
-    cols = {c: quote_column(c) for c in pk}
-    types = {c: keys.schema.field(c).type for c in pk}
-    if len(pk) == 1:
-        c = pk[0]
-        return f"{cols[c]} IN ({', '.join(sql_literal(v, types[c]) for v in keys.column(c).to_pylist())})"
-    rows = keys.select(pk).to_pylist()
-    return " OR ".join("(" + " AND ".join(f"{cols[c]} = {sql_literal(r[c], types[c])}" for c in pk) + ")"
-                       for r in rows)
 
 
 class _Clock:

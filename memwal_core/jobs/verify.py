@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core.errors import one_line
+from memwal_core.state.keys import delete_predicate
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import open_dataset, read_memwal_state
 
@@ -93,8 +94,6 @@ def present_keys(ds: lance.LanceDataset, keys: pa.Table, pk: list[str]) -> pa.Ta
     rows = ds.count_rows()
     if keys.num_rows > FULL_SCAN_SHARE * rows:
         return _only(ds.to_table(columns=pk), keys, pk)
-    from memwal_core.jobs.merge import delete_predicate  # the merge's own key predicate (merge imports us)
-
     parts = []
     try:
         for start in range(0, keys.num_rows, CHUNK_KEYS):

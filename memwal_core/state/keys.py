@@ -25,6 +25,7 @@ apart: deleting one would delete the other's live row).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -71,3 +72,27 @@ def sql_literal(value: Any, typ: pa.DataType) -> str:
     if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
         return "X'" + bytes(value).hex() + "'"
     raise UnsupportedKeyType(f"a primary key value of type {typ} cannot be written in a delete predicate")
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def quote_column(name: str) -> str:
+    """A column name as Lance's SQL filter reads it: plain, or in backquotes (a backquote inside
+    is doubled), so any key column name can be used in a delete predicate."""
+    return name if _IDENT.match(name) else "`" + name.replace("`", "``") + "`"
+
+
+def delete_predicate(keys: pa.Table, pk: list[str]) -> str:
+    """SQL predicate matching exactly the tombstoned keys (for `when_not_matched_by_source_delete`).
+
+    Each value is written as a literal of its column's type (`sql_literal`): a value Lance
+    read as another would refuse the commit or delete a live row."""
+    cols = {c: quote_column(c) for c in pk}
+    types = {c: keys.schema.field(c).type for c in pk}
+    if len(pk) == 1:
+        c = pk[0]
+        return f"{cols[c]} IN ({', '.join(sql_literal(v, types[c]) for v in keys.column(c).to_pylist())})"
+    rows = keys.select(pk).to_pylist()
+    return " OR ".join("(" + " AND ".join(f"{cols[c]} = {sql_literal(r[c], types[c])}" for c in pk) + ")"
+                       for r in rows)
