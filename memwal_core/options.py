@@ -198,6 +198,10 @@ class GcOptions(_Checked):
     cleanup_base_versions_retain: int | None = field(default=None, metadata=_min(1))
     keep_current_epoch_wal: bool = True
     max_workers: int = field(default=16, metadata=_min(1))
+    # Regions with data from before the MemWAL initialization (after an overwrite) are reported
+    # and kept; this long after they were first reported GC discards them (None: only by hand,
+    # `memwal regions discard`). A week, as the shipped base-version retention.
+    discard_stale_after_seconds: float | None = field(default=7 * 86400.0, metadata=_min(0))
 
     @property
     def base_cleanup(self) -> bool:

@@ -72,7 +72,7 @@ from memwal_core import faults
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, routing, table, wal
+from memwal_core.state import layout, lifecycle, region, routing, table, wal
 from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")
@@ -118,7 +118,8 @@ class GcHold:
     (a gating index has not caught up), `not_merged` (pending; includes a region stuck behind
     a wall), `value_unrecorded` (a sharded region's routing value is not yet in a MemWAL index
     snapshot: its merged generations are the merger's authority for it until the index builder,
-    which runs before GC in the maintenance job, records it).
+    which runs before GC in the maintenance job, records it), `stale` (a region with data from
+    before the MemWAL initialization, not yet discarded: nothing of it is collected).
     Bytes are the generations' `in_memory_bytes` from the manifests (no listing)."""
 
     reason: str
@@ -243,6 +244,8 @@ class GcResult:
     # Base-table versions the plan read (each one a reader may time-travel to): every GC pass
     # reads them all, so this is what its cost grows with (`gc.cleanup_base_versions_*` bounds it).
     retained_versions: int = 0
+    # Stale regions discarded after `discard_stale_after_seconds`: region -> generations through.
+    stale_discarded: dict[str, int] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         c = collections.Counter(i.kind for i in self.deleted)
@@ -256,6 +259,7 @@ class GcResult:
             "skipped": [i.to_dict() for i in self.skipped], "base_cleanup": self.base_cleanup,
             "plan_seconds": round(self.plan_seconds, 3), "execute_seconds": round(self.execute_seconds, 3),
             "retained_versions": self.retained_versions,
+            "stale_discarded": dict(self.stale_discarded),
             "items": [i.to_dict() for i in self.deleted],
         }
 
@@ -371,6 +375,16 @@ class _Context:
     # Sharded regions whose routing value no MemWAL index snapshot records authoritatively:
     # their merged generations are the merger's only authority for it (see `unrecorded_regions`).
     unrecorded: set[str] = field(default_factory=set)
+    stale: lifecycle.Lifecycle | None = None  # regions with data from before the MemWAL initialization
+
+
+def _stale_limit(ctx: _Context, rid: str) -> int:
+    """The highest collectable *stale* generation of a discarded region: merge progress (the
+    discard) and what versions from before the initialization still read. This lifetime's
+    versions, gating indexes and region values never depended on them (they were never merged)."""
+    init = ctx.stale.init.table_version if ctx.stale and ctx.stale.init else 0
+    older = [m.get(rid, 0) for v, m in ctx.retention.states.items() if v < init]
+    return min([ctx.merged.get(rid, 0)] + older)
 
 
 def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
@@ -424,6 +438,17 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
         why = str(e).removeprefix(f"region {rid}: ")  # layout names the region already
         rp.error = f"region {rid}: corrupt manifest version {m.version}: {why}; nothing collected here"
         return rp
+    verdict = ctx.stale.verdict(rid) if ctx.stale else None
+    if ctx.stale and rid in ctx.stale.errors:
+        rp.error = f"{ctx.stale.errors[rid]}; nothing collected here"
+        return rp
+    if verdict is not None and ctx.stale.blocks(rid, ctx.merged.get(rid, 0)):
+        # Stale and not discarded: the merger refuses it; its files are the evidence of the verdict.
+        rp.kept["region:stale"] += 1
+        for g, _ in listed:
+            rp.kept["generation:stale"] += 1
+            _hold(ctx, rp, "stale", g)
+        return rp
     try:  # what the merger refuses, GC leaves alone: progress says nothing true about it
         region.pending_generations(m, ctx.merged.get(rid, 0))
     except region.MalformedRegion as e:
@@ -434,13 +459,20 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     # Generations only: WAL entries and manifest versions do not carry the region's value.
     gen_bounds = bounds + ([("value_unrecorded", 0)] if rid in ctx.unrecorded else [])
     gen_limit = min(b for _, b in gen_bounds)
+    stale_limit = _stale_limit(ctx, rid) if verdict is not None else 0
 
     # 1. generations
     for g, gdir in listed:
         if m.sealed:  # no manifest version may be written on a sealed region, so no trim either
             rp.kept["generation:sealed"] += 1
             continue
-        if g.generation <= gen_limit and g.generation < m.current_generation:
+        if verdict is not None and verdict.is_stale(g.generation) and g.generation <= stale_limit:
+            objs = _list_dir(ctx.loc, gdir, rdir)
+            rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs),
+                                   f"generation {g.generation} predates the MemWAL initialization, discarded",
+                                   tuple(o.key for o in objs), g.generation))
+            rp.trim.append((g.generation, g.path))
+        elif g.generation <= gen_limit and g.generation < m.current_generation:
             objs = _list_dir(ctx.loc, gdir, rdir)
             rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs),
                                    f"generation {g.generation} <= merged and caught-up limit {gen_limit}",
@@ -667,7 +699,8 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
     ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
-                   unrecorded_regions(loc, state, loaded.manifests))
+                   unrecorded_regions(loc, state, loaded.manifests),
+                   lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False))
     plans: dict[str, RegionGcPlan] = {}
     errors: dict[str, str] = {}
 
@@ -836,6 +869,7 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     """Base-version cleanup (when configured and not a dry run), plan, execute."""
     config = config or GcOptions()
     base: dict[str, Any] | None = None
+    discarded = _discard_expired(loc, config, dry_run)
     if config.base_cleanup and not dry_run:
         try:
             base = cleanup_base_versions(loc, config)
@@ -860,7 +894,22 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     result.retained_versions = len(plan.retained_versions)
     result.plan_seconds = plan_s
     result.holds = plan.holds
+    result.stale_discarded = discarded
     return result
+
+
+def _discard_expired(loc: TableLocation, config: GcOptions, dry_run: bool) -> dict[str, int]:
+    """Discard the stale regions reported for longer than `discard_stale_after_seconds`
+    (region -> generations discarded through; a dry run says which it would)."""
+    if config.discard_stale_after_seconds is None:
+        return {}
+    try:
+        out = lifecycle.discard(loc, None, dry_run=dry_run, by="grace",
+                                only_older_than=config.discard_stale_after_seconds)
+    except Exception as e:  # noqa: BLE001 - GC proceeds; the stale regions stay held
+        log.warning("discarding expired stale regions failed: %s", one_line(e))
+        return {}
+    return out.discarded
 
 
 __all__ = ["GcOptions", "GcItem", "GcPlan", "GcResult", "RegionGcPlan", "GcError", "plan_gc", "execute_gc",

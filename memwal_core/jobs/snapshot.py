@@ -52,7 +52,7 @@ from memwal_core import faults
 from memwal_core.errors import one_line
 from memwal_core.options import SnapshotOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, routing, table, wal
+from memwal_core.state import layout, lifecycle, region, routing, table, wal
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.snapshot")
@@ -528,6 +528,9 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
                  reuse: dict[str, tuple[int, FieldValues]]):
     listing = region.list_regions(loc.store)
     loaded = region.load_many(loc.store, listing.region_ids, max_workers=max_workers)
+    # Generations from before the MemWAL initialization are never published as unmerged data
+    # (nor used for a region value): readers of the snapshot would read rows the overwrite replaced.
+    stale = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=update_hints)
     specs = {s.spec_id: spec_from_pb(s) for s in state.details.region_specs}
     lance_schema = ds.lance_schema
     try:
@@ -539,6 +542,8 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
         got = loaded[rid]
         if not got.ok:
             return _RegionOutcome(error=got.message)
+        if rid in stale.errors:
+            return _RegionOutcome(error=stale.errors[rid])
         out = _RegionOutcome()
         m = got.manifest
         if update_hints:
@@ -546,6 +551,7 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
                 m, out.hint, out.hint_error = refresh_hint(loc, m)
             except region.ManifestGap as e:
                 return _RegionOutcome(error=str(e))
+        m = lifecycle.without_stale(m, stale.verdict(rid))
         spec_id = m.message.region_spec_id
         if spec_id == 0:
             fv = FieldValues({}, "none")

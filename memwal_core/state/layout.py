@@ -20,6 +20,7 @@ VERSION_HINT = "version_hint.json"
 MEMWAL_DIR = "_memwal"
 GC_PENDING_DIR = f"{MEMWAL_DIR}/gc_pending"
 WALLS_DIR = f"{MEMWAL_DIR}/walls"
+LIFECYCLE_KEY = f"{MEMWAL_DIR}/lifecycle.json"  # stale-region verdicts (`state/lifecycle.py`)
 
 _GEN_DIR = re.compile(r"^[0-9a-f]{8}_gen_([1-9][0-9]*)$")
 _ORPHAN_CANDIDATE = re.compile(r"^.+_gen_([0-9]+)$")
