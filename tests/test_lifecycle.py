@@ -343,7 +343,7 @@ def test_cli_maintain_refuses_reports_and_discard_collects(tmp_path):
 
     d = _cli("regions", "discard", root, *stale)
     assert d.returncode == 0, d.stderr
-    p = _cli("maintain", root, "--only", "gc")
+    p = _cli("maintain", root, "--only", "gc", "--base-versions-older-than", "0")  # no pre-overwrite time travel
     assert p.returncode == 0, p.stderr
     listed = {rid: region.load_latest(loc.store, rid).generations for rid in stale}
     assert all(gens == [] for gens in listed.values())
@@ -363,7 +363,8 @@ def test_dagster_stale_regions_check(table_loc):
     w = demo.Workload(loc, seed=2, key_space=60, max_memtable_rows=10)
     w.write_round(40, puts_per_batch=10)
     overwrite_and_reinit(loc, num_buckets=2)
-    cfg = TableConfig(name="t", uri=loc.lance_uri, gc=GC_NOW)
+    cfg = TableConfig(name="t", uri=loc.lance_uri, gc=GcOptions(  # old-lifetime versions cleaned: nothing reads them
+        manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0))
     td = table_definitions(cfg)
     by = {a.key.path[-1]: a for a in td.assets}
     with DagsterInstance.ephemeral() as instance:
