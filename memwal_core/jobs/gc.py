@@ -15,6 +15,9 @@ the optional base-table version cleanup. Per region:
      A version whose table has no MemWAL index yet needs none.
    - 0 for a sharded region whose routing value no MemWAL index snapshot records yet
      (`unrecorded_regions`): its merged generations are the merger's authority for that value.
+   A region with data from before the MemWAL initialization (`state/lifecycle.py`) keeps
+   everything until discarded; its discarded generations are then held only by versions from
+   before the initialization (`_stale_limit`).
 2. **WAL entries** at positions `p <= replay_after_wal_entry_position` and below the WAL tail,
    whose entry generation is one of the deleted (or earlier deleted) generations. Kept always:
    - every **fence sentinel**: pylance detects fencing when a stale writer's put-if-absent of

@@ -3,7 +3,8 @@
 One run:
 
 1. read the MemWAL index of the latest table version (configuration, merge progress, catch-up);
-2. list the regions, load their latest manifests in parallel (`region.load_many`);
+2. list the regions, load their latest manifests in parallel (`region.load_many`); generations
+   written before the MemWAL initialization (`state/lifecycle.py`) are left out of the rows;
 3. per region (in parallel): probe the WAL tail after `wal_entry_position_last_seen`; where the
    tail is newer, commit a region manifest version that changes only that hint (best effort:
    a failure is logged and reported, never fatal); derive the region field values;

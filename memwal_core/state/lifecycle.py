@@ -156,6 +156,11 @@ class Lifecycle:
             what = (f"its generations through {v.stale_through} predate {init} (none listed any more: "
                     "nothing would be lost by discarding them)")
         later = f"; {_span(newer)}, written after it, wait{'s' if len(newer) == 1 else ''} behind them" if newer else ""
+        if v.open:
+            return (f"region {region_id}: {what}; not merged{later}. Repair: a writer re-opening the region replays "
+                    "those WAL rows into its next generation, which is stale too; discard the region after that "
+                    f"flush (`memwal regions discard URI {region_id}`). If no writer will open it again, nothing "
+                    f"in it belongs to this table any more: delete {layout.region_dir(region_id)}/ by hand")
         return (f"region {region_id}: {what}; not merged{later}. Repair: if the overwrite was meant to replace "
                 f"these rows, `memwal regions discard URI {region_id}` (then GC collects them); to keep them, "
                 "write them into the table again")
@@ -341,7 +346,7 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
                                                 verdict.pre_version, verdict.wal_position)
                     if old != verdict:
                         changed = True
-                        if old is None:
+                        if old is None and (verdict.open or verdict.stale_through > 0):
                             log.warning("region %s: data written before %s (stale through %s)", rid,
                                         init.describe(), "an open boundary" if verdict.open else verdict.stale_through)
                     lc.stale[rid] = verdict
