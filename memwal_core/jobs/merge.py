@@ -143,7 +143,7 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
     merged = state.merged
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids)
-    lc = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version)
+    lc = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=False)
     walls: dict[str, Wall] = {}
     queues: dict[str, list[PlannedGeneration]] = {}
     for rid, got in sorted(loaded.items()):
@@ -331,6 +331,8 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     pk = primary_key(ds)  # a table without a primary key cannot be merged: say so first
     refuse_stable_row_ids(ds)  # merge_insert would mint new row ids (table.refuse_stable_row_ids)
     result = MergeResult(plan.table_uri)
+    if plan.lifecycle is not None:
+        lifecycle.save(loc, plan.lifecycle)  # the planner only reads: the verdicts are recorded here
     for rid, wall in plan.walls.items():
         result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
     if not plan.batches:

@@ -118,6 +118,7 @@ class Lifecycle:
     fresh: set[str] = field(default_factory=set)
     discarded: dict[str, dict[str, Any]] = field(default_factory=dict)  # region -> {through, at, by}
     errors: dict[str, str] = field(default_factory=dict)               # regions not classified (transient)
+    unrecorded: bool = False  # verdicts or the checked version differ from `_memwal/lifecycle.json`
 
     def verdict(self, region_id: str) -> RegionVerdict | None:
         return self.stale.get(region_id)
@@ -350,9 +351,18 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
                             log.warning("region %s: data written before %s (stale through %s)", rid,
                                         init.describe(), "an open boundary" if verdict.open else verdict.stale_through)
                     lc.stale[rid] = verdict
-    if record and (changed or not same or (known and known.checked_version != init.checked_version)):
-        _write_record(loc, lc)
+    lc.unrecorded = changed or not same or (known is not None and known.checked_version != init.checked_version)
+    if record:
+        save(loc, lc)
     return lc
+
+
+def save(loc: TableLocation, lc: Lifecycle) -> None:
+    """Record `lc` when it says more than the record (a planner assesses without writing; its
+    executor saves what the plan found)."""
+    if lc.unrecorded:
+        _write_record(loc, lc)
+        lc.unrecorded = False
 
 
 def assess_table(loc: TableLocation, *, record: bool = False) -> tuple[Lifecycle, region.RegionReads]:
