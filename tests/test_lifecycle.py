@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memwal_core.jobs import gc, merge, snapshot
-from memwal_core.observe import checks, status
+from memwal_core.observe import checks, reader, status
 from memwal_core.options import GcOptions
 from memwal_core.state import layout, lifecycle, region, table
 from memwal_core.state.store import open_store
@@ -107,6 +107,8 @@ def test_stale_regions_are_never_merged_published_or_collected(overwritten, spar
     assert rows(loc) == {k: v for k, v in model.items() if k in rows(loc)}
     assert not stale_keys & set(rows(loc))  # nothing of the old lifetime came back
     assert set(rows(loc)) == {k for k in model if k < 5000 or k >= 6000}  # new region merged
+    # memwal's LSM read shows the re-opened region's new rows, nothing stale
+    assert {r["id"]: r for r in reader.lsm_table(loc).to_pylist()} == model
 
     # Reported: status (an error with the repair), the check, and the merger's wall records.
     st = {r.region_id: r for r in status.table_status(loc).regions}
@@ -382,3 +384,30 @@ def test_dagster_stale_regions_check(table_loc):
         md = r.asset_materializations_for_node(by["garbage"].op.name)[0].metadata
         assert md["generations_deleted"].value > 0
     assert not [p for p in tree(loc.lance_uri) if p.startswith("_mem_wal/") and "_gen_" in p]
+
+
+def test_on_s3_stale_regions_are_found_by_the_stores_clock(s3_table_loc):
+    """On S3 the initialization's time and the regions' times are both LastModified (the
+    server's clock, one-second resolution on AWS): an overwrite a second after the last flush,
+    and a region created a second after the re-initialization, are told apart."""
+    import time
+
+    loc = s3_table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2)
+    w = demo.Workload(loc, seed=4, key_space=40, max_memtable_rows=10)
+    w.write_round(30, puts_per_batch=5)
+    time.sleep(1.1)
+    new = {r["id"]: r for r in (demo.row(i, 7) for i in range(3))}
+    ds = lance.write_dataset(demo.rows_table(list(new.values())), loc.lance_uri, mode="overwrite",
+                             storage_options=loc.storage_options)
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2)
+    time.sleep(1.1)
+    fresh = str(uuid.uuid4())
+    ds = lance.dataset(loc.lance_uri, storage_options=loc.storage_options)
+    with ds.mem_wal_writer(fresh, max_memtable_rows=10) as wr:
+        wr.put(demo.rows_table([demo.row(k, 1) for k in keys_of(w, w.region_value([0])[0], 900, 3)]))
+    lc, _ = lifecycle.assess_table(loc)
+    assert set(lc.stale) == set(w.regions.values()) and fresh not in lc.stale
+    plan = merge.plan_merge(loc)
+    assert set(plan.walls) == set(w.regions.values()) and plan.pending == {fresh: [1]}
+    assert not checks.stale_regions(loc).ok

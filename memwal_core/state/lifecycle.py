@@ -222,11 +222,48 @@ def _has_index(loc: TableLocation, version: int) -> bool | None:
     return any(i.name == table.MEMWAL_INDEX_NAME for i in indices)
 
 
+CLOCK_TOLERANCE_S = 60.0  # store time vs the committer's own timestamp: more apart means rewritten
+
+
 def _manifest_time(loc: TableLocation, version: int) -> float | None:
+    """When `version` was committed, on the store's clock (its manifest's last-modified time).
+
+    Cross-checked with the timestamp Lance writes into the manifest (the committer's clock): a
+    manifest copied later (S3 has no rename: `migrate_manifest_paths_v2` copies) carries a new
+    last-modified time, which would make every region of the lifetime look older than its
+    initialization. When the two are further apart than `CLOCK_TOLERANCE_S`, the earlier is
+    taken: fewer regions judged stale, never a region of this lifetime."""
     for key in table.manifest_keys(version):
         info = loc.store.head(key)
-        if info is not None:
-            return info.mtime
+        if info is None:
+            continue
+        stamp = _commit_timestamp(loc, key)
+        if stamp is not None and abs(info.mtime - stamp) > CLOCK_TOLERANCE_S:
+            log.warning("table version %d: manifest last modified %.0f s away from its commit timestamp; "
+                        "taking the earlier as the MemWAL initialization time", version, info.mtime - stamp)
+            return min(info.mtime, stamp)
+        return info.mtime
+    return None
+
+
+def _commit_timestamp(loc: TableLocation, key: str) -> float | None:
+    """Lance's `Manifest.timestamp` (field 7, a protobuf Timestamp), or None."""
+    import struct
+
+    from google.protobuf.timestamp_pb2 import Timestamp
+    from google.protobuf.unknown_fields import UnknownFieldSet
+
+    try:
+        raw = loc.store.get(key)
+        (offset,) = struct.unpack_from("<Q", raw, len(raw) - 16)
+        (length,) = struct.unpack_from("<I", raw, offset)
+        head = pb.TableManifestHead.FromString(raw[offset + 4: offset + 4 + length])
+        for f in UnknownFieldSet(head):
+            if f.field_number == 7 and f.wire_type == 2:
+                ts = Timestamp.FromString(f.data)
+                return ts.seconds + ts.nanos / 1e9
+    except Exception as e:  # noqa: BLE001 - the store time alone then
+        log.info("no commit timestamp in %s: %s", key, e)
     return None
 
 
