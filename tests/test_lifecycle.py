@@ -411,3 +411,22 @@ def test_on_s3_stale_regions_are_found_by_the_stores_clock(s3_table_loc):
     plan = merge.plan_merge(loc)
     assert set(plan.walls) == set(w.regions.values()) and plan.pending == {fresh: [1]}
     assert not checks.stale_regions(loc).ok
+
+
+def test_gc_records_the_verdicts_before_its_base_version_cleanup(table_loc):
+    """The versions around the initialization are its only evidence: GC's base-version cleanup
+    (here 0 s: everything but the latest version) runs only after the stale regions are
+    recorded, so they stay stale when `memwal maintain --only gc` is the first job to run."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=5, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    overwrite_and_reinit(loc, num_buckets=2)
+    assert not loc.store.exists(layout.LIFECYCLE_KEY)
+    opts = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0)
+    r = gc.run_gc(loc, opts)
+    assert r.base_cleanup["old_versions"] > 0 and len(table.open_dataset(loc).versions()) == 1
+    assert r.counts()["generation"] == 0
+    lc, _ = lifecycle.assess_table(loc)
+    assert lc.init.known and set(lc.stale) == set(w.regions.values())
+    assert set(merge.plan_merge(loc).walls) == set(w.regions.values())

@@ -873,7 +873,7 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     config = config or GcOptions()
     base: dict[str, Any] | None = None
     discarded = _discard_expired(loc, config, dry_run)
-    if config.base_cleanup and not dry_run:
+    if config.base_cleanup and not dry_run and _record_stale(loc):
         try:
             base = cleanup_base_versions(loc, config)
             if progress:
@@ -899,6 +899,23 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     result.holds = plan.holds
     result.stale_discarded = discarded
     return result
+
+
+def _record_stale(loc: TableLocation) -> bool:
+    """Record stale-region verdicts before the base-version cleanup: the versions around the
+    MemWAL initialization are its only evidence, and once cleaned up an unrecorded
+    initialization is unknown (nothing would be judged stale). Nothing to record on a table
+    without stale regions (then an unknown initialization judges nothing wrongly). False: the
+    verdicts could not be established or recorded, so the cleanup waits for the next run."""
+    try:
+        lc, _ = lifecycle.assess_table(loc)
+        if lc.stale:
+            lifecycle.save(loc, lc, strict=True)
+        return True
+    except Exception as e:  # noqa: BLE001 - the cleanup must not erase the only evidence
+        log.warning("base-version cleanup skipped: the stale-region verdicts could not be recorded first: %s",
+                    one_line(e))
+        return False
 
 
 def _discard_expired(loc: TableLocation, config: GcOptions, dry_run: bool) -> dict[str, int]:

@@ -331,12 +331,11 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     pk = primary_key(ds)  # a table without a primary key cannot be merged: say so first
     refuse_stable_row_ids(ds)  # merge_insert would mint new row ids (table.refuse_stable_row_ids)
     result = MergeResult(plan.table_uri)
-    if plan.lifecycle is not None:
-        lifecycle.save(loc, plan.lifecycle)  # the planner only reads: the verdicts are recorded here
     for rid, wall in plan.walls.items():
         result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
     if not plan.batches:
         _record_walls(loc, plan, result, read_memwal_state(loc).merged, {})
+        _save_lifecycle(loc, plan)
         result.duration_s = clock.elapsed()
         result.table_version = plan.table_version
         return result
@@ -391,9 +390,16 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     merged_end = read_memwal_state(loc).merged
     run.lift(merged_end)
     _record_walls(loc, plan, result, merged_end, run.evidence)
+    _save_lifecycle(loc, plan)
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
     return result
+
+
+def _save_lifecycle(loc: TableLocation, plan: MergePlan) -> None:
+    """Record the plan's stale-region verdicts (the planner only reads), after the commits."""
+    if plan.lifecycle is not None:
+        lifecycle.save(loc, plan.lifecycle)
 
 
 def _owners(recorded: dict[str, dict], specs: dict, values: dict[str, dict]) -> dict[str, str]:

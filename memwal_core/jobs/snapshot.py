@@ -531,7 +531,7 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
     loaded = region.load_many(loc.store, listing.region_ids, max_workers=max_workers)
     # Generations from before the MemWAL initialization are never published as unmerged data
     # (nor used for a region value): readers of the snapshot would read rows the overwrite replaced.
-    stale = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=update_hints)
+    stale = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=False)
     specs = {s.spec_id: spec_from_pb(s) for s in state.details.region_specs}
     lance_schema = ds.lance_schema
     try:
@@ -574,7 +574,7 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
     ids = listing.region_ids
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(ids) or 1))) as pool:
         outcomes = dict(zip(ids, pool.map(one, ids)))
-    return listing, outcomes
+    return listing, outcomes, stale
 
 
 # --------------------------------------------------------------------------------------------
@@ -595,7 +595,7 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
     prev = _previous_snapshot(loc, state)
     reuse = _previous_field_values(prev) if derive_fields else {}
     ts_millis = int(time.time() * 1000)
-    listing, outcomes = _region_pass(loc, state, ds, max_workers=max_workers,
+    listing, outcomes, _ = _region_pass(loc, state, ds, max_workers=max_workers,
                                      update_hints=update_hints and not dry_run,
                                      derive_fields=derive_fields, reuse=reuse)
     rows = [o.row for o in outcomes.values() if o.row is not None]

@@ -190,7 +190,7 @@ def read_record(loc: TableLocation) -> dict[str, Any] | None:
         return None
 
 
-def _write_record(loc: TableLocation, lc: Lifecycle) -> None:
+def _write_record(loc: TableLocation, lc: Lifecycle, strict: bool = False) -> None:
     if lc.init is None:
         return
     d = {"initialization": asdict(lc.init),
@@ -199,6 +199,8 @@ def _write_record(loc: TableLocation, lc: Lifecycle) -> None:
     try:
         loc.store.put(layout.LIFECYCLE_KEY, json.dumps(d, sort_keys=True).encode())
     except Exception as e:  # noqa: BLE001 - the verdicts are derived again next time
+        if strict:
+            raise
         log.warning("could not record the table lifecycle: %s: %s", type(e).__name__, e)
 
 
@@ -394,11 +396,11 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
     return lc
 
 
-def save(loc: TableLocation, lc: Lifecycle) -> None:
+def save(loc: TableLocation, lc: Lifecycle, *, strict: bool = False) -> None:
     """Record `lc` when it says more than the record (a planner assesses without writing; its
-    executor saves what the plan found)."""
+    executor saves what the plan found). `strict`: a failed write raises."""
     if lc.unrecorded:
-        _write_record(loc, lc)
+        _write_record(loc, lc, strict)
         lc.unrecorded = False
 
 
@@ -444,7 +446,7 @@ def discard(loc: TableLocation, region_ids: list[str] | None = None, *, dry_run:
     replay pre-initialization WAL rows into its next generation), progress already past.
     `only_older_than`: only verdicts detected at least that many seconds ago (GC's grace)."""
     now = time.time() if now is None else now
-    lc, reads = assess_table(loc, record=not dry_run)
+    lc, reads = assess_table(loc)  # recorded below only when something is discarded
     state = table.read_memwal_state(loc)
     out = DiscardResult(dry_run=dry_run, table_version=state.table_version)
     wanted = sorted(lc.stale) if region_ids is None else list(region_ids)
