@@ -175,6 +175,7 @@ class GcPlan:
     gating_indexes: list[str]
     regions: dict[str, RegionGcPlan]
     region_errors: dict[str, str] = field(default_factory=dict)  # region id -> why it is skipped
+    lifecycle: lifecycle.Lifecycle | None = None  # stale-region verdicts the plan used
 
     @property
     def items(self) -> list[GcItem]:
@@ -725,7 +726,7 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
                 rp.items.clear()
                 rp.trim.clear()
                 log.error("%s", rp.error)
-    return GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors)
+    return GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors, ctx.stale)
 
 
 # ------------------------------------------------------------------------------------------
@@ -890,6 +891,8 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
         result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors))
     else:
         result = execute_gc(loc, plan)
+        if plan.lifecycle is not None:  # regions classified for the first time: not again next pass
+            lifecycle.save(loc, plan.lifecycle, verdicts_only=True)
     if base is not None and "error" not in base:  # as the plan read them, right after the cleanup
         base["versions_after"] = len(plan.retained_versions)
         base["versions_before"] = base["versions_after"] + base["old_versions"]

@@ -12,7 +12,8 @@ carry the MemWAL index: the version before it (an overwrite, a `drop_index`, the
 creation) has none. Its time is the last-modified time of that version's manifest *on the
 store*, so it is compared with region files on the same clock (no client clock skew).
 Found by walking versions back from the latest once, then recorded in `_memwal/lifecycle.json`
-with the version checked up to; later calls read only the versions committed since. When the
+with the version checked up to (by the merger after its commits, and by GC right before its
+base-version cleanup removes the evidence); later calls read only the versions committed since. When the
 walk reaches a version that is no longer retained, the initialization is unknown: nothing is
 judged stale (a table initialized before its retained history cannot be told apart from one
 never overwritten, and the latter must keep working exactly as before).
@@ -65,6 +66,9 @@ log = logging.getLogger("memwal.lifecycle")
 
 OPEN = None  # `stale_through` of a region whose boundary no flush has fixed yet
 _WALK_CHUNK = 16
+# Lance URI -> the initialization this process last verified: a process that assesses often
+# without recording (the index builder, status, readers) reads only versions committed since.
+_SEEN: dict[str, "Initialization"] = {}
 
 
 class LifecycleError(MemwalError):
@@ -119,6 +123,7 @@ class Lifecycle:
     discarded: dict[str, dict[str, Any]] = field(default_factory=dict)  # region -> {through, at, by}
     errors: dict[str, str] = field(default_factory=dict)               # regions not classified (transient)
     unrecorded: bool = False  # verdicts or the checked version differ from `_memwal/lifecycle.json`
+    new_verdicts: bool = False  # regions classified that the record does not have
 
     def verdict(self, region_id: str) -> RegionVerdict | None:
         return self.stale.get(region_id)
@@ -348,7 +353,11 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
         current_version = table.open_dataset(loc).version
     rec = read_record(loc)
     known = _init_from(rec) if rec else None
-    init = find_initialization(loc, current_version, known)
+    seen = _SEEN.get(loc.lance_uri)
+    start = seen if seen is not None and (known is None or seen.checked_version > known.checked_version) \
+        and seen.checked_version <= current_version else known
+    init = find_initialization(loc, current_version, start)
+    _SEEN[loc.lance_uri] = init
     same = rec is not None and known is not None and known.table_version == init.table_version \
         and known.initialized_at == init.initialized_at
     lc = Lifecycle(init)
@@ -390,18 +399,21 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
                             log.warning("region %s: data written before %s (stale through %s)", rid,
                                         init.describe(), "an open boundary" if verdict.open else verdict.stale_through)
                     lc.stale[rid] = verdict
-    lc.unrecorded = changed or not same or (known is not None and known.checked_version != init.checked_version)
+    lc.new_verdicts = changed or not same
+    lc.unrecorded = lc.new_verdicts or (known is not None and known.checked_version != init.checked_version)
     if record:
         save(loc, lc)
     return lc
 
 
-def save(loc: TableLocation, lc: Lifecycle, *, strict: bool = False) -> None:
+def save(loc: TableLocation, lc: Lifecycle, *, strict: bool = False, verdicts_only: bool = False) -> None:
     """Record `lc` when it says more than the record (a planner assesses without writing; its
-    executor saves what the plan found). `strict`: a failed write raises."""
-    if lc.unrecorded:
+    executor saves what the plan found). `strict`: a failed write raises. `verdicts_only`: only
+    when regions were classified (not for the checked version alone: GC, which writes no table
+    version and so should not write a record on every pass)."""
+    if lc.new_verdicts if verdicts_only else lc.unrecorded:
         _write_record(loc, lc, strict)
-        lc.unrecorded = False
+        lc.unrecorded = lc.new_verdicts = False
 
 
 def assess_table(loc: TableLocation, *, record: bool = False) -> tuple[Lifecycle, region.RegionReads]:
