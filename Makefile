@@ -11,6 +11,13 @@ $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "memwal needs $(PY) on PATH (set PY=...)"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	@# The distribution is `memwal-lance`. A venv that still holds this project under the name
+	@# `memwal` (same packages, same `memwal` command) gets it removed first, or uninstalling it later
+	@# would take the command with it; a `memwal` that is another project is left alone. (-I: the
+	@# venv's packages only, not a stale memwal.egg-info in this directory.)
+	@$(BIN)/python -I -c "import importlib.metadata as m, sys; d = next(iter(m.distributions(name='memwal')), None); \
+		sys.exit(0 if d is not None and (d.metadata['Summary'] or '').startswith('Maintenance plane for Lance') else 1)" \
+		&& { $(BIN)/python -I -m pip uninstall -q -y memwal; rm -rf memwal.egg-info; } || true
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@# Spark's driver JVM starts ~3 s sooner with a class archive (memwal_core/spark/archive.py).
 	-$(BIN)/memwal spark-archive

@@ -202,6 +202,10 @@ class GcOptions(_Checked):
     # and kept; this long after they were first reported GC discards them (None: only by hand,
     # `memwal regions discard`). A week, as the shipped base-version retention.
     discard_stale_after_seconds: float | None = field(default=7 * 86400.0, metadata=_min(0))
+    # Base-table files no retained version references (commits that lost a race or crashed),
+    # older than `orphan_grace_seconds` (`jobs/leaks.py`; costs a listing of data/, _deletions/,
+    # _transactions/ and _indices/ per pass).
+    collect_leaked_files: bool = True
 
     @property
     def base_cleanup(self) -> bool:
@@ -211,6 +215,19 @@ class GcOptions(_Checked):
     def base_cleanup_older_than(self) -> timedelta | None:
         s = self.cleanup_base_versions_older_than_seconds
         return None if s is None else timedelta(seconds=s)
+
+
+@dataclass(frozen=True)
+class LeaseOptions(_Checked):
+    """The table lease (`memwal_core/state/lease.py`): one maintainer commits to a table at a
+    time, across processes, hosts and Dagster instances. A holder renews every third of
+    `ttl_seconds`; a lease not renewed for `ttl_seconds` (a dead or paused holder) may be taken
+    over. A second maintainer waits up to `wait_seconds`, then skips the step ("held by ...").
+    `ttl_seconds` must exceed the clock skew between maintainer hosts by a wide margin."""
+
+    enabled: bool = True
+    ttl_seconds: float = field(default=60.0, metadata=_min(1))
+    wait_seconds: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -295,3 +312,11 @@ class CompactionOptions(_Checked):
         if excluded:
             out["excluded_fragment_ids"] = sorted(excluded)
         return out
+
+
+# Limits on what one region manifest may hold (read by `state/region.py` on every decode).
+# A region listing more generations is refused as too large (`CorruptManifest`), before any
+# job plans it: a healthy region lists only its unmerged generations plus those GC has not
+# trimmed yet (a few hundred at most), while 10^6 entries cost every job that plans the region
+# seconds and hundreds of MB each pass. Decoding itself stays cheap (10^6 entries: 34 MB, 0.06 s).
+MAX_REGION_GENERATIONS = 100_000

@@ -4,7 +4,11 @@ before GC, whose `value_unrecorded` hold it releases).
 
 Each asset is a thin call into memwal_core (plan + execute) that turns the result into
 numeric metadata the UI plots. Every asset that commits to the table runs in the table's
-pool (limit 1 in dagster_home/dagster.yaml), so commits to one table are serialized.
+pool (limit 1 in dagster_home/dagster.yaml), so commits to one table are serialized within one
+Dagster instance; each also holds the table's lease (`memwal_core/state/lease.py`) around its
+plan and commits, which serializes it with every other maintainer (another instance, `memwal
+maintain`, a library caller). A lease held past `lease.wait_seconds` skips the step: `status`
+says "skipped: ... held by <holder> until <time>" and the steps after it still run.
 
 Partitions (`partitions.py`): region_generations and base_table by region, index_catchup by
 base-table index; the other assets are table-wide.
@@ -42,7 +46,8 @@ from dagster import (
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 from memwal_core.observe import status
-from memwal_core.state import region
+from memwal_core.state import lease, region
+from memwal_core.state.keys import refuse_unsupported_keys
 from memwal_core.state.table import open_dataset, primary_key, read_memwal_state
 
 from . import failures
@@ -194,6 +199,13 @@ def _location(context, keys: TableKeys):
     return _table(context, keys).location()
 
 
+def _skipped(context, e: lease.LeaseHeld) -> dict[str, Any]:
+    """A step another maintainer's lease kept from running: a warning and a `status` that says
+    by whom and until when (not a failure: the next run does the work)."""
+    context.log.warning(str(e))
+    return {"status": MetadataValue.text(f"skipped: lease held by {e.record.describe()}")}
+
+
 def _labels(loc) -> RegionLabels:
     try:
         return RegionLabels.load(loc, read_memwal_state(loc))
@@ -235,12 +247,18 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
     def base_table(context: AssetExecutionContext):
         loc = _location(context, keys)
         regions = list(context.partition_keys)
-        primary_key(open_dataset(loc))  # a table without a primary key: a clear error before any Spark
-        plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes, max_generations=cfg.merge.max_generations,
-                                regions=regions)
-        # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
-        spark = _spark(context, keys).spark_session if plan.batches else None
-        result = merge.execute_merge(loc, plan, spark, progress=context.log.info)
+        ds = open_dataset(loc)  # a table without a primary key, or of a key type memwal cannot merge:
+        refuse_unsupported_keys(ds.schema, primary_key(ds), loc.lance_uri)  # a clear error before any Spark
+        try:
+            with lease.hold(loc, "merge", cfg.lease, run_id=context.run_id):
+                plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes,
+                                        max_generations=cfg.merge.max_generations, regions=regions)
+                # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
+                spark = _spark(context, keys).spark_session if plan.batches else None
+                result = merge.execute_merge(loc, plan, spark, progress=context.log.info, lease=cfg.lease)
+        except lease.LeaseHeld as e:  # no materialization: the sensor requests the regions again
+            yield AssetObservation(asset_key=context.asset_key, metadata=_skipped(context, e))
+            return
         outcome = merge_outcome(plan, result)
         labels = _labels(loc) if outcome.merged or outcome.failures else RegionLabels()
         for rid in outcome.merged:
@@ -303,11 +321,15 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         # and GC after it in the maintenance job are not skipped run after run.
         loc = _location(context, keys)
         try:
-            plan = compaction.plan_compaction(loc, cfg.compaction)
-            context.log.info(f"compaction plan: {plan.summary}")
-            # The lazy session starts only when there are fragments to rewrite.
-            spark = _spark(context, keys).spark_session if plan.needs_spark else None
-            r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info)
+            with lease.hold(loc, "compact", cfg.lease, run_id=context.run_id):
+                plan = compaction.plan_compaction(loc, cfg.compaction)
+                context.log.info(f"compaction plan: {plan.summary}")
+                # The lazy session starts only when there are fragments to rewrite.
+                spark = _spark(context, keys).spark_session if plan.needs_spark else None
+                r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info, lease=cfg.lease)
+        except lease.LeaseHeld as e:
+            return MaterializeResult(metadata=_skipped(context, e), check_results=[AssetCheckResult(
+                check_name="compaction_ok", passed=True, metadata={"skipped": MetadataValue.text(str(e))})])
         except Exception as e:  # noqa: BLE001 - reported by the check, never stalls the rest
             # memwal's own refusals say what is wrong without their class name, as when they raised
             err = str(e).splitlines()[0] if isinstance(e, MemwalError) and str(e) else one_line(e)
@@ -339,7 +361,11 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         loc = _location(context, keys)
         # Every index, not only the run's partitions: an index created since the sensor's last
         # tick has no partition yet but gates GC all the same.
-        r = catchup.run_catchup(loc)
+        try:
+            with lease.hold(loc, "catchup", cfg.lease, run_id=context.run_id):
+                r = catchup.run_catchup(loc, lease=cfg.lease)
+        except lease.LeaseHeld as e:
+            return MaterializeResult(metadata=_skipped(context, e))
         for name, err in r.errors.items():
             context.log.error(f"index {name}: {err}")
         if not (context.has_partition_key or context.has_partition_key_range):
@@ -369,7 +395,11 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
                        "threshold, else an external Lance file); refreshes each region's WAL hint.")
     def memwal_index(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
-        r = snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold)
+        try:
+            with lease.hold(loc, "index", cfg.lease, run_id=context.run_id):
+                r = snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold, lease=cfg.lease)
+        except lease.LeaseHeld as e:
+            return MaterializeResult(metadata=_skipped(context, e))
         for rid, err in r.region_errors.items():
             context.log.error(f"region {rid}: {err}")
         return MaterializeResult(metadata={
@@ -390,7 +420,11 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
                        "manifest versions and orphaned directories; never what a reader still needs.")
     def garbage(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
-        r = gc.run_gc(loc, cfg.gc, progress=context.log.info)
+        try:
+            with lease.hold(loc, "gc", cfg.lease, run_id=context.run_id):
+                r = gc.run_gc(loc, cfg.gc, progress=context.log.info, lease=cfg.lease)
+        except lease.LeaseHeld as e:
+            return MaterializeResult(metadata=_skipped(context, e))
         for rid, err in r.region_errors.items():
             context.log.error(err if rid in err else f"region {rid}: {err}")
         counts = r.counts()
@@ -417,6 +451,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
             "region_errors": MetadataValue.json(bounded.fit(r.region_errors)),
             "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 2)),
             "retained_base_versions": MetadataValue.int(r.retained_versions),
+            "leaked_objects_deleted": MetadataValue.int(r.leaked_objects),
+            "leaked_bytes_reclaimed": MetadataValue.int(r.leaked_bytes),
+            "leak_scan": MetadataValue.json(r.leak_scan),
         }
         for h in holds:  # plotted: what GC keeps, per reason
             md[f"held_bytes/{h.reason}"] = MetadataValue.int(h.bytes)

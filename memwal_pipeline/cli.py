@@ -215,7 +215,10 @@ def apply_flags(cfg, a) -> Any:
                        _flag_value(a.base_versions_older_than))
     if getattr(a, "retrain_vector_indexes", False):
         compaction = replace(compaction, retrain_vector_indexes=True)
-    return replace(cfg, merge=merge, spark=spark, gc=gc, compaction=compaction)
+    lease = cfg.lease
+    if getattr(a, "lease_wait", None) is not None:
+        lease = _override(lease, "lease", "wait_seconds", "--lease-wait", _flag_value(a.lease_wait))
+    return replace(cfg, merge=merge, spark=spark, gc=gc, compaction=compaction, lease=lease)
 
 
 def target(a) -> tuple[Any, dict[str, str]]:
@@ -377,6 +380,11 @@ def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch:
         if obs:  # merge: per-region materializations; the run's totals are an observation
             md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()}
         report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
+        if str(md.get("status", "")).startswith("skipped: "):
+            # Another maintainer held the table's lease past the wait: not a failure.
+            report["steps"][step]["skipped"] = md["status"][len("skipped: "):]
+            _say(f"[{cfg.name}] {step} {md['status']}")
+            continue
         if str(md.get("status", "")).startswith("failed: "):
             # A step that reports its failure instead of raising (compaction: the steps after
             # it must still run in Dagster); its failed check says the same, said once here.
@@ -417,7 +425,8 @@ def _summary(step: str, md: dict[str, Any]) -> str:
               "compact": ("status", "fragments_before", "fragments", "deleted_row_ratio", "index_segments"),
               "index": ("num_regions", "storage", "hints_updated"),
               "catchup": ("indexes", "max_gap"),
-              "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "kept", "retained_base_versions")}[step]
+              "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "leaked_objects_deleted",
+                     "kept", "retained_base_versions")}[step]
     parts = [f"{f.replace('_', ' ')} {md[f]}" for f in fields if f in md]
     return (": " + ", ".join(parts)) if parts else ""
 
@@ -436,29 +445,60 @@ def _first_failure(result) -> str:
     return "run failed"
 
 
-def dry_run(cfg, secrets: dict[str, str] | None = None) -> dict[str, Any]:
-    """Plans only: what each step would do. Touches nothing."""
+DRY_RUN_PATHS = 20  # GC paths a dry run prints (--json lists them all)
+
+
+def dry_run(cfg, steps: list[str] | tuple[str, ...] = STEPS, secrets: dict[str, str] | None = None) -> dict[str, Any]:
+    """What each chosen step would do, with every setting the real pass uses. Touches nothing.
+
+    GC runs its own job with execution off (`gc.run_gc(dry_run=True)`): the base-version cleanup
+    is planned by Lance and GC planned as if those versions were gone, so its list is what the
+    real GC deletes on the table as it is now (steps before it that commit can change that)."""
     from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
     from memwal_core.state import table
     from memwal_core.state.store import open_store
 
     secrets = _secret_values(cfg, {}) if secrets is None else secrets
     loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
-    merge_plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes,
-                                  max_generations=cfg.merge.max_generations).to_dict()
-    try:  # what the merge step would refuse, the plan says (instead of batches that never run)
-        table.refuse_stable_row_ids(table.open_dataset(loc))
-    except table.StableRowIds as e:
-        merge_plan["refused"] = str(e)
-    return {
-        "table": cfg.uri,
-        "merge": merge_plan,
-        "compact": compaction.plan_compaction(loc, cfg.compaction).to_dict(),
-        "catchup": _asdict(catchup.plan_catchup(loc)),
-        "index": _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold, dry_run=True,
-                                                 update_hints=False)),
-        "gc": gc.plan_gc(loc, cfg.gc).to_dict(),
-    }
+    out: dict[str, Any] = {"table": cfg.uri, "dry_run": True, "steps": [s for s in STEPS if s in steps]}
+    if "merge" in steps:
+        merge_plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes,
+                                      max_generations=cfg.merge.max_generations).to_dict()
+        try:  # what the merge step would refuse, the plan says (instead of batches that never run)
+            table.refuse_stable_row_ids(table.open_dataset(loc))
+        except table.StableRowIds as e:
+            merge_plan["refused"] = str(e)
+        out["merge"] = merge_plan
+    if "compact" in steps:
+        out["compact"] = compaction.plan_compaction(loc, cfg.compaction).to_dict()
+    if "catchup" in steps:
+        out["catchup"] = _asdict(catchup.plan_catchup(loc))
+    if "index" in steps:
+        out["index"] = _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold,
+                                                       dry_run=True, update_hints=False))
+    if "gc" in steps:
+        out["gc"] = _gc_dry_run(gc.run_gc(loc, cfg.gc, dry_run=True))
+    return out
+
+
+def _gc_dry_run(r) -> dict[str, Any]:
+    """The GC plan of a dry run, with the totals per kind of what would be deleted."""
+    from memwal_core.jobs import gc
+
+    plan = r.plan
+    d = plan.to_dict()
+    totals: dict[str, dict[str, int]] = {}
+    for kind in gc.KINDS:
+        items = [i for i in plan.items if i.kind == kind]
+        totals[kind] = {"items": len(items), "objects": sum(len(i.keys) for i in items),
+                        "bytes": sum(i.bytes for i in items)}
+    base = plan.base_cleanup
+    totals[gc.BASE_VERSION] = {"items": len(base.versions) if base else 0,
+                              "objects": sum(base.files.values()) if base else 0, "bytes": base.bytes if base else 0}
+    d["would_delete"] = totals
+    if r.base_cleanup and "error" in r.base_cleanup:
+        d["base_cleanup_error"] = r.base_cleanup["error"]
+    return d
 
 
 def _asdict(obj) -> Any:
@@ -478,6 +518,12 @@ def _open_table(uri: str, options: dict[str, str]):
         table.open_dataset(loc)
     except Exception as e:  # noqa: BLE001 - Lance's errors carry Rust source locations
         raise CliError(_one_line(str(e))) from None
+    try:  # a feature flag or region transform memwal does not know: refused before any step or JVM
+        table.read_memwal_state(loc)
+    except table.UnknownFeature as e:
+        raise CliError(str(e)) from None
+    except table.TableError:
+        pass  # each step reports the others (not initialized, ...) as it always has
     return loc
 
 
@@ -507,7 +553,7 @@ def cmd_maintain(a) -> int:
                 raise CliError("no java found (JAVA_HOME or PATH): the merge runs on Spark, which needs Java 17")
             spark.prestart(cfg.spark.master, cfg.spark.conf)  # with its conf: the merge reuses this session
     if a.dry_run:
-        plan = dry_run(cfg, secrets)
+        plan = dry_run(cfg, steps, secrets)
         print(json.dumps(plan, indent=2, default=str) if a.json else _format_plan(plan))
         return 0
     report = run_pass(cfg, steps, verbose=a.verbose, secrets=secrets)
@@ -519,22 +565,72 @@ def cmd_maintain(a) -> int:
 
 
 def _format_plan(plan: dict[str, Any]) -> str:
-    m = plan["merge"]
-    lines = [f"table {plan['table']} (version {m['table_version']})",
-             f"merge: refused: {m['refused']}" if m.get("refused") else
-             f"merge: {sum(len(b['generations']) for b in m['batches'])} generations in {len(m['batches'])} batches"]
-    for b in [] if m.get("refused") else m["batches"]:
-        lines.append(f"  batch of {len(b['generations'])} generations, {b['bytes']} bytes -> progress {b['progress']}")
-    for rid, err in m["region_errors"].items():
-        lines.append(f"  region {rid}: {err}")
-    lines.append(f"compact: {plan['compact']['summary']}")
-    lines.append(f"catchup: optimize {plan['catchup'].get('indexes') and [i['name'] for i in plan['catchup']['indexes'] if i['optimize']]}")
-    lines.append(f"index: {plan['index'].get('num_regions')} regions")
-    g = plan["gc"]
-    lines.append(f"gc: {len(g.get('items', []))} items, {g.get('bytes', 0)} bytes, "
-                 f"{len(g.get('retained_versions', []))} base versions retained")
-    lines += [f"  keeps {h['text']}" for h in g.get("holds", [])]
+    lines = [f"table {plan['table']} (dry run: {', '.join(plan['steps'])})"]
+    if "merge" in plan:
+        m = plan["merge"]
+        lines.append(f"merge: refused: {m['refused']}" if m.get("refused") else
+                     f"merge: {sum(len(b['generations']) for b in m['batches'])} generations in "
+                     f"{len(m['batches'])} batches (table version {m['table_version']})")
+        for b in [] if m.get("refused") else m["batches"]:
+            lines.append(f"  batch of {len(b['generations'])} generations, {b['bytes']} bytes -> progress {b['progress']}")
+        for rid, err in m["region_errors"].items():
+            lines.append(f"  region {rid}: {err}")
+    if "compact" in plan:
+        lines.append(f"compact: {plan['compact']['summary']}")
+    if "catchup" in plan:
+        c = plan["catchup"]
+        lines.append(f"catchup: optimize {c.get('indexes') and [i['name'] for i in c['indexes'] if i['optimize']]}")
+    if "index" in plan:
+        lines.append(f"index: {plan['index'].get('num_regions')} regions")
+    if "gc" in plan:
+        lines += _format_gc(plan["gc"], earlier=[s for s in plan["steps"] if s != "gc"])
     return "\n".join(lines)
+
+
+_KIND_NAMES = {"generation": "generations", "wal": "WAL entries", "manifest": "region manifest versions",
+               "orphan": "orphan directories", "base_version": "base-table versions"}
+
+
+def _format_gc(g: dict[str, Any], earlier: list[str]) -> list[str]:
+    """GC's part of a dry run: totals per kind, the first paths, base versions, what is kept."""
+    w = g["would_delete"]
+    lines = ["gc: would delete " + ", ".join(f"{w[k]['items']} {_KIND_NAMES[k]}" for k in _KIND_NAMES)
+             + f": {g['objects'] + w['base_version']['objects']} objects, "
+               f"{g['bytes'] + w['base_version']['bytes']} bytes"]
+    base = g.get("base_cleanup")
+    if base:
+        files = ", ".join(f"{n} {k}" for k, n in base["files"].items())
+        lines.append(f"  base table: versions {_ranges(base['versions']) or 'none'} ({files or 'no files'})")
+    if g.get("base_cleanup_error"):
+        lines.append(f"  base table: cleanup cannot be planned ({g['base_cleanup_error']}); the real run "
+                     "then collects as if every version were retained, as planned here")
+    for item in g["items"][:DRY_RUN_PATHS]:
+        lines.append(f"  {item['kind']:<10} {item['path']}  ({item['objects']} objects, {item['bytes']} bytes)")
+    if len(g["items"]) > DRY_RUN_PATHS:
+        lines.append(f"  ... and {len(g['items']) - DRY_RUN_PATHS} more (--json lists every one)")
+    lines.append(f"  base versions left after it: {len(g.get('retained_versions', []))}")
+    lines += [f"  keeps {h['text']}" for h in g.get("holds", [])]
+    for rid, err in g.get("region_errors", {}).items():
+        lines.append(f"  region {rid}: {err}")
+    if earlier:
+        lines.append(f"  (planned on the table as it is now: {', '.join(earlier)} run first and what they "
+                     "commit can change what GC collects)")
+    return lines
+
+
+def _ranges(ns: list[int]) -> str:
+    """`1-4, 6` for [1, 2, 3, 4, 6]."""
+    out, run = [], []
+    for n in sorted(ns):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -542,21 +638,27 @@ def _format_plan(plan: dict[str, Any]) -> str:
 
 
 def cmd_status(a) -> int:
+    cfg, secrets = target(a)
+    return print_status(cfg.uri, {**cfg.storage_options, **secrets}, as_json=a.json)
+
+
+def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_json: bool = False) -> int:
+    """`memwal status` for a table already resolved (the demos call it after their pass):
+    per-region lag, index gaps, what GC keeps; 1 when a region is in error or stuck."""
     from memwal_core.jobs import gc
     from memwal_core.observe import status
     from memwal_core.state.store import open_store
 
-    cfg, secrets = target(a)
-    loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
+    loc = open_store(uri, storage_options or {})
     st = status.table_status(loc)
     stuck = _stuck(st)
     try:
-        holds = gc.plan_gc(loc).holds
+        holds = gc.plan_gc(loc, gc.GcOptions(collect_leaked_files=False)).holds  # holds only: no file scan
     except Exception as e:  # noqa: BLE001 - status still shows the lag
         holds = []
         _say(f"warning: GC plan failed: {e}")
     bad = 1 if (st.region_errors or stuck) else 0
-    if a.json:
+    if as_json:
         print(json.dumps({**st.to_dict(), "stuck": [s.__dict__ for s in stuck],
                           "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]}, indent=2, default=str))
         return bad
@@ -709,7 +811,7 @@ def cmd_demo(a) -> int:
     report = run_pass(cfg, list(STEPS), verbose=a.verbose)
     got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
     ok = got == w.expected()
-    cmd_status(argparse.Namespace(uri=path, config=None, table=None, storage_option=[], json=False))
+    print_status(path)
     print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
     for line in report["failed"]:
         _say(f"error: {line}")
@@ -822,7 +924,12 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--retrain-vector-indexes", action="store_true",
                    help="compact step: retrain vector indexes that drifted past the threshold (never one "
                         "MemTables maintain: the spec requires a stable codebook)")
-    m.add_argument("--dry-run", action="store_true", help="print the plans, change nothing")
+    m.add_argument("--lease-wait", metavar="SECONDS",
+                   help="lease.wait_seconds: how long a step waits for the table's lease while another "
+                        "maintainer holds it, before it is skipped (\"skipped: lease held by ... until ...\")")
+    m.add_argument("--dry-run", action="store_true",
+                   help="print what the chosen steps would do, with the same settings, and change nothing: "
+                        "GC lists what it would delete (base-table versions its cleanup removes included)")
     m.add_argument("--json", action="store_true")
     m.set_defaults(fn=cmd_maintain)
 

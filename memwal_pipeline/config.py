@@ -34,6 +34,7 @@ from memwal_core.errors import OptionError
 from memwal_core.options import (
     CompactionOptions,
     GcOptions,
+    LeaseOptions,
     MergeOptions,
     ScheduleOptions,
     SensorOptions,
@@ -63,6 +64,7 @@ class ConfigError(OptionError):
 SECTIONS: dict[str, type] = {
     "spark": SparkOptions, "merge": MergeOptions, "snapshot": SnapshotOptions, "gc": GcOptions,
     "slo": SloOptions, "sensor": SensorOptions, "schedule": ScheduleOptions, "compaction": CompactionOptions,
+    "lease": LeaseOptions,
 }
 TOP_KEYS = ("tables",)
 
@@ -97,6 +99,7 @@ class TableConfig:
     sensor: SensorOptions = field(default_factory=SensorOptions)
     schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
     compaction: CompactionOptions = field(default_factory=CompactionOptions)
+    lease: LeaseOptions = field(default_factory=LeaseOptions)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -176,6 +179,7 @@ class TableSpec(dg.Model):
     sensor: _section(SensorOptions) = SensorOptions()
     schedule: _section(ScheduleOptions) = ScheduleOptions()
     compaction: _section(CompactionOptions) = CompactionOptions()
+    lease: _section(LeaseOptions) = LeaseOptions()
 
     @model_validator(mode="before")
     @classmethod

@@ -99,47 +99,53 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if not a.verbose:
         os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+    with LocalS3() as s3:
+        print(f"moto S3 server on {s3.endpoint}", file=sys.stderr)
+        rc = run_demo(s3, bucket=a.bucket, regions=a.regions, rows=a.rows, spark_master=a.spark_master,
+                      verbose=a.verbose)
+    print("moto S3 server stopped", file=sys.stderr)
+    return rc
 
+
+def run_demo(s3: LocalS3, *, bucket: str = "memwal-demo", regions: int = 4, rows: int = 400,
+             spark_master: str = "local[*]", verbose: bool = False) -> int:
+    """The demo against a running S3 server `s3` (`make s3-demo` starts its own; the tests pass
+    theirs): a new bucket, the table, one maintenance pass, the status, the LSM check."""
     from memwal_core.observe import reader
     from memwal_core.options import GcOptions, SparkOptions
     from memwal_core.state.store import make_s3_client, open_store
     from memwal_core.tools import demo
 
-    from .cli import STEPS, cmd_status, run_pass
+    from .cli import STEPS, print_status, run_pass
     from .config import TableConfig
 
     secret = "demo-" + secrets.token_hex(12)
     os.environ[SECRET_ENV] = secret  # what `secrets: {aws_secret_access_key: ...}` reads
-    with LocalS3() as s3:
-        print(f"moto S3 server on {s3.endpoint}", file=sys.stderr)
-        options = s3.options(secret)
-        make_s3_client(options).create_bucket(Bucket=a.bucket)
-        uri = f"s3://{a.bucket}/demo_table"
-        loc = open_store(uri, options)
-        print(f"writing a demo table at {uri}: {a.regions} bucket regions, ~{a.rows} operations per round",
-              file=sys.stderr)
-        demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=a.rows // 2, btree_index=True)
-        w = demo.Workload(loc, seed=42, key_space=max(10, a.rows),
-                          max_memtable_rows=max(100, a.rows // a.regions))
-        for _ in range(3):
-            w.write_round(a.rows, overwrite=0.3, delete=0.03)
-        public = {k: v for k, v in options.items() if k != "aws_secret_access_key"}
-        # As in `memwal demo`: only the latest base-table version is kept, so GC shows what it reclaims.
-        cfg = TableConfig(name="s3demo", uri=uri, storage_options=public,
-                          secrets={"aws_secret_access_key": SECRET_ENV}, spark=SparkOptions(master=a.spark_master),
-                          gc=GcOptions(cleanup_base_versions_older_than_seconds=0))
-        report = run_pass(cfg, list(STEPS), verbose=a.verbose)
-        got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
-        ok = got == w.expected()
-        cmd_status(argparse.Namespace(uri=uri, json=False,
-                                      storage_option=[f"{k}={v}" for k, v in options.items()]))
-        print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
-        listed = sum(1 for _ in loc.store.list(""))
-        print(f"objects under {uri}: {listed}")
-    print("moto S3 server stopped", file=sys.stderr)
+    options = s3.options(secret)
+    make_s3_client(options).create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/demo_table"
+    loc = open_store(uri, options)
+    print(f"writing a demo table at {uri}: {regions} bucket regions, ~{rows} operations per round",
+          file=sys.stderr)
+    demo.create_table(loc, sharding="bucket", num_buckets=regions, base_rows=rows // 2, btree_index=True)
+    w = demo.Workload(loc, seed=42, key_space=max(10, rows), max_memtable_rows=max(100, rows // regions))
+    for _ in range(3):
+        w.write_round(rows, overwrite=0.3, delete=0.03)
+    public = {k: v for k, v in options.items() if k != "aws_secret_access_key"}
+    # As in `memwal demo`: only the latest base-table version is kept, so GC shows what it reclaims.
+    cfg = TableConfig(name="s3demo", uri=uri, storage_options=public,
+                      secrets={"aws_secret_access_key": SECRET_ENV}, spark=SparkOptions(master=spark_master),
+                      gc=GcOptions(cleanup_base_versions_older_than_seconds=0))
+    report = run_pass(cfg, list(STEPS), verbose=verbose)
+    got = {r["id"]: r for r in reader.lsm_table(loc).to_pylist()}
+    ok = got == w.expected()
+    status_rc = print_status(uri, options)
+    print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
+    listed = sum(1 for _ in loc.store.list(""))
+    print(f"objects under {uri}: {listed}")
     for line in report["failed"]:
         print(f"error: {line}", file=sys.stderr)
-    return 0 if ok and not report["failed"] else 1
+    return 0 if ok and not report["failed"] and status_rc == 0 else 1
 
 
 if __name__ == "__main__":

@@ -14,13 +14,17 @@ from memwal_core.state import layout, region
 
 def tree(root: str) -> dict[str, tuple[int, int]]:
     """Every file under `root`: relative path -> (size, mtime in ns); "touched nothing" means
-    equal trees."""
+    equal trees. The table lease's records are left out: every committing step takes the lease
+    (`_memwal/lease/`), also one that then refuses the table."""
     out = {}
     for d, _dirs, files in os.walk(root):
         for f in files:
             p = os.path.join(d, f)
+            rel = os.path.relpath(p, root)
+            if rel.startswith(layout.LEASE_DIR + "/") or f"/{layout.LEASE_DIR}/" in f"/{rel}":
+                continue
             st = os.stat(p)
-            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+            out[rel] = (st.st_size, st.st_mtime_ns)
     return out
 
 

@@ -12,6 +12,13 @@ boto3 (memwal's store) and Lance's Rust object_store. Every request is forwarded
   **on the same port**, and the server behind it still has its data (unlike a restarted moto);
 - `cut_after(predicate)`: forward the first request matching `predicate`, answer it, then go
   down: "the server died right after this request" at a precise point of a run;
+- `cut_body(kind, count, match=..., keep=0.5)`: the next `count` matching requests are
+  forwarded and answered with the full headers (Content-Length of the whole body) but only
+  the first `keep` fraction of the body, then the connection is reset (RST): a connection
+  dropped mid-body, which a client sees only while reading the body;
+- `drop_answer(kind, count, match=...)`: the next `count` matching requests reach the server
+  (which acts on them), then the connection is reset before any answer: a client cannot
+  tell whether its request took effect;
 - `before(predicate, action)`: run `action` (e.g. plant an object on the server) right before
   the first matching request is forwarded: another writer winning a race at an exact moment;
 - `after(predicate, action, count)`: run `action(request, body, payload)` right after the
@@ -28,6 +35,7 @@ from __future__ import annotations
 import collections
 import http.client
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -106,6 +114,7 @@ class S3Proxy:
         self._cut: Callable[[Request], bool] | None = None
         self._before: list[tuple[Callable[[Request], bool], Callable[[Request], None]]] = []
         self._after: list[list] = []  # [predicate, action, remaining]
+        self._body_cuts: list[list] = []  # [kind, remaining, match, keep]; keep None: no answer at all
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -187,6 +196,7 @@ class S3Proxy:
             self._cut = None
             self._before.clear()
             self._after.clear()
+            self._body_cuts.clear()
 
     def before(self, predicate: Callable[[Request], bool], action: Callable[[Request], None]) -> None:
         """Run `action(request)` once, right before forwarding the first request matching
@@ -200,6 +210,19 @@ class S3Proxy:
         the next `count` requests matching `predicate`; bytes returned replace the response body."""
         with self._lock:
             self._after.append([predicate, action, count])
+
+    def cut_body(self, kind: str, count: int, *, match: Callable[[Request], bool] | None = None,
+                 keep: float = 0.5) -> None:
+        """Answer the next `count` requests of `kind` (and `match`) with the real headers and
+        only the first `keep` fraction of the body, then reset the connection."""
+        with self._lock:
+            self._body_cuts.append([kind, count, match, keep])
+
+    def drop_answer(self, kind: str, count: int, *, match: Callable[[Request], bool] | None = None) -> None:
+        """Forward the next `count` requests of `kind` (and `match`), then reset the connection
+        without answering."""
+        with self._lock:
+            self._body_cuts.append([kind, count, match, None])
 
     def cut_after(self, predicate: Callable[[Request], bool]) -> None:
         """Go down right after answering the first request matching `predicate`."""
@@ -246,6 +269,16 @@ class S3Proxy:
                     hook[2] -= 1
                     return hook[1]
         return None
+
+    def _take_body_cut(self, req: Request, answer: bool) -> tuple[bool, float | None]:
+        """(cut, fraction of the body kept: None = no answer at all) for a forwarded request."""
+        with self._lock:
+            for cut in self._body_cuts:
+                if cut[1] > 0 and cut[0] in (req.kind, "*") and (cut[2] is None or cut[2](req)) \
+                        and (cut[3] is None or answer):
+                    cut[1] -= 1
+                    return True, cut[3]
+        return False, None
 
     def _record(self, req: Request) -> None:
         with self._lock:
@@ -345,7 +378,11 @@ class _Handler(BaseHTTPRequestHandler):
             replaced = hook(req, body, payload)
             if replaced is not None:
                 payload = replaced
-        p._record(Request(**{**req.__dict__, "status": status}))
+        cut, keep = p._take_body_cut(req, answer=self.command != "HEAD" and bool(payload))
+        p._record(Request(**{**req.__dict__, "status": 0 if cut and keep is None else status, "injected": cut}))
+        if cut and keep is None:  # the server acted on it; the client never hears
+            self._reset()
+            return
         self.send_response(status, reason)
         for k, v in out_headers:
             if k.lower() in HOP_BY_HOP or k.lower() in ("transfer-encoding", "content-length", "server", "date"):
@@ -354,11 +391,22 @@ class _Handler(BaseHTTPRequestHandler):
         length = dict((k.lower(), v) for k, v in out_headers).get("content-length")
         self.send_header("Content-Length", length if self.command == "HEAD" and length else str(len(payload)))
         self.end_headers()
+        if cut:  # part of the body, then a reset: the client's read fails mid-body
+            self.wfile.write(payload[:int(len(payload) * keep)])
+            self.wfile.flush()
+            self._reset()
+            return
         if self.command != "HEAD":
             self.wfile.write(payload)
         self.wfile.flush()
         if p._should_cut(req):
             p.down()
+
+    def _reset(self) -> None:
+        """Close the connection with a TCP reset (SO_LINGER 0), as a dying peer does."""
+        self.close_connection = True
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
 
     def _forward(self, body: bytes, chunked: bool):
         p = self.proxy

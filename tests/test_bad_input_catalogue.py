@@ -48,7 +48,8 @@ def s3_tree(client, bucket: str) -> dict[str, tuple[int, str]]:
     out = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for o in page.get("Contents", []):
-            out[o["Key"]] = (o["Size"], o["ETag"])
+            if f"/{layout.LEASE_DIR}/" not in f"/{o['Key']}":  # the lease's records (see helpers.tree)
+                out[o["Key"]] = (o["Size"], o["ETag"])
     return out
 
 
@@ -667,3 +668,132 @@ def test_table_a_prints(runs):
         for ln in job.about(rid):
             if ln.startswith("error: ") and "check merge_lag" not in ln:
                 print(f"    {ln}")
+
+
+# ------------------------------------------------------------ hostile manifests and layouts
+
+HOSTILE = ["healthy", "out_of_range", "huge", "symlink", "unknown_status"]
+
+
+def build_hostile(root: str, outside: str) -> dict:
+    """A table whose regions are: healthy, one with current_generation 2^64-1, one listing 10^6
+    generations, one whose directory is a symlink to outside the root (a real region moved
+    there), one with an unknown status. The MemWAL snapshot is built before the damage."""
+    loc = open_store(root)
+    ds = demo.create_table(loc, sharding="bucket", num_buckets=len(HOSTILE), base_rows=10)
+    keys = Buckets(ds)
+    rids = {case: str(uuid.UUID(int=100 + i, version=4)) for i, case in enumerate(HOSTILE)}
+    gens: dict[str, list[int]] = {}
+    for b, case in enumerate(HOSTILE):
+        gens[case] = []
+        for g in (1, 2):
+            ks = keys.take(b, 4)
+            write_generation(loc.lance_uri, rids[case], rows(ks, g))
+            gens[case] += ks
+    snapshot.build_snapshot(loc)
+
+    def rewrite(case: str, edit) -> None:
+        m = region.load_latest(loc.store, rids[case])
+        msg = region.pb.RegionManifest()
+        msg.CopyFrom(m.message)
+        edit(msg)
+        loc.store.put(layout.manifest_key(rids[case], m.version), msg.SerializeToString())
+
+    rewrite("out_of_range", lambda m: setattr(m, "current_generation", 2**64 - 1))
+    rewrite("unknown_status", lambda m: setattr(m, "status", 9))
+
+    def huge(m):
+        for g in range(3, 10**6 + 1):
+            m.flushed_generations.add(generation=g, path=f"0000abcd_gen_{g}", in_memory_bytes=100)
+        m.current_generation = 10**6 + 1
+    rewrite("huge", huge)
+    os.makedirs(outside)
+    src = os.path.join(root, layout.region_dir(rids["symlink"]))
+    shutil.move(src, os.path.join(outside, "region"))
+    os.symlink(os.path.join(outside, "region"), src)
+    old = time.time() - 10 * 86400  # old enough for every GC age limit: GC would take all it may
+    for d, dirs, files in os.walk(outside):
+        for f in dirs + files:
+            os.utime(os.path.join(d, f), (old, old))
+    return {"loc": loc, "rids": rids, "keys": gens}
+
+
+def _outside_tree(path: str) -> dict:
+    out = {}
+    for d, _dirs, files in os.walk(path, followlinks=False):
+        for f in files:
+            st = os.lstat(os.path.join(d, f))
+            out[os.path.relpath(os.path.join(d, f), path)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_hostile_manifests_and_layouts_through_the_cli(tmp_path):
+    root, outside = str(tmp_path / "t"), str(tmp_path / "outside")
+    h = build_hostile(root, outside)
+    loc, rids = h["loc"], h["rids"]
+    before_outside = _outside_tree(outside)
+    assert len(before_outside) > 5
+    prev_rows = {str(uuid.UUID(bytes=r["region_id"])): r for r in snapshot.read_snapshot(loc).to_pylist()}
+
+    t0 = time.monotonic()
+    p = subprocess.run(maintain_cmd(root, "--base-versions-older-than", "0"), capture_output=True, text=True,
+                       env=clean_env(), timeout=900)
+    took = time.monotonic() - t0
+    job = Run([], p.returncode, p.stderr)
+    print(f"\n[hostile] memwal maintain: exit {p.returncode} in {took:.0f} s")
+    for ln in job.lines:
+        print(f"    {ln}")
+    assert p.returncode == 1
+    errors = "\n".join(job.errors())
+    for case, text in (("out_of_range", "field current_generation = 18446744073709551615 is out of range"),
+                       ("huge", "field flushed_generations = '"),
+                       ("huge", "too large"),
+                       ("symlink", "is a symbolic link"),
+                       ("unknown_status", "field status = 9 is out of range")):
+        assert rids[case] in errors and text in errors, (case, text)
+    assert "ValueError" not in p.stderr and "Traceback" not in p.stderr
+    # The healthy region is merged in the same run; its rows are in the base table.
+    state = table.read_memwal_state(loc)
+    assert state.merged.get(rids["healthy"]) == 2
+    assert {r["id"] for r in lance.dataset(root).to_table().to_pylist()} >= set(h["keys"]["healthy"])
+    for case in HOSTILE[1:]:
+        assert state.merged.get(rids[case], 0) == 0, case
+    # The broken regions keep their previous snapshot rows: readers still see their generations.
+    now_rows = {str(uuid.UUID(bytes=r["region_id"])): r for r in snapshot.read_snapshot(loc).to_pylist()}
+    for case in HOSTILE[1:]:
+        assert now_rows[rids[case]]["flushed_generations"] == prev_rows[rids[case]]["flushed_generations"], case
+        assert now_rows[rids[case]]["version"] == prev_rows[rids[case]]["version"], case
+    # Nothing outside the root was touched, however old it looked.
+    assert _outside_tree(outside) == before_outside
+
+    # `memwal status` names every error (never `error: None`), in bounded time.
+    t0 = time.monotonic()
+    s = subprocess.run([sys.executable, "-m", "memwal_pipeline.cli", "status", root], capture_output=True,
+                       text=True, env=clean_env(), timeout=300)
+    took = time.monotonic() - t0
+    print(f"[hostile] memwal status: exit {s.returncode} in {took:.1f} s\n{s.stdout}")
+    assert s.returncode == 1 and took < 120
+    lines = {ln.split()[0]: ln for ln in s.stdout.splitlines() if ln[:36] in set(rids.values())}
+    for case in HOSTILE[1:]:
+        assert "error: region" in lines[rids[case]] and "None" not in lines[rids[case]], lines[rids[case]]
+    assert "error" not in lines[rids["healthy"]]
+
+
+def test_unknown_feature_flag_refused_before_any_spark_work(tmp_path):
+    from test_bad_input_core import set_feature_flags
+
+    root = str(tmp_path / "t")
+    build_simple(root, "empty")
+    loc = open_store(root)
+    write_generation(root, str(uuid.uuid4()), rows([1, 2, 3], 1))  # pending work: Spark would start
+    set_feature_flags(loc, writer=1 | 512)
+    before = tree(root)
+    t0 = time.monotonic()
+    p = subprocess.run(maintain_cmd(root), capture_output=True, text=True, env=clean_env(), timeout=300)
+    took = time.monotonic() - t0
+    job = Run([], p.returncode, p.stderr)
+    print(f"\n[feature flags] exit {p.returncode} in {took:.1f} s: {job.lines}")
+    assert p.returncode != 0 and len(job.errors()) == 1
+    assert "writer_feature_flags = 513 has bits memwal does not know (512)" in job.errors()[0]
+    assert not any("] merge" in ln or "spark" in ln.lower() for ln in job.lines)
+    assert tree(root) == before

@@ -267,3 +267,360 @@ def test_open_missing_table_is_a_clear_error(tmp_path):
         table.open_dataset(loc)
     with pytest.raises(table.TableError, match="nothing-here"):
         table.read_memwal_state(loc)
+
+
+# ============================================================== fields out of range (hostile)
+def damage(loc, rid: str, edit) -> str:
+    """Rewrite the latest manifest of `rid` in place with `edit(message)` applied; its key."""
+    key, version = latest_key(loc, rid)
+    msg = pb.RegionManifest.FromString(loc.store.get(key))
+    edit(msg)
+    loc.store.put(key, msg.SerializeToString())
+    return key
+
+
+def _set(field: str, value: int):
+    def edit(m: pb.RegionManifest) -> None:
+        if field.startswith("gen."):
+            setattr(m.flushed_generations[0], field[4:], value)
+        else:
+            setattr(m, field, value)
+    return edit
+
+
+U64_MAX = 2**64 - 1
+OUT_OF_RANGE = [("writer_epoch", U64_MAX), ("writer_epoch", 2**63), ("current_generation", U64_MAX),
+                ("replay_after_wal_entry_position", U64_MAX), ("wal_entry_position_last_seen", 2**63),
+                ("gen.generation", U64_MAX), ("gen.generation", 0), ("gen.in_memory_bytes", U64_MAX),
+                ("gen.physical_rows", 2**63), ("gen.primary_key_bytes", U64_MAX), ("status", 7)]
+
+
+@pytest.mark.parametrize("field,value", OUT_OF_RANGE)
+def test_manifest_field_out_of_range_is_a_corrupt_manifest_naming_region_file_field(two_regions, field, value):
+    from memwal_core.jobs import gc, merge
+    from memwal_core.observe import status
+
+    loc, (bad, good), _ = two_regions
+    key = damage(loc, bad, _set(field, value))
+    name = field.replace("gen.", "flushed_generations[0].")
+    loaded = region.load_many(loc.store, [bad, good])
+    err = loaded[bad].error
+    assert isinstance(err, region.FieldOutOfRange) and isinstance(err, region.CorruptManifest)
+    assert loaded[bad].permanent and (err.key, err.field, err.value) == (key, name, value)
+    for text in (bad, key, name, str(value)):
+        assert text in str(err), (text, str(err))
+    assert loaded[good].ok
+    # Each job refuses the region alone, with that text; the other region is planned.
+    plan = merge.plan_merge(loc)
+    assert plan.walls[bad].permanent and name in plan.walls[bad].reason and str(value) in plan.walls[bad].reason
+    assert plan.pending == {good: [1, 2]}
+    gplan = gc.plan_gc(loc)
+    assert name in gplan.region_errors[bad] and not gplan.regions[bad].items
+    st = status.table_status(loc)
+    assert name in st.region_errors[bad] and good not in st.region_errors
+
+
+def test_generation_past_current_generation_is_out_of_range(two_regions):
+    from memwal_core.jobs import merge
+
+    loc, (bad, good), _ = two_regions
+
+    def edit(m):
+        m.flushed_generations[-1].generation = m.current_generation + 1
+    key = damage(loc, bad, edit)
+    with pytest.raises(region.FieldOutOfRange, match=r"flushed_generations\[1\]\.generation = 4 .*current_generation = 3"):
+        region.load_latest(loc.store, bad)
+    # Listed at current_generation: read (the spec's wording allows it), but never merged.
+    msg = pb.RegionManifest.FromString(loc.store.get(key))
+    msg.flushed_generations[-1].generation = msg.current_generation
+    loc.store.put(key, msg.SerializeToString())
+    assert region.load_latest(loc.store, bad).top_generation == 3
+    plan = merge.plan_merge(loc)
+    assert plan.walls[bad].permanent and "generation 2 is not listed but 3 is" in plan.walls[bad].reason
+    assert plan.pending == {good: [1, 2]}
+
+
+@pytest.mark.parametrize("hint", [2**64, 2**64 - 1, 2**63])
+def test_version_hint_out_of_range_is_ignored_with_a_warning(two_regions, caplog, hint):
+    loc, (bad, good), _ = two_regions
+    want = region.load_latest(loc.store, bad).version
+    loc.store.put(layout.version_hint_key(bad), f'{{"version": {hint}}}'.encode())
+    with caplog.at_level(logging.WARNING, logger="memwal.region"):
+        assert region.read_version_hint(loc.store, bad) is None
+        assert region.load_latest(loc.store, bad).version == want  # found by listing
+    assert any("ignoring unreadable" in r.getMessage() and str(hint) in r.getMessage() for r in caplog.records)
+
+
+def test_manifest_file_named_past_2_63_is_refused_not_a_value_error(two_regions):
+    loc, (bad, good), _ = two_regions
+    # A listing finds a file whose bit-reversed name is 2^64-1: the "latest" version.
+    loc.store.put(layout.manifest_key(bad, U64_MAX), b"junk")
+    loc.store.put(layout.version_hint_key(bad), b"{broken")
+    got = region.read_region(loc.store, bad)
+    assert isinstance(got.error, region.FieldOutOfRange) and got.error.field == "version"
+    assert str(U64_MAX) in got.message and bad in got.message
+
+
+def test_unknown_region_spec_id_is_refused_by_merge_gc_and_status(two_regions):
+    from memwal_core.jobs import gc, merge
+    from memwal_core.observe import status
+
+    loc, (bad, good), _ = two_regions
+    damage(loc, bad, _set("region_spec_id", 42))
+    plan = merge.plan_merge(loc)
+    assert "region_spec_id = 42" in plan.walls[bad].reason and "known: 0 = manual" in plan.walls[bad].reason
+    assert plan.pending == {good: [1, 2]}
+    assert "region_spec_id = 42" in gc.plan_gc(loc).region_errors[bad]
+    assert "region_spec_id = 42" in status.table_status(loc).region_errors[bad]
+
+
+# ===================================================== the previous snapshot row is kept
+def test_snapshot_keeps_the_previous_row_of_a_region_whose_manifest_is_out_of_range(two_regions):
+    from memwal_core.jobs import snapshot as snap
+
+    loc, (bad, good), _ = two_regions
+    first = snap.build_snapshot(loc)
+    assert first.num_regions == 2
+    before = {str(uuid.UUID(bytes=r["region_id"])): r for r in snap.read_snapshot(loc).to_pylist()}
+    damage(loc, bad, _set("current_generation", U64_MAX))
+    with pytest.MonkeyPatch.context():
+        res = snap.build_snapshot(loc)
+    assert "current_generation" in res.region_errors[bad] and res.regions_kept == {bad: before[bad]["version"]}
+    after = {str(uuid.UUID(bytes=r["region_id"])): r for r in snap.read_snapshot(loc).to_pylist()}
+    assert set(after) == {bad, good}
+    assert after[bad]["flushed_generations"] == before[bad]["flushed_generations"]  # readers still see them
+    assert after[bad]["current_generation"] == before[bad]["current_generation"]
+
+
+# ========================================================================== huge manifests
+def test_manifest_listing_a_million_generations_is_refused_quickly_and_the_others_planned(two_regions):
+    import time
+
+    from memwal_core.jobs import merge
+    from memwal_core.observe import status
+    from memwal_core.options import MAX_REGION_GENERATIONS
+
+    loc, (bad, good), _ = two_regions
+    n = 10**6
+
+    def edit(m):
+        first = m.flushed_generations[0]
+        for g in range(3, n + 1):
+            m.flushed_generations.add(generation=g, path=f"{first.path[:8]}_gen_{g}", in_memory_bytes=100)
+        m.current_generation = n + 1
+    damage(loc, bad, edit)
+    t0 = time.monotonic()
+    plan = merge.plan_merge(loc)
+    st = status.table_status(loc)
+    took = time.monotonic() - t0
+    reason = plan.walls[bad].reason
+    assert "bytes" in reason and str(MAX_REGION_GENERATIONS) in reason and "too large" in reason
+    assert plan.pending == {good: [1, 2]}
+    assert "too large" in st.region_errors[bad] and good not in st.region_errors
+    print(f"\n[huge manifest] plan + status of a 10^6-generation region: {took:.2f} s")
+    assert took < 30
+
+
+def test_merge_batches_are_planned_in_linear_time():
+    """A long backlog (the limit's worth) is batched without quadratic work."""
+    import time
+
+    from memwal_core.jobs import merge
+
+    q = [merge.PlannedGeneration("r", g, f"abcdef01_gen_{g}", 10, 1) for g in range(1, 100_001)]
+    t0 = time.monotonic()
+    s = [merge.PlannedGeneration("s", g, f"abcdef02_gen_{g}", 10, 1) for g in range(1, 4)]
+    batches = merge._batches({"r": q, "s": s}, 10**9, 256)
+    assert time.monotonic() - t0 < 10
+    assert sum(len(b.generations) for b in batches) == 100_003
+    assert {g.region_id for g in batches[0].generations} == {"r", "s"}  # round-robin: no starvation
+
+
+# ========================================================================= symbolic links
+def _tree_with_links(root: str) -> dict[str, tuple[int, int]]:
+    """Files under `root` (not following links), with sizes and mtimes."""
+    out = {}
+    for d, _dirs, files in os.walk(root, followlinks=False):
+        for f in files:
+            p = os.path.join(d, f)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_gc_deletes_nothing_outside_the_root_with_a_symlink_at_every_level(table_loc, tmp_path):
+    """Every level a planted link can sit at: the region directory, its manifest and WAL
+    directories, a listed generation, an orphan generation, a WAL file. Each such region is
+    refused with the link named; the healthy region is still collected; outside, nothing changes."""
+    from memwal_core.jobs import gc
+    from memwal_core.observe import status
+    from memwal_core.options import GcOptions
+
+    loc = table_loc
+    ds = demo.create_table(loc, sharding="manual", base_rows=5)
+    cases = ["healthy", "region_dir", "manifest_dir", "wal_dir", "generation", "orphan", "wal_file"]
+    rids = {c: str(uuid.UUID(int=i + 1, version=4)) for i, c in enumerate(cases)}
+    for i, c in enumerate(cases):
+        for session in range(2):  # two writer sessions: several manifest versions, WAL entries
+            with ds.mem_wal_writer(rids[c], max_memtable_rows=10) as w:
+                w.put(rows(1000 * (i + 1) + 10 * session, 10, 1))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = loc.store.root
+
+    def move_out(rel: str, name: str) -> None:
+        src = os.path.join(root, rel)
+        dst = str(outside / name)
+        os.rename(src, dst)
+        os.symlink(dst, src)
+
+    def rdir(c: str) -> str:
+        return layout.region_dir(rids[c])
+
+    move_out(rdir("region_dir"), "region")
+    move_out(layout.manifest_dir(rids["manifest_dir"]), "manifest")
+    move_out(layout.wal_dir(rids["wal_dir"]), "wal")
+    g1 = region.load_latest(loc.store, rids["generation"]).generations[0]
+    move_out(layout.generation_dir(rids["generation"], g1.path, 1), "generation")
+    # An orphan generation directory (an old, unlisted attempt) that is a link to real data.
+    src_gen = region.load_latest(loc.store, rids["orphan"]).generations[0]
+    import shutil
+    shutil.copytree(os.path.join(root, layout.generation_dir(rids["orphan"], src_gen.path, 1)), outside / "orphan")
+    os.symlink(outside / "orphan", os.path.join(root, rdir("orphan"), "deadbeef_gen_1"))
+    (outside / "walfile.arrow").write_bytes(b"outside data")
+    os.symlink(outside / "walfile.arrow", os.path.join(root, layout.wal_key(rids["wal_file"], 1)) + ".x")
+    os.rename(os.path.join(root, layout.wal_key(rids["wal_file"], 1)) + ".x",
+              os.path.join(root, layout.wal_dir(rids["wal_file"]), "zz-link.arrow"))
+    old = 1_000_000_000  # everything looks old: nothing is young enough to be kept for its age
+    for d, dirs, files in os.walk(root, followlinks=False):
+        for f in dirs + files:
+            os.utime(os.path.join(d, f), (old, old), follow_symlinks=False)
+    for d, dirs, files in os.walk(outside):
+        for f in dirs + files:
+            os.utime(os.path.join(d, f), (old, old))
+    before = _tree_with_links(str(outside))
+    assert len(before) > 10
+
+    cfg = GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                    keep_current_epoch_wal=False)
+    res = gc.run_gc(loc, cfg)
+    assert _tree_with_links(str(outside)) == before  # nothing outside the root touched
+    for c in ("region_dir", "manifest_dir", "wal_dir", "orphan"):  # what this GC pass had to read
+        assert "symbolic link" in res.region_errors.get(rids[c], ""), (c, res.region_errors.get(rids[c]))
+    assert rids["healthy"] not in res.region_errors
+    # The listed (unmerged) generation GC leaves alone; the merger refuses it before Spark sees it.
+    from memwal_core.jobs import merge
+    plan = merge.plan_merge(loc)
+    assert "symbolic link" in plan.walls[rids["generation"]].reason
+    assert rids["healthy"] in plan.pending and rids["wal_file"] in plan.pending
+    from memwal_core.state.store import SymlinkRefused
+    with pytest.raises(SymlinkRefused, match="zz-link.arrow"):
+        list(loc.store.list(layout.wal_dir(rids["wal_file"])))
+    assert any(i.kind == gc.MANIFEST and i.region_id == rids["healthy"] for i in res.deleted)  # still collected
+    assert not any(i.region_id == rids[c] for c in ("region_dir", "manifest_dir", "wal_dir", "orphan") for i in res.deleted)
+    st = status.table_status(loc)
+    for c in ("region_dir", "manifest_dir"):
+        assert "symbolic link" in st.region_errors[rids[c]]
+
+
+def test_local_store_refuses_links_on_every_operation(tmp_path):
+    from memwal_core.state.store import SymlinkRefused
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (outside / "d").mkdir(parents=True)
+    (outside / "d" / "f").write_bytes(b"x")
+    root.mkdir()
+    os.symlink(outside / "d", root / "link")
+    s = LocalStore(str(root))
+    for op in (lambda: s.get("link/f"), lambda: s.head("link/f"), lambda: s.put("link/g", b"y"),
+               lambda: list(s.list("link")), lambda: list(s.list("")), lambda: s.delete_many(["link/f"])):
+        with pytest.raises(SymlinkRefused, match="symbolic link"):
+            op()
+    assert sorted(os.listdir(outside / "d")) == ["f"]
+    # The root itself may be a link (a mount point, /tmp on macOS).
+    os.symlink(root, tmp_path / "root-link")
+    (root / "a").write_bytes(b"1")
+    assert LocalStore(str(tmp_path / "root-link")).get("a") == b"1"
+
+
+# ============================================================ unknown Lance features / transforms
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def set_feature_flags(loc, *, writer: int | None = None, reader: int | None = None) -> str:
+    """Set feature flags in the latest table manifest, as a newer Lance would write them
+    (appended fields: the last occurrence of a scalar field wins)."""
+    import struct
+
+    version = lance.dataset(loc.lance_uri).version
+    key = table.manifest_keys(version)[0]
+    raw = loc.store.get(key)
+    (offset,) = struct.unpack_from("<Q", raw, len(raw) - 16)
+    (length,) = struct.unpack_from("<I", raw, offset)
+    msg = raw[offset + 4: offset + 4 + length]
+    assert offset + 4 + length == len(raw) - 16  # the message ends at the footer
+    for num, v in ((9, reader), (10, writer)):
+        if v is not None:
+            msg += _varint(num << 3) + _varint(v)
+    loc.store.put(key, raw[:offset] + struct.pack("<I", len(msg)) + msg + raw[-16:])
+    return key
+
+
+@pytest.mark.parametrize("bit", [64, 512, 1 << 40])  # unknown to memwal (and to pylance 14)
+def test_unknown_writer_feature_flag_is_refused_before_any_work(two_regions, bit):
+    from memwal_core.jobs import gc, merge
+    from memwal_core.jobs import snapshot as snap
+
+    loc, _, _ = two_regions
+    set_feature_flags(loc, writer=1 | bit)
+    assert lance.dataset(loc.lance_uri).count_rows() == 5  # Lance still reads it: only writes would differ
+    before = snapshot(loc.store.root)
+    for job in (lambda: merge.plan_merge(loc), lambda: gc.plan_gc(loc), lambda: snap.build_snapshot(loc)):
+        with pytest.raises(table.UnknownFeature, match=rf"writer_feature_flags = {1 | bit} .*\({bit}\)"):
+            job()
+    assert snapshot(loc.store.root) == before
+
+
+def test_known_feature_flags_pass(two_regions):
+    loc, _, _ = two_regions
+    set_feature_flags(loc, writer=1 | 8 | 32, reader=1)
+    assert table.read_memwal_state(loc).table_version == lance.dataset(loc.lance_uri).version
+
+
+def test_unknown_region_transform_is_refused(table_loc):
+    ds = demo.create_table(table_loc, sharding="bucket", num_buckets=4, base_rows=5)
+    state = table.read_memwal_state(table_loc, ds.version)
+    details = pb.MemWalIndexDetails()
+    details.CopyFrom(state.details)
+    details.region_specs[0].fields[0].transform = "zorder"
+    table.guarded_replace_details(table_loc, state, details)
+    with pytest.raises(table.UnknownFeature, match=r"region spec \d+ field .* transform 'zorder'"):
+        table.read_memwal_state(table_loc)
+
+
+def test_generation_count_limit_is_exact(two_regions):
+    """One past the limit is refused by its count (the byte bound never refuses a legal manifest)."""
+    from memwal_core.options import MAX_REGION_GENERATIONS
+
+    loc, (bad, good), _ = two_regions
+
+    def fill(n):
+        def edit(m):
+            del m.flushed_generations[2:]
+            for g in range(3, n + 1):
+                # the largest entry a writer can produce: 10-byte varints, the longest path
+                m.flushed_generations.add(generation=g, path=f"ffffffff_gen_{g}", in_memory_bytes=2**63 - 1,
+                                          physical_rows=2**63 - 1, primary_key_bytes=2**63 - 1)
+            m.current_generation = n + 1
+        return edit
+    damage(loc, bad, fill(MAX_REGION_GENERATIONS))
+    assert len(region.load_latest(loc.store, bad).generations) == MAX_REGION_GENERATIONS
+    damage(loc, bad, fill(MAX_REGION_GENERATIONS + 1))
+    with pytest.raises(region.FieldOutOfRange, match=f"{MAX_REGION_GENERATIONS + 1} entries"):
+        region.load_latest(loc.store, bad)

@@ -59,11 +59,14 @@ def base_rows(loc) -> dict:
 
 
 def paths(root: str, under: str = "") -> set[str]:
+    """Every file under `root` but the table lease's records (their tokens count the steps run)."""
     top = os.path.join(root, under) if under else root
     out = set()
     for d, _dirs, files in os.walk(top):
         for f in files:
-            out.add(os.path.relpath(os.path.join(d, f), root))
+            rel = os.path.relpath(os.path.join(d, f), root)
+            if not rel.startswith(layout.LEASE_DIR + "/"):
+                out.add(rel)
     return out
 
 

@@ -495,7 +495,9 @@ def test_manifest_retention_and_version_hint(table_loc):
     # directory is listed below that hole only after a delete that did not finish: #18.15).
     loc.store.stats.clear()
     assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_seconds=0)).items
-    assert loc.store.stats["list"] == 3  # regions, the region directory (orphans), GC's intent markers
+    # regions, the region directory (orphans), GC's intent markers; and the leaked-file scan
+    # (jobs/leaks.py): _versions/ twice, data/, _deletions/, _transactions/, _indices/
+    assert loc.store.stats["list"] == 3 + 6
     # Without the hint: memwal lists, pylance still opens, writes and flushes.
     os.unlink(os.path.join(loc.store.root, layout.version_hint_key(rid)))
     assert region.load_latest(loc.store, rid).version == latest
@@ -511,9 +513,13 @@ def test_plan_to_dict_is_json(merged_template, tmp_path):
     plan = gc.plan_gc(loc, FAST)
     d = json.loads(json.dumps(plan.to_dict()))
     assert d["counts"]["manifest"] > 0 and d["retained_versions"] and not d["region_errors"]
+    before = tree(loc.store.root)
     res = gc.run_gc(loc, FAST, dry_run=True)
-    assert res.deleted == [] and res.base_cleanup is None
-    json.dumps(res.to_dict())
+    # A dry run plans the base-version cleanup (Lance explains it) instead of running it.
+    assert res.deleted == [] and res.base_cleanup["dry_run"] and res.plan.base_cleanup.versions
+    assert tree(loc.store.root) == before
+    d = json.loads(json.dumps(res.to_dict()))
+    assert d["dry_run"] and len(d["planned"]) == len(res.plan.items)
 
 
 def test_gc_on_s3(s3_table_loc, spark):

@@ -1,7 +1,9 @@
-"""A plain (non-editable) install works outside the checkout (#16): no file of the checkout,
-no `memwal.yaml`, any working directory.
+"""A plain (non-editable) install works outside the checkout: no file of the checkout, no
+`memwal.yaml`, any working directory; and it installs under the distribution name the README
+gives (`memwal-lance`: PyPI's `memwal` is an unrelated project).
 
-The wheel is built from the checkout and installed with `--no-deps` into a fresh virtualenv;
+The wheel is built from the checkout and installed by name (`pip install memwal-lance`, from
+the built wheel only) with `--no-deps` into a fresh virtualenv;
 the dependencies come from the project's own `.venv` through a `.pth` line, which puts its
 site-packages on `sys.path` *after* the fresh one without running its `.pth` files (so the
 editable install's finder, which would map `memwal_core` back to the checkout, stays off).
@@ -11,15 +13,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import venv
+import zipfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIST = "memwal-lance"  # what README's install line names
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +40,17 @@ def installed(tmp_path_factory):
         shutil.copytree(os.path.join(ROOT, name), src / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(wheels), str(src)], check=True, cwd=tmp)
-    (wheel,) = list(wheels.glob("memwal-*.whl"))
+    (wheel,) = list(wheels.glob("memwal_lance-*.whl"))
     env_dir = tmp / "venv"
     venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, str(wheel)],
-                   check=True, cwd=tmp)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--find-links",
+                    str(wheels), "--target", site, DIST], check=True, cwd=tmp)
     with open(os.path.join(site, "deps.pth"), "w") as f:
         f.write(sysconfig.get_paths()["purelib"] + "\n")
-    return py, tmp
+    return py, tmp, wheel
 
 
 def _run(py, cwd, *args, timeout=300):
@@ -54,7 +60,7 @@ def _run(py, cwd, *args, timeout=300):
 
 
 def test_the_installed_package_comes_from_the_wheel_not_the_checkout(installed):
-    py, tmp = installed
+    py, tmp, _ = installed
     out = _run(py, tmp, "-c", "import json, memwal_core, memwal_pipeline.definitions as d;"
                               "print(json.dumps([memwal_core.__file__, d.__file__]))")
     assert out.returncode == 0, out.stderr
@@ -63,7 +69,7 @@ def test_the_installed_package_comes_from_the_wheel_not_the_checkout(installed):
 
 
 def test_memwal_demo_and_status_run_outside_the_checkout(installed):
-    py, tmp = installed
+    py, tmp, _ = installed
     work = tmp / "elsewhere"
     work.mkdir()
     demo = _run(py, work, "-m", "memwal_pipeline.cli", "demo", "--path", "t", "--regions", "2", "--rows", "60",
@@ -78,7 +84,7 @@ def test_memwal_demo_and_status_run_outside_the_checkout(installed):
 def test_the_installed_code_location_loads_memwal_yaml_and_ships_no_tables(installed):
     """The wheel carries the MemWalTable component but not this checkout's defs folder (the demo
     table): installed, the code location's tables are memwal.yaml's only."""
-    py, tmp = installed
+    py, tmp, _ = installed
     work = tmp / "location"
     work.mkdir()
     (work / "memwal.yaml").write_text("tables:\n  - {name: mine, uri: data/mine, merge: {budget_bytes: 64MB}}\n")
@@ -92,3 +98,30 @@ def test_the_installed_code_location_loads_memwal_yaml_and_ships_no_tables(insta
     shipped_defs, keys = json.loads(out.stdout.strip().splitlines()[-1])
     assert not shipped_defs
     assert keys and all(k.startswith("mine/") for k in keys)
+
+
+def test_the_distribution_is_not_named_memwal():
+    """PyPI's `memwal` is an unrelated project: `pip install memwal` must never be our install line."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        name = tomllib.load(f)["project"]["name"]
+    assert name == DIST
+    assert name.lower().replace("_", "-").replace(".", "-") != "memwal"
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert f"pip install {DIST}" in readme
+    assert not re.search(r"pip install ['\"]?memwal(?![-\w])", readme)
+
+
+def test_the_wheel_metadata_names_memwal_lance_and_installs_the_command(installed):
+    """What pip records: the wheel's METADATA `Name`, its console script and the dg registry
+    entry point (`dg list components` finds MemWalTable through it)."""
+    _, _, wheel = installed
+    with zipfile.ZipFile(wheel) as z:
+        info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = z.read(f"{info}/METADATA").decode()
+        entry_points = z.read(f"{info}/entry_points.txt").decode()
+        tops = {n.split("/")[0] for n in z.namelist() if not n.startswith(info)}
+    name = next(line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Name:"))
+    assert name == DIST and name.lower() != "memwal"
+    assert "memwal = memwal_pipeline.cli:main" in entry_points
+    assert "memwal_pipeline.component" in entry_points.split("[dagster_dg_cli.registry_modules]")[1]
+    assert tops == {"memwal_core", "memwal_pipeline"}

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -396,3 +397,47 @@ def test_merge_through_long_lived_spark_connect_server(table_loc, tmp_path):
             w.write_round(60)
     finally:
         spark_connect.stop_server(remote, state_dir=tmp_path / "state")
+
+
+def test_materialize_with_a_hostile_region_merges_indexes_and_collects_the_others(table_loc, instance, spark):
+    """A region whose manifest is out of range (current_generation 2^64-1) through Dagster: the
+    merge run fails naming it, the others are merged, the index keeps its previous row, GC
+    collects the others and leaves it alone."""
+    from memwal_core.jobs import snapshot
+
+    w = make_table(table_loc, regions=3, rounds=1)
+    td = table_definitions(cfg_for(table_loc))
+    regions = sorted(w.regions.values())
+    bad, good = regions[0], regions[1:]
+    instance.add_dynamic_partitions(td.partitions.name, regions)
+    by = {a.key.path[-1]: a for a in td.assets}
+    assert materialize([by["memwal_index"]], instance=instance, resources=td.resources).success
+    prev = {str(uuid.UUID(bytes=r["region_id"])): r for r in snapshot.read_snapshot(table_loc).to_pylist()}
+    m = region.load_latest(table_loc.store, bad)
+    msg = region.pb.RegionManifest()
+    msg.CopyFrom(m.message)
+    msg.current_generation = 2**64 - 1
+    table_loc.store.put(layout.manifest_key(bad, m.version), msg.SerializeToString())
+    bad_files = {k for k in _files(table_loc) if f"/{bad}/" in f"/{k}"}
+
+    r = materialize([by["base_table"]], instance=instance, resources=td.resources, raise_on_error=False,
+                    tags={PARTITION_RANGE_START: regions[0], PARTITION_RANGE_END: regions[-1]})
+    said = " ".join(e.user_message for e in instance.all_logs(r.run_id) if e.level >= logging.ERROR)
+    assert f"region {bad}" in said and "current_generation = 18446744073709551615 is out of range" in said
+    merged = table.read_memwal_state(table_loc).merged
+    assert all(merged.get(rid, 0) > 0 for rid in good) and merged.get(bad, 0) == 0
+    r = materialize([by["index_catchup"], by["memwal_index"], by["garbage"]], instance=instance,
+                    resources=td.resources, raise_on_error=False)
+    mats = {e.asset_key.path[-1]: e for e in r.get_asset_materialization_events()}
+    idx_md = mats["memwal_index"].event_specific_data.materialization.metadata
+    assert "current_generation" in idx_md["region_errors"].value[bad]
+    now = {str(uuid.UUID(bytes=r["region_id"])): r for r in snapshot.read_snapshot(table_loc).to_pylist()}
+    assert now[bad]["flushed_generations"] == prev[bad]["flushed_generations"]  # kept for readers
+    gc_md = mats["garbage"].event_specific_data.materialization.metadata
+    assert "current_generation" in gc_md["region_errors"].value[bad]
+    assert gc_md["generations_deleted"].value > 0  # the others collected
+    assert {k for k in _files(table_loc) if f"/{bad}/" in f"/{k}"} == bad_files  # the bad region untouched
+
+
+def _files(loc) -> set[str]:
+    return {o.key for o in loc.store.list("")}

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import lance
 
 from memwal_core.errors import one_line
-from memwal_core.state import table
+from memwal_core.state import lease, table
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.catchup")
@@ -210,6 +210,7 @@ def plan_catchup(loc: TableLocation, index_names: list[str] | None = None) -> Ca
     return CatchupPlan(ds.version, state.merged, gating, plans, missing)
 
 
+@lease.step("catchup")
 def execute_catchup(loc: TableLocation, plan: CatchupPlan | None = None, *, retrain: bool = False,
                     num_indices_to_merge: int | None = None) -> CatchupResult:
     """Run `optimize_indices` for each planned index, then read the recorded catch-up back.
@@ -237,6 +238,7 @@ def execute_catchup(loc: TableLocation, plan: CatchupPlan | None = None, *, retr
                 optimize = False
         if optimize:
             try:
+                lease.fence(loc, f"index {ip.name} catch-up")
                 ds.optimize.optimize_indices(index_names=[ip.name], **kw)
                 log.info("index %s optimized (%s)", ip.name, ip.reason)
             except Exception as e:  # noqa: BLE001
@@ -259,6 +261,7 @@ def execute_catchup(loc: TableLocation, plan: CatchupPlan | None = None, *, retr
                          missing_gating=list(plan.missing_gating))
 
 
+@lease.step("catchup")
 def run_catchup(loc: TableLocation, index_names: list[str] | None = None, **kw) -> CatchupResult:
     """Plan and execute in one call."""
     return execute_catchup(loc, plan_catchup(loc, index_names), **kw)

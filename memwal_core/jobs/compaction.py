@@ -69,7 +69,7 @@ from memwal_core import faults
 from memwal_core.errors import one_line
 from memwal_core.jobs import catchup
 from memwal_core.options import CompactionOptions
-from memwal_core.state import table
+from memwal_core.state import lease, table
 from memwal_core.state.lance_mem_wal import is_commit_conflict
 from memwal_core.state.store import TableLocation
 
@@ -421,6 +421,7 @@ class CompactionResult:
         return d
 
 
+@lease.step("compact")
 def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
                        progress: Callable[[str], None] | None = None,
                        before_commit: Callable[[int], None] | None = None) -> CompactionResult:
@@ -467,6 +468,7 @@ def execute_compaction(loc: TableLocation, plan: CompactionPlan, spark=None, *,
             ds = table.open_dataset(loc, version=lance_plan.read_version,
                                     commit_lock=faults.commit_lock("compaction.during_commit"))
             faults.point("compaction.before_commit")
+            lease.fence(loc, "compaction commit")
             try:
                 metrics = Compaction.commit(ds, rewrites)
             except OSError as e:
@@ -543,6 +545,7 @@ def discard_rewrites(loc: TableLocation, rewrites: list) -> int:
 def _optimize(loc: TableLocation, name: str, result: CompactionResult, kw: dict, record: dict | None,
               segments: int) -> None:
     try:
+        lease.fence(loc, f"index {name} optimize")
         table.open_dataset(loc).optimize.optimize_indices(index_names=[name], **kw)
         if record is not None:
             record[name] = segments
@@ -578,6 +581,7 @@ def restore_catchup(loc: TableLocation, before: table.MemWalState, errors: dict[
     return [o.name for o in r.indexes if o.error is None]
 
 
+@lease.step("compact")
 def compact(loc: TableLocation, spark=None, options: CompactionOptions | None = None, **kw) -> CompactionResult:
     """Plan and execute in one call."""
     return execute_compaction(loc, plan_compaction(loc, options), spark, **kw)

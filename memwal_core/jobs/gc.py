@@ -4,7 +4,10 @@ A pure planner (`plan_gc`) reads committed state only and returns a `GcPlan` lis
 object it would delete, with its kind, key, bytes and the reason it is eligible, plus counts
 of what it keeps and why; the executor (`execute_gc`) deletes exactly that, after committing a
 region manifest version that no longer lists the deleted generations. `run_gc` does both, after
-the optional base-table version cleanup. Per region:
+the optional base-table version cleanup. A dry run (`run_gc(dry_run=True)`, `memwal maintain
+--dry-run`) is the same path with execution off: the cleanup is planned by Lance itself
+(`explain_cleanup_old_versions`, same settings), and GC is planned as if those versions were gone,
+so it lists what the real run deletes. Per region:
 
 1. **Generations** `g <= limit[region]`, where `limit` is the minimum of
    - `merged[region]` of the latest table version,
@@ -44,6 +47,14 @@ the optional base-table version cleanup. Per region:
    directory before the manifest), and whose newest object is older than `orphan_grace_seconds`.
    The latest manifest is read again right before they are deleted.
 
+5. **Leaked base-table files** (`jobs/leaks.py`, when `collect_leaked_files` and the plan covers
+   every region): files under `data/`, `_deletions/`, `_transactions/`, `_indices/` that no
+   retained version's manifest references (commits that lost a race or crashed), older than
+   `orphan_grace_seconds`; kind `leaked`, region "" (deleted after the regions' work).
+
+Every committing step holds the table lease (`state/lease.py`): `run_gc` / `execute_gc` take it,
+and the base-version cleanup, each manifest commit and each delete are fenced by it.
+
 Execution, per region: commit the trimmed manifest (`region.commit_next`: a lost race reloads
 and re-applies the trim to the fresh manifest; `writer_epoch` never changes), then delete
 generation directories and WAL entries (lowest position first), fix the version hint, delete
@@ -75,7 +86,8 @@ from memwal_core import faults
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, lifecycle, region, routing, table, wal
+from memwal_core.jobs import leaks
+from memwal_core.state import layout, lease, lifecycle, region, routing, table, wal
 from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")
@@ -84,7 +96,9 @@ GENERATION = "generation"
 WAL = "wal"
 MANIFEST = "manifest"
 ORPHAN = "orphan"
-KINDS = (GENERATION, WAL, MANIFEST, ORPHAN)
+LEAKED = "leaked"  # a base-table file of a lost or crashed commit (`jobs/leaks.py`); region_id ""
+KINDS = (GENERATION, WAL, MANIFEST, ORPHAN, LEAKED)
+BASE_VERSION = "base_version"  # a base-table version Lance's cleanup removes (not a GcItem)
 
 CRASH_AFTER_MANIFEST_COMMIT = "gc.after_manifest_commit"
 
@@ -166,6 +180,24 @@ class RegionGcPlan:
 
 
 @dataclass
+class BaseCleanupPlan:
+    """What Lance's `cleanup_old_versions` would remove with GC's settings, as Lance itself
+    explains it (`explain_cleanup_old_versions`): the base-table versions (never the latest, never
+    a tagged one) and the files that go with them. Age-based settings are relative to when it was
+    planned: a version that turns old enough after that is not in it."""
+
+    versions: list[int]
+    bytes: int = 0
+    files: dict[str, int] = field(default_factory=dict)  # Lance's kinds: manifest, data, transaction, ...
+    paths: list[str] = field(default_factory=list)  # the first files, table-relative
+    paths_truncated: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"versions": self.versions, "old_versions": len(self.versions), "bytes": self.bytes,
+                "files": dict(self.files), "paths": self.paths, "paths_truncated": self.paths_truncated}
+
+
+@dataclass
 class GcPlan:
     table_uri: str
     table_version: int
@@ -175,11 +207,15 @@ class GcPlan:
     gating_indexes: list[str]
     regions: dict[str, RegionGcPlan]
     region_errors: dict[str, str] = field(default_factory=dict)  # region id -> why it is skipped
+    # Planned with these base versions taken as removed (a dry run's cleanup); None: as they are.
+    base_cleanup: BaseCleanupPlan | None = None
+    leaked: list[GcItem] = field(default_factory=list)  # base-table files of lost commits
+    leak_scan: dict[str, Any] = field(default_factory=dict)  # its cost and what it kept
     lifecycle: lifecycle.Lifecycle | None = None  # stale-region verdicts the plan used
 
     @property
     def items(self) -> list[GcItem]:
-        return [i for r in self.regions.values() for i in r.items]
+        return [i for r in self.regions.values() for i in r.items] + self.leaked
 
     @property
     def bytes(self) -> int:
@@ -194,6 +230,7 @@ class GcPlan:
         total: collections.Counter = collections.Counter()
         for r in self.regions.values():
             total.update(r.kept)
+        total.update(self.leak_scan.get("kept", {}))
         return dict(sorted(total.items()))
 
     def counts(self) -> dict[str, int]:
@@ -214,6 +251,8 @@ class GcPlan:
             "limits": {rid: r.limit for rid, r in sorted(self.regions.items()) if not r.error},
             "region_errors": dict(self.region_errors),
             "holds": [asdict(h) | {"text": h.describe()} for h in self.holds],
+            "base_cleanup": self.base_cleanup.to_dict() if self.base_cleanup is not None else None,
+            "leak_scan": dict(self.leak_scan),
         }
 
 
@@ -248,6 +287,13 @@ class GcResult:
     # Base-table versions the plan read (each one a reader may time-travel to): every GC pass
     # reads them all, so this is what its cost grows with (`gc.cleanup_base_versions_*` bounds it).
     retained_versions: int = 0
+    dry_run: bool = False
+    plan: GcPlan | None = None  # what was planned (a dry run's answer: its items would be deleted)
+    # Leaked base-table files deleted (objects, bytes; also in `deleted` as kind "leaked") and
+    # what finding them cost (`jobs/leaks.py`: manifests read, files listed, seconds).
+    leaked_objects: int = 0
+    leaked_bytes: int = 0
+    leak_scan: dict[str, Any] = field(default_factory=dict)
     # Stale regions discarded after `discard_stale_after_seconds`: region -> generations through.
     stale_discarded: dict[str, int] = field(default_factory=dict)
 
@@ -263,8 +309,11 @@ class GcResult:
             "skipped": [i.to_dict() for i in self.skipped], "base_cleanup": self.base_cleanup,
             "plan_seconds": round(self.plan_seconds, 3), "execute_seconds": round(self.execute_seconds, 3),
             "retained_versions": self.retained_versions,
+            "leaked_objects": self.leaked_objects, "leaked_bytes": self.leaked_bytes, "leak_scan": dict(self.leak_scan),
             "stale_discarded": dict(self.stale_discarded),
             "items": [i.to_dict() for i in self.deleted],
+            **({"dry_run": True, "planned": [i.to_dict() for i in self.plan.items]}
+               if self.dry_run and self.plan is not None else {}),
         }
 
 
@@ -329,10 +378,13 @@ def _stamp(value: Any) -> float | None:
         return None
 
 
-def _retention(loc: TableLocation, ds) -> _Retention:
+def _retention(loc: TableLocation, ds, gone: frozenset[int] = frozenset()) -> _Retention:
+    """What the retained versions need; `gone`: versions taken as removed (a dry run's cleanup)."""
     versions, states, stamps = [], {}, {}
     for info in ds.versions():
         v = int(info["version"])
+        if v in gone:
+            continue
         stamp = _stamp(info.get("timestamp"))
         if stamp is not None:
             stamps[v] = stamp
@@ -379,6 +431,7 @@ class _Context:
     # Sharded regions whose routing value no MemWAL index snapshot records authoritatively:
     # their merged generations are the merger's only authority for it (see `unrecorded_regions`).
     unrecorded: set[str] = field(default_factory=set)
+    spec_ids: list[int] = field(default_factory=list)  # region specs of the MemWAL index
     stale: lifecycle.Lifecycle | None = None  # regions with data from before the MemWAL initialization
 
 
@@ -454,8 +507,9 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
             _hold(ctx, rp, "stale", g)
         return rp
     try:  # what the merger refuses, GC leaves alone: progress says nothing true about it
+        region.check_spec(m, ctx.spec_ids)
         region.pending_generations(m, ctx.merged.get(rid, 0))
-    except region.MalformedRegion as e:
+    except region.CorruptManifest as e:
         rp.error = f"region {rid}: corrupt manifest version {m.version}: {e.detail}; nothing collected here"
         return rp
     limit, bounds = _limit(ctx, rid)
@@ -688,8 +742,9 @@ def _pending(loc: TableLocation) -> set[str]:
 
 
 def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
-            now: float | None = None) -> GcPlan:
-    """What GC would delete, and why; reads only (a dry run)."""
+            now: float | None = None, base_cleanup: BaseCleanupPlan | None = None) -> GcPlan:
+    """What GC would delete, and why; reads only. `base_cleanup`: plan as if its base-table
+    versions were removed already (what the real run's cleanup does before it plans)."""
     config = config or GcOptions()
     now = time.time() if now is None else now
     ds = table.open_dataset(loc)
@@ -697,13 +752,17 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     from memwal_core.jobs.catchup import base_indexes  # local import: catchup imports lance at module level too
 
     gating = state.gating_indexes(list(base_indexes(ds)))
-    retention = _retention(loc, ds)
+    gone = frozenset(base_cleanup.versions) if base_cleanup is not None else frozenset()
+    if ds.version in gone:  # Lance never removes the latest version; a plan saying so is wrong
+        raise GcError(f"base cleanup plan removes the latest table version {ds.version}")
+    retention = _retention(loc, ds, gone)
     # Manifests are read after the table state: merge progress only grows, so a merge landing
     # in between can only make the limits computed above conservative.
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
     ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
                    unrecorded_regions(loc, state, loaded.manifests),
+                   [s.spec_id for s in state.details.region_specs],
                    lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False))
     plans: dict[str, RegionGcPlan] = {}
     errors: dict[str, str] = {}
@@ -726,7 +785,29 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
                 rp.items.clear()
                 rp.trim.clear()
                 log.error("%s", rp.error)
-    return GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors, ctx.stale)
+    plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors, base_cleanup,
+                  lifecycle=ctx.stale)
+    if config.collect_leaked_files and regions is None:
+        _plan_leaks(loc, plan, now)
+    return plan
+
+
+LEAKS_KEY = "leaked files"  # the plan's / result's `region_errors` key for a failed leak scan
+
+
+def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float) -> None:
+    scan = leaks.plan_leaks(loc, now, plan.config.orphan_grace_seconds)
+    plan.leak_scan = {"versions_read": scan.versions, "files_listed": scan.files_listed,
+                      "list_seconds": round(scan.list_seconds, 3), "refs_seconds": round(scan.refs_seconds, 3),
+                      "kept": dict(scan.kept)}
+    if scan.error:
+        plan.region_errors[LEAKS_KEY] = scan.error
+        log.error("%s", scan.error)
+        return
+    for lk in scan.leaks:
+        plan.leaked.append(GcItem(LEAKED, "", lk.key, lk.bytes,
+                                  f"{lk.what} no retained version references ({scan.versions} manifests read), "
+                                  f"{lk.age:.0f}s old", lk.keys))
 
 
 # ------------------------------------------------------------------------------------------
@@ -735,6 +816,12 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
 
 def _check_item(item: GcItem) -> None:
     """Every key must be where its kind says, inside its region directory."""
+    if item.kind == LEAKED:
+        if item.region_id or not all(leaks.is_leak_key(k) for k in item.keys) or not all(
+                k == item.path or layout.is_inside(k, item.path) for k in item.keys):
+            raise layout.UnsafePath(f"refusing to delete leaked-file item {item.path!r} (a key lies outside "
+                                    f"{', '.join(leaks.LEAK_DIRS)})")
+        return
     rdir = layout.region_dir(item.region_id)
     if item.kind == WAL:
         ok = item.keys == (layout.wal_key(item.region_id, item.number),)
@@ -776,6 +863,8 @@ def _delete(loc: TableLocation, items: list[GcItem], out: _RegionOutcome) -> Non
     keys = [k for i in items for k in i.keys]
     for i in items:
         _check_item(i)
+    if keys:
+        lease.fence(loc, "GC delete")
     for start in range(0, len(keys), 1000):
         out.objects += loc.store.delete_many(keys[start:start + 1000])
     out.deleted.extend(items)
@@ -833,6 +922,7 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
     return out
 
 
+@lease.step("gc")
 def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
     """Delete exactly what `plan` lists (orphans re-checked against the latest manifest)."""
     t0 = time.monotonic()
@@ -847,9 +937,68 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
             result.manifest_commits += out.commits
             if out.error:
                 result.region_errors[rp.region_id] = out.error
+    result.leak_scan = dict(plan.leak_scan)
+    if plan.leaked:
+        out = _RegionOutcome()
+        try:
+            _delete(loc, plan.leaked, out)
+        except Exception as e:  # noqa: BLE001 - reported; the regions' results stand
+            result.region_errors[LEAKS_KEY] = f"deleting leaked files: {one_line(e)}"
+            log.error("GC: %s", result.region_errors[LEAKS_KEY])
+        result.deleted.extend(out.deleted)
+        result.deleted_objects += out.objects
+        result.leaked_objects = sum(len(i.keys) for i in out.deleted)
+        result.leaked_bytes = sum(i.bytes for i in out.deleted)
     result.bytes_reclaimed = sum(i.bytes for i in result.deleted)
     result.execute_seconds = time.monotonic() - t0
     return result
+
+
+def _cleanup_kwargs(config: GcOptions) -> dict[str, Any]:
+    """Lance's `cleanup_old_versions` arguments for GC's settings (the cleanup and its dry run)."""
+    kw: dict[str, Any] = {"error_if_tagged_old_versions": False}
+    if config.base_cleanup_older_than is not None:
+        kw["older_than"] = config.base_cleanup_older_than
+    if config.cleanup_base_versions_retain is not None:
+        kw["retain_versions"] = config.cleanup_base_versions_retain
+    return kw
+
+
+def _manifest_version(path: str) -> int | None:
+    """The table version of a `_versions/*.manifest` path: Lance's V2 naming stores
+    `u64::MAX - version` zero-padded to 20 digits (newest first), V1 the version itself."""
+    name = path.rsplit("/", 1)[-1]
+    stem = name[: -len(".manifest")] if name.endswith(".manifest") else ""
+    if "/_versions/" not in "/" + path or not stem.isdigit():
+        return None
+    n = int(stem)
+    return (2**64 - 1) - n if len(stem) == 20 else n
+
+
+def plan_base_cleanup(loc: TableLocation, config: GcOptions, *, max_paths: int = 1000) -> BaseCleanupPlan | None:
+    """What `cleanup_base_versions` would remove now, from Lance's own explanation with the same
+    arguments (None when no cleanup is configured). Every file is listed to find the versions
+    (each removed version's manifest is one of them); `paths` keeps the first `max_paths`."""
+    if not config.base_cleanup:
+        return None
+    ds = table.open_dataset(loc)
+    ex = ds.explain_cleanup_old_versions(**_cleanup_kwargs(config), include_files=True, max_files=2**31 - 1)
+    # Lance names files by their object-store path: the table root (local) or the key in the bucket.
+    root = loc.lance_uri.rstrip("/").split("://", 1)[-1].lstrip("/")
+    roots = [r + "/" for r in (root, root.split("/", 1)[-1] if "://" in loc.lance_uri else root) if r]
+    paths, versions = [], set()
+    for c in ex.candidate_files:
+        rel = c.path.lstrip("/")
+        rel = next((rel[len(r):] for r in roots if rel.startswith(r)), rel)
+        paths.append(rel)
+        if c.kind == "manifest" and (v := _manifest_version(rel)) is not None:
+            versions.add(v)
+    if len(versions) != ex.stats.old_versions or ex.candidate_files_truncated:
+        raise GcError(f"cannot tell which base-table versions the cleanup would remove: Lance explains "
+                      f"{ex.stats.old_versions} old versions, {len(versions)} manifests were recognized")
+    files = collections.Counter(c.kind for c in ex.candidate_files)
+    return BaseCleanupPlan(sorted(versions), int(ex.stats.bytes_removed), dict(sorted(files.items())),
+                           paths[:max_paths], len(paths) > max_paths)
 
 
 def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, int]:
@@ -857,38 +1006,45 @@ def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, in
     listing here: `ds.versions()` reads every retained manifest, the largest part of a GC pass on
     a long history, and the plan that follows reads them once anyway (`run_gc` fills in the counts)."""
     ds = table.open_dataset(loc)
-    kw: dict[str, Any] = {"error_if_tagged_old_versions": False}
-    if config.base_cleanup_older_than is not None:
-        kw["older_than"] = config.base_cleanup_older_than
-    if config.cleanup_base_versions_retain is not None:
-        kw["retain_versions"] = config.cleanup_base_versions_retain
+    kw = _cleanup_kwargs(config)
+    lease.fence(loc, "base-table version cleanup")
     faults.op("lance_cleanup_old_versions")  # reliability tests: a crash point
     stats = ds.cleanup_old_versions(**kw)
     return {"old_versions": int(getattr(stats, "old_versions", 0)),
             "bytes_removed": int(getattr(stats, "bytes_removed", 0))}
 
 
+@lease.step("gc")
 def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
            dry_run: bool = False, progress: Callable[[str], None] | None = None) -> GcResult:
-    """Base-version cleanup (when configured and not a dry run), plan, execute."""
+    """Base-version cleanup (when configured), plan, execute. A dry run is the same path with
+    execution off: the cleanup is planned instead (Lance's explanation) and GC planned as if
+    those versions were gone; `result.plan` lists what would be deleted."""
     config = config or GcOptions()
     base: dict[str, Any] | None = None
     discarded = _discard_expired(loc, config, dry_run)
-    if config.base_cleanup and not dry_run and _record_stale(loc):
+    base_plan: BaseCleanupPlan | None = None
+    if config.base_cleanup and (dry_run or _record_stale(loc)):
         try:
-            base = cleanup_base_versions(loc, config)
+            if dry_run:
+                base_plan = plan_base_cleanup(loc, config)
+                base = {"dry_run": True, "old_versions": len(base_plan.versions), "bytes_removed": base_plan.bytes}
+            else:
+                base = cleanup_base_versions(loc, config)
             if progress:
-                progress(f"base table: {base['old_versions']} old versions cleaned up")
+                progress(f"base table: {base['old_versions']} old versions "
+                         f"{'would be cleaned up' if dry_run else 'cleaned up'}")
         except Exception as e:  # noqa: BLE001 - planning below stays safe: it reads what is retained
             base = {"error": one_line(e)}
             log.warning("base table version cleanup failed, collecting without it: %s", base["error"])
     t0 = time.monotonic()
-    plan = plan_gc(loc, config, regions=regions)
+    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan)
     plan_s = time.monotonic() - t0
     if progress:
         progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.region_errors)} region errors")
     if dry_run:
-        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors))
+        result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors), dry_run=True,
+                          leak_scan=dict(plan.leak_scan))
     else:
         result = execute_gc(loc, plan)
         if plan.lifecycle is not None:  # regions classified for the first time: not again next pass
@@ -897,6 +1053,7 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
         base["versions_after"] = len(plan.retained_versions)
         base["versions_before"] = base["versions_after"] + base["old_versions"]
     result.base_cleanup = base
+    result.plan = plan
     result.retained_versions = len(plan.retained_versions)
     result.plan_seconds = plan_s
     result.holds = plan.holds
@@ -936,4 +1093,4 @@ def _discard_expired(loc: TableLocation, config: GcOptions, dry_run: bool) -> di
 
 
 __all__ = ["GcOptions", "GcItem", "GcPlan", "GcResult", "RegionGcPlan", "GcError", "plan_gc", "execute_gc",
-           "run_gc", "cleanup_base_versions", "GcHold", "summarize_holds", "CRASH_AFTER_MANIFEST_COMMIT"]
+           "run_gc", "cleanup_base_versions", "plan_base_cleanup", "BaseCleanupPlan", "GcHold", "summarize_holds", "CRASH_AFTER_MANIFEST_COMMIT"]

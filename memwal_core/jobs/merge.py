@@ -16,6 +16,8 @@ instead. (It is also one commit instead of two; see docs/benchmarks.md.)
 
 from __future__ import annotations
 
+import collections
+
 import logging
 import re
 import time
@@ -33,9 +35,10 @@ from memwal_core.jobs import snapshot
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
-from memwal_core.state import layout, lifecycle, region, routing, walls
+from memwal_core.state import layout, lease, lifecycle, region, routing, walls
+from memwal_core.state.keys import refuse_unsupported_keys, sql_literal
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
-from memwal_core.state.store import TableLocation
+from memwal_core.state.store import TableLocation, refuse_links
 from memwal_core.state.table import MemWalState, open_dataset, primary_key, read_memwal_state, refuse_stable_row_ids
 
 log = logging.getLogger("memwal.merge")
@@ -123,9 +126,10 @@ class MergePlan:
 
 
 def _generation_bytes(loc: TableLocation, region_id: str, g: region.Generation) -> int:
+    prefix = layout.generation_dir(region_id, g.path, g.generation)
+    refuse_links(loc.store, prefix)  # Spark opens it by URI: a link would be followed there
     if g.in_memory_bytes:
         return g.in_memory_bytes
-    prefix = layout.generation_dir(region_id, g.path, g.generation)
     return sum(o.size for o in loc.store.list(prefix))
 
 
@@ -143,6 +147,7 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
     merged = state.merged
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids)
+    spec_ids = [s.spec_id for s in state.details.region_specs]
     lc = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=False)
     walls: dict[str, Wall] = {}
     queues: dict[str, list[PlannedGeneration]] = {}
@@ -156,10 +161,11 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
         if _stale_wall(lc, rid, m, done, walls):
             continue
         try:
+            region.check_spec(m, spec_ids)
             pending = [PlannedGeneration(rid, g.generation, layout.validate_generation_path(g.path, g.generation),
                                          _generation_bytes(loc, rid, g), g.physical_rows)
                        for g in region.pending_generations(m, done)]
-        except region.MalformedRegion as e:
+        except region.CorruptManifest as e:  # malformed generation list, unknown region spec
             walls[rid] = Wall(done + 1, f"region {rid}: corrupt manifest version {m.version}: {e.detail}",
                               permanent=True)
             log.error("%s", walls[rid].reason)
@@ -201,7 +207,7 @@ def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: 
     Each region's generations stay in ascending order across batches; a single generation
     larger than the budget gets a batch of its own.
     """
-    queues = {k: list(v) for k, v in queues.items()}
+    queues = {k: collections.deque(v) for k, v in queues.items()}  # popleft: linear in the backlog
     batches = []
     while any(queues.values()):
         batch: list[PlannedGeneration] = []
@@ -215,7 +221,7 @@ def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: 
                     continue
                 if batch and size + q[0].bytes > budget:
                     continue
-                g = q.pop(0)
+                g = q.popleft()
                 batch.append(g)
                 size += g.bytes
                 progressed = True
@@ -287,25 +293,19 @@ def quote_column(name: str) -> str:
     return name if _IDENT.match(name) else "`" + name.replace("`", "``") + "`"
 
 
-def _literal(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return "'" + v.replace("'", "''") + "'"
-    if isinstance(v, bytes):
-        return "X'" + v.hex() + "'"
-    raise MergeError(f"cannot express a primary key value of type {type(v).__name__} in a delete predicate")
-
-
 def delete_predicate(keys: pa.Table, pk: list[str]) -> str:
-    """SQL predicate matching exactly the tombstoned keys (for `when_not_matched_by_source_delete`)."""
+    """SQL predicate matching exactly the tombstoned keys (for `when_not_matched_by_source_delete`).
+
+    Each value is written as a literal of its column's type (`keys.sql_literal`): a value Lance
+    read as another would refuse the commit or delete a live row."""
     cols = {c: quote_column(c) for c in pk}
+    types = {c: keys.schema.field(c).type for c in pk}
     if len(pk) == 1:
-        return f"{cols[pk[0]]} IN ({', '.join(_literal(v) for v in keys.column(pk[0]).to_pylist())})"
-    rows = keys.to_pylist()
-    return " OR ".join("(" + " AND ".join(f"{cols[c]} = {_literal(r[c])}" for c in pk) + ")" for r in rows)
+        c = pk[0]
+        return f"{cols[c]} IN ({', '.join(sql_literal(v, types[c]) for v in keys.column(c).to_pylist())})"
+    rows = keys.select(pk).to_pylist()
+    return " OR ".join("(" + " AND ".join(f"{cols[c]} = {sql_literal(r[c], types[c])}" for c in pk) + ")"
+                       for r in rows)
 
 
 class _Clock:
@@ -316,6 +316,7 @@ class _Clock:
         return time.monotonic() - self.t0
 
 
+@lease.step("merge")
 def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: int = 5,
                   progress: ProgressFn | None = None, expected_values: dict[str, dict] | None = None) -> MergeResult:
     """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
@@ -329,6 +330,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     clock = _Clock()
     ds = open_dataset(loc)
     pk = primary_key(ds)  # a table without a primary key cannot be merged: say so first
+    refuse_unsupported_keys(ds.schema, pk, loc.lance_uri)  # a key type no predicate matches exactly
     refuse_stable_row_ids(ds)  # merge_insert would mint new row ids (table.refuse_stable_row_ids)
     result = MergeResult(plan.table_uri)
     for rid, wall in plan.walls.items():
@@ -812,6 +814,8 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
     a race (the caller re-reads progress and retries what is left)."""
     try:
         return _commit(run, deduped, gens, index)
+    except lease.LeaseLost:
+        raise  # not this batch's fault: the whole step stops (another maintainer holds the table)
     except Exception as e:  # noqa: BLE001 - isolated below
         rids = sorted({g.region_id for g in gens})
         if len(rids) == 1:
@@ -824,6 +828,8 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
         try:
             if not _commit(run, deduped.only({index[rid]}), mine, index):
                 return False
+        except lease.LeaseLost:
+            raise
         except Exception as e:  # noqa: BLE001 - this region only
             _commit_failed(run, rid, mine, e)
     return True
@@ -849,6 +855,7 @@ def _commit(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration]
     builder = builder.mark_sstables_as_compacted(merged_markers(progress))
     source = pa.RecordBatchReader.from_batches(schema, _cast_stream(deduped.live, schema))
     faults.point("merge.before_commit")
+    lease.fence(loc, "merge commit")
     try:
         stats = builder.execute(source)
     except OSError as e:
@@ -890,6 +897,7 @@ def _bytes_written(ds: lance.LanceDataset, version: int) -> int:
     return sum((f.file_size_bytes or 0) for frag in frags for f in frag.files)
 
 
+@lease.step("merge")
 def merge(loc: TableLocation, spark, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
           max_generations: int = DEFAULT_MAX_GENERATIONS, regions: list[str] | None = None,
           progress: ProgressFn | None = None) -> MergeResult:

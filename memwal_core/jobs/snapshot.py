@@ -53,7 +53,7 @@ from memwal_core import faults
 from memwal_core.errors import one_line
 from memwal_core.options import SnapshotOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, lifecycle, region, routing, table, wal
+from memwal_core.state import layout, lease, lifecycle, region, routing, table, wal
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.snapshot")
@@ -581,6 +581,7 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
 # The builder
 
 
+@lease.step("index")
 def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
                    max_workers: int = 16, max_attempts: int = 5, update_hints: bool = True,
                    derive_fields: bool = True, dry_run: bool = False) -> SnapshotResult:
@@ -653,6 +654,7 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
         details.CopyFrom(state.details)  # configuration, merge progress, catch-up: as read
         details.snapshot_ts_millis = ts_millis
         details.num_regions = len(rows)
+        lease.fence(loc, "MemWAL index commit")  # before its external file: nothing left behind
         index_uuid = str(uuid.uuid4())
         files = None
         if inline_bytes is not None:

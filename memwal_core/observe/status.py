@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memwal_core.state import layout, lifecycle, region, walls
-from memwal_core.state.store import TableLocation
+from memwal_core.state.store import SymlinkRefused, TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, read_memwal_state
 
 # A generation directory is a Lance dataset; its first (and, for pylance, only) version.
@@ -81,20 +81,25 @@ def generation_flush_time(loc: TableLocation, region_id: str, gen: region.Genera
 
 
 def region_status(loc: TableLocation, m: region.RegionManifest, merged: int, now: float | None = None,
-                  with_age: bool = True) -> RegionStatus:
+                  with_age: bool = True, spec_ids: list[int] | None = None) -> RegionStatus:
     pending = [g for g in m.generations if g.generation > merged]
     st = RegionStatus(m.region_id, m.version, m.writer_epoch, m.current_generation,
                       [g.generation for g in m.generations], merged, [g.generation for g in pending],
                       sum(g.physical_rows for g in pending), sum(g.in_memory_bytes for g in pending))
     try:  # what the merger refuses and GC leaves alone (e.g. a reset region) is an error here too
+        if spec_ids is not None:
+            region.check_spec(m, spec_ids)
         region.pending_generations(m, merged)
-    except region.MalformedRegion as e:
+    except region.CorruptManifest as e:
         st.error = str(e)
         return st
     if pending and with_age:
         try:
             t = generation_flush_time(loc, m.region_id, pending[0])
         except layout.UnsafePath as e:
+            st.error = f"region {m.region_id}: {e}"
+            return st
+        except SymlinkRefused as e:  # a linked generation directory: refused, never followed
             st.error = f"region {m.region_id}: {e}"
             return st
         st.oldest_pending_age_s = max(0.0, (now or time.time()) - t) if t else None
@@ -114,7 +119,8 @@ def table_status(loc: TableLocation, state: MemWalState | None = None, *, with_a
     for rid in sorted(loaded):
         got = loaded[rid]
         if got.ok:
-            regions.append(region_status(loc, got.manifest, merged.get(rid, 0), now, with_age))
+            regions.append(region_status(loc, got.manifest, merged.get(rid, 0), now, with_age,
+                                         [s.spec_id for s in state.details.region_specs]))
             _stale_status(regions[-1], stale)
         else:
             regions.append(RegionStatus(rid, merged_generation=merged.get(rid, 0), error=got.message))

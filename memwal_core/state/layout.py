@@ -21,6 +21,9 @@ MEMWAL_DIR = "_memwal"
 GC_PENDING_DIR = f"{MEMWAL_DIR}/gc_pending"
 WALLS_DIR = f"{MEMWAL_DIR}/walls"
 LIFECYCLE_KEY = f"{MEMWAL_DIR}/lifecycle.json"  # stale-region verdicts (`state/lifecycle.py`)
+# The table lease (`state/lease.py`): one object per fencing token, `{token:020d}.json`.
+LEASE_DIR = f"{MEMWAL_DIR}/lease"
+_LEASE_NAME = re.compile(r"^([0-9]{20})\.json$")
 
 _GEN_DIR = re.compile(r"^[0-9a-f]{8}_gen_([1-9][0-9]*)$")
 _ORPHAN_CANDIDATE = re.compile(r"^.+_gen_([0-9]+)$")
@@ -83,6 +86,21 @@ def gc_pending_key(region_id: str) -> str:
 def wall_key(region_id: str) -> str:
     """The merger's record of a region stuck behind a permanent wall (`state/walls.py`)."""
     return f"{WALLS_DIR}/{_checked(region_id)}.json"
+
+
+def lease_key(token: int) -> str:
+    """The lease record of fencing token `token` (zero-padded: names sort as tokens do)."""
+    if not 0 < token < 10**20:
+        raise ValueError(f"lease token {token} out of range")
+    return f"{LEASE_DIR}/{token:020d}.json"
+
+
+def lease_token_of(key: str) -> int | None:
+    """The token of a listed lease key; None for anything else under the lease directory."""
+    if not key.startswith(LEASE_DIR + "/"):
+        return None
+    m = _LEASE_NAME.fullmatch(key[len(LEASE_DIR) + 1:])
+    return int(m.group(1)) if m else None
 
 
 def wal_dir(region_id: str) -> str:

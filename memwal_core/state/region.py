@@ -19,8 +19,9 @@ from typing import Callable, Iterable
 from google.protobuf.message import DecodeError
 
 from memwal_core.errors import MemwalError
+from memwal_core.options import MAX_REGION_GENERATIONS
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout
+from memwal_core.state import layout, lease
 from memwal_core.state.store import NotFound, ObjectStore
 
 log = logging.getLogger("memwal.region")
@@ -57,6 +58,28 @@ class SealedRegion(RegionError):
 
 class ManifestGap(CorruptManifest):
     """A later manifest version exists past a missing one: the loaded "latest" is stale."""
+
+
+class FieldOutOfRange(CorruptManifest):
+    """A manifest field holds a value memwal (and the spec) cannot work with; names the field."""
+
+    def __init__(self, region_id: str, key: str, field_name: str, value: object, why: str):
+        super().__init__(region_id, f"manifest {key}: field {field_name} = {value!r} is out of range ({why})")
+        self.key, self.field, self.value = key, field_name, value
+
+
+# Versions, epochs, WAL positions, generation numbers and sizes are uint64 on the wire, but
+# memwal adds 1 to them (the next version, position or generation), Lance's bit-reversed
+# names hold 64 bits, and the snapshot's and Spark's columns are signed 64-bit: anything at
+# or above 2^63 is damage, never a value a writer produced.
+MAX_COUNTER = 2**63 - 1
+_COUNTERS = ("writer_epoch", "replay_after_wal_entry_position", "wal_entry_position_last_seen",
+             "current_generation")
+_GEN_SIZES = ("in_memory_bytes", "physical_rows", "primary_key_bytes")
+KNOWN_STATUS = {pb.ACTIVE: "ACTIVE", pb.SEALED: "SEALED"}
+# The largest manifest of MAX_REGION_GENERATIONS generations: an entry is at most ~90 bytes
+# (five 10-byte varints, a `{8 hex}_gen_{N}` path, tags), plus 1 MiB for everything else.
+MAX_MANIFEST_BYTES = MAX_REGION_GENERATIONS * 128 + (1 << 20)
 
 
 @dataclass(frozen=True)
@@ -130,7 +153,7 @@ def read_version_hint(store: ObjectStore, region_id: str) -> int | None:
         return None
     try:
         v = json.loads(raw)["version"]
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_COUNTER:
             return v
         raise ValueError(f"bad version {v!r}")
     except Exception as e:  # noqa: BLE001 - any garbage means "no hint"
@@ -148,9 +171,13 @@ def write_version_hint(store: ObjectStore, region_id: str, version: int) -> None
 
 
 def decode_manifest(region_id: str, version: int, raw: bytes) -> RegionManifest:
-    key = layout.manifest_key(region_id, version)
+    key = _manifest_key_or_raise(region_id, version)
     if not raw:
         raise CorruptManifest(region_id, f"manifest {key} (version {version}) is empty")
+    if len(raw) > MAX_MANIFEST_BYTES:  # refused before decoding: it cannot hold fewer entries than the limit
+        raise FieldOutOfRange(region_id, key, "flushed_generations", f"{len(raw)} bytes",
+                              f"more than {MAX_MANIFEST_BYTES} bytes, so more than {MAX_REGION_GENERATIONS} "
+                              "generations; the region is refused as too large to plan")
     try:
         msg = pb.RegionManifest.FromString(raw)
     except DecodeError as e:
@@ -166,7 +193,63 @@ def decode_manifest(region_id: str, version: int, raw: bytes) -> RegionManifest:
     if msg.region_id.uuid != uuid.UUID(region_id).bytes:
         raise CorruptManifest(region_id, f"manifest {key} (version {version}) belongs to region "
                                          f"{_uuid_str(msg.region_id.uuid)}")
+    check_fields(region_id, key, msg)
     return RegionManifest(region_id, version, msg, raw)
+
+
+def _manifest_key_or_raise(region_id: str, version: int) -> str:
+    if not 1 <= version <= MAX_COUNTER:  # a file named past 2^63 (listing) or a hint: damage
+        raise FieldOutOfRange(region_id, f"{layout.manifest_dir(region_id)}/<version {version}>", "version",
+                              version, "versions run from 1 to 2^63-1")
+    return layout.manifest_key(region_id, version)
+
+
+def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
+    """Refuse a manifest whose fields memwal cannot do arithmetic on, or does not know.
+
+    Each failure is a `FieldOutOfRange` naming the region, the file, the field and its value,
+    so the region is refused (walled, skipped by GC, its previous snapshot row kept) instead of
+    failing later with a bare `ValueError` deep inside a job.
+    """
+    def bad(name: str, value: object, why: str) -> FieldOutOfRange:
+        return FieldOutOfRange(region_id, key, name, value, why)
+
+    for name in _COUNTERS:  # (version equals the file's, checked in range by the caller)
+        v = getattr(msg, name)
+        if v > MAX_COUNTER:
+            raise bad(name, v, "at most 2^63-1")
+    if msg.status not in KNOWN_STATUS:
+        raise bad("status", msg.status, "memwal knows ACTIVE (0) and SEALED (1) only; a newer writer's "
+                                        "status may forbid what memwal would do")
+    n = len(msg.flushed_generations)
+    if n > MAX_REGION_GENERATIONS:
+        raise bad("flushed_generations", f"{n} entries", f"more than {MAX_REGION_GENERATIONS} generations; "
+                  "the region is refused as too large to plan (a healthy region lists only the generations "
+                  "not yet merged or trimmed: repair the manifest)")
+    # Loose here (<= current_generation: the spec's flush steps can be read either way); the
+    # merger's `pending_generations` insists on < for what it merges, as pylance writes it.
+    cur = msg.current_generation
+    for i, g in enumerate(msg.flushed_generations):
+        if not 1 <= g.generation <= cur:
+            raise bad(f"flushed_generations[{i}].generation", g.generation,
+                      f"generations run from 1 to current_generation = {cur}")
+        for name in _GEN_SIZES:
+            v = getattr(g, name)
+            if v > MAX_COUNTER:
+                raise bad(f"flushed_generations[{i}].{name}", v, "at most 2^63-1")
+
+
+def check_spec(m: RegionManifest, spec_ids: Iterable[int]) -> None:
+    """Refuse a region bound to a region spec the MemWAL index does not define (0 = manual).
+
+    Its rows cannot be routed or checked against a spec memwal cannot see; merging them would
+    accept whatever a writer with another index wrote."""
+    known = sorted(set(spec_ids))
+    sid = m.message.region_spec_id
+    if sid and sid not in known:
+        raise FieldOutOfRange(m.region_id, layout.manifest_key(m.region_id, m.version), "region_spec_id", sid,
+                              f"not a region spec of the MemWAL index (known: 0 = manual"
+                              f"{', ' if known else ''}{', '.join(map(str, known))})")
 
 
 def _uuid_str(b: bytes) -> str:
@@ -178,7 +261,7 @@ def _uuid_str(b: bytes) -> str:
 
 def load_version(store: ObjectStore, region_id: str, version: int) -> RegionManifest:
     try:
-        raw = store.get(layout.manifest_key(region_id, version))
+        raw = store.get(_manifest_key_or_raise(region_id, version))
     except NotFound:
         raise MissingManifest(region_id, f"manifest version {version} does not exist") from None
     return decode_manifest(region_id, version, raw)
@@ -341,6 +424,7 @@ def commit_next(store: ObjectStore, current: RegionManifest, mutate: Mutation, *
         msg.version = version
         raw = msg.SerializeToString()
         _refuse_gap(store, current.region_id, version)
+        lease.fence_store(store, f"region {current.region_id} manifest version {version}")
         if store.put_if_absent(layout.manifest_key(current.region_id, version), raw):
             write_version_hint(store, current.region_id, version)
             return RegionManifest(current.region_id, version, msg, raw)

@@ -4,20 +4,25 @@ Keys are '/'-separated and relative to the table root. Every manifest commit goe
 `put_if_absent`, the only primitive that makes concurrent committers safe, so both stores
 implement it atomically (a hard link on local disk, `IfNoneMatch='*'` on S3).
 Both count their requests by kind in `stats`, which benchmarks and the "a tick over unchanged
-regions must not list" tests read.
+regions must not list" tests read. Every error either raises, other than "not found", is a
+`StoreError` naming the operation and the object (local path, or s3://bucket/key).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Protocol
 from urllib.parse import unquote, urlparse
 
 from memwal_core import faults
 from memwal_core.errors import MemwalError
+from memwal_core.state import layout
 
 
 class StoreError(MemwalError, OSError):
@@ -55,8 +60,31 @@ def _clean(key: str) -> str:
     return key
 
 
+@contextlib.contextmanager
+def _local_errors(kind: str, path: str):
+    """An OS error of a local-disk operation as a `StoreError` naming the operation and path
+    (the handlers inside take the ones they expect first: not found, already exists)."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except OSError as e:
+        raise StoreError(f"local {kind} {path} failed: {type(e).__name__}: {e.strerror or e}") from e
+
+
+class SymlinkRefused(StoreError):
+    """A path under a local table root goes through a symbolic link: memwal never follows one."""
+
+
 class LocalStore:
-    """A directory on local disk."""
+    """A directory on local disk.
+
+    No symbolic link below the root is ever followed: every key is resolved component by
+    component with `lstat`, and a key that passes a link is refused (`SymlinkRefused`), for
+    reads, listings and deletes alike. A region directory (or a generation, WAL or manifest
+    directory inside one) planted as a link to elsewhere is thus a refused region, never a
+    way for GC to delete files outside the table. The root itself may be a link.
+    """
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
@@ -64,22 +92,41 @@ class LocalStore:
         self.stats: collections.Counter = collections.Counter()
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.root, *_clean(key).rstrip("/").split("/"))
+        parts = _clean(key).rstrip("/").split("/")
+        path = self.root
+        for p in parts:
+            path = os.path.join(path, p)
+            try:
+                mode = os.lstat(path).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                # The rest does not exist (yet): nothing to follow.
+                return os.path.join(self.root, *parts)
+            if stat.S_ISLNK(mode):
+                raise SymlinkRefused(f"{path} is a symbolic link (to {os.readlink(path)!r}): memwal never "
+                                     f"follows links under a table root; refusing {key!r}")
+        return path
 
     def get(self, key: str) -> bytes:
         self.stats["get"] += 1
+        path = self._path(key)
         try:
-            with open(self._path(key), "rb") as f:
+            with _local_errors("get", path), open(path, "rb") as f:
                 return f.read()
-        except FileNotFoundError:
-            raise NotFound(key) from None
+        except StoreError as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                raise NotFound(key) from None
+            raise
 
     def head(self, key: str) -> ObjectInfo | None:
         self.stats["head"] += 1
+        path = self._path(key)
         try:
-            st = os.stat(self._path(key))
-        except FileNotFoundError:
-            return None
+            with _local_errors("head", path):
+                st = os.stat(path)
+        except StoreError as e:
+            if isinstance(e.__cause__, (FileNotFoundError, NotADirectoryError)):
+                return None
+            raise
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
     def exists(self, key: str) -> bool:
@@ -105,30 +152,42 @@ class LocalStore:
     def put(self, key: str, data: bytes) -> None:
         self.stats["put"] += 1
         path = self._path(key)
-        os.replace(self._write_temp(path, data), path)
+        with _local_errors("put", path):
+            os.replace(self._write_temp(path, data), path)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Atomic across processes: the complete file is linked into place or not at all."""
         self.stats["put_if_absent"] += 1
         path = self._path(key)
-        tmp = self._write_temp(path, data)
-        try:
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
+        with _local_errors("put_if_absent", path):
+            tmp = self._write_temp(path, data)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         self.stats["list"] += 1
         base = self._path(prefix) if prefix else self.root
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
+
+        def unreadable(e: OSError) -> None:  # os.walk skips what it cannot read: a listing with holes
+            if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # gone, never there, a file: nothing
+                raise StoreError(f"local list {e.filename or base} failed: {type(e).__name__}: {e.strerror or e}")
+
+        for dirpath, dirs, files in os.walk(base, onerror=unreadable, followlinks=False):
+            for name in dirs + files:
                 full = os.path.join(dirpath, name)
                 try:
-                    st = os.stat(full)
+                    st = os.lstat(full)
                 except FileNotFoundError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    raise SymlinkRefused(f"{full} is a symbolic link (to {os.readlink(full)!r}): memwal never "
+                                         f"follows links under a table root; refusing to list {prefix!r}")
+                if name in dirs:
                     continue
                 rel = os.path.relpath(full, self.root).replace(os.sep, "/")
                 yield ObjectInfo(rel, st.st_size, st.st_mtime)
@@ -136,24 +195,35 @@ class LocalStore:
     def list_dirs(self, prefix: str) -> list[str]:
         """Names of the immediate sub-"directories" under `prefix`."""
         self.stats["list"] += 1
+        path = self._path(prefix) if prefix else self.root
         try:
-            with os.scandir(self._path(prefix) if prefix else self.root) as it:
+            with _local_errors("list", path), os.scandir(path) as it:
                 return sorted(e.name for e in it if e.is_dir())
-        except FileNotFoundError:
-            return []
+        except StoreError as e:
+            if isinstance(e.__cause__, (FileNotFoundError, NotADirectoryError)):
+                return []
+            raise
 
     def delete_many(self, keys: Iterable[str]) -> int:
         n = 0
         dirs: set[str] = set()
-        for key in keys:
+        keys = list(keys)
+        paths = [self._path(k) for k in keys]  # every key checked before the first delete
+        real_root = os.path.realpath(self.root)
+        for key, path in zip(keys, paths):
+            if not os.path.realpath(path).startswith(real_root + os.sep):
+                raise SymlinkRefused(f"refusing to delete {key!r}: it resolves to {os.path.realpath(path)}, "
+                                     f"outside the table root {real_root}")
+        for key, path in zip(keys, paths):
             self.stats["delete"] += 1
-            path = self._path(key)
             try:
-                os.unlink(path)
+                with _local_errors("delete", path):
+                    os.unlink(path)
                 n += 1
                 dirs.add(os.path.dirname(path))
-            except FileNotFoundError:
-                pass
+            except StoreError as e:
+                if not isinstance(e.__cause__, FileNotFoundError):
+                    raise
         # Remove directories left empty, deepest first, never above the root.
         for d in sorted(dirs, key=len, reverse=True):
             while d.startswith(self.root + os.sep):
@@ -165,19 +235,31 @@ class LocalStore:
         return n
 
 
+def refuse_links(store: ObjectStore, key: str) -> None:
+    """Raise `SymlinkRefused` when `key` passes a symbolic link on a local store (for what
+    memwal hands to Lance by URI, such as a generation directory: Lance would follow it)."""
+    if isinstance(store, LocalStore):
+        store._path(key)
+
+
 class S3Store:
     """A prefix in an S3 bucket, through boto3.
 
-    Retries: botocore's "standard" mode already retries throttling and 5xx with exponential
-    backoff and jitter; `max_attempts` comes from the storage options (`s3_max_attempts`).
+    Retries: botocore's "standard" mode retries a request (throttling, 5xx, a connection
+    dropped before the answer was read) with exponential backoff and jitter, `attempts` times
+    in all (the `s3_max_attempts` storage option). It does not cover an object's body, which
+    is streamed after the request returned: `get` retries the whole GET when its body read
+    fails (a connection reset mid-body), `attempts` times with backoff from
+    `BODY_RETRY_BACKOFF_S`, doubling up to `BODY_RETRY_MAX_BACKOFF_S`.
     Deletes go out in `delete_objects` batches of up to 1,000 keys.
     """
 
-    def __init__(self, bucket: str, prefix: str, client, uri: str):
+    def __init__(self, bucket: str, prefix: str, client, uri: str, attempts: int = 8):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.client = client
         self.uri = uri
+        self.attempts = max(1, int(attempts))
         self.stats: collections.Counter = collections.Counter()
 
     def _key(self, key: str) -> str:
@@ -187,7 +269,9 @@ class S3Store:
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1:] if self.prefix else full
 
-    def _call(self, kind: str, fn, **kw):
+    def _call(self, kind: str, fn, target: str | None = None, **kw):
+        """One request (botocore retries it); a failure other than an S3 error answer becomes a
+        `StoreError` naming the operation and the object (`target`: the key, if not `Key`/`Prefix`)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         self.stats[kind] += 1
@@ -196,8 +280,8 @@ class S3Store:
         except ClientError:
             raise
         except BotoCoreError as e:  # connection refused, timeouts after retries, ...
-            raise StoreError(f"S3 {kind} on s3://{self.bucket}/{kw.get('Key', kw.get('Prefix', ''))} "
-                             f"failed: {e}") from None
+            what = target if target is not None else kw.get("Key", kw.get("Prefix", ""))
+            raise StoreError(f"S3 {kind} s3://{self.bucket}/{what} failed: {e}") from None
 
     @staticmethod
     def _code(e) -> str:
@@ -210,15 +294,30 @@ class S3Store:
         raise StoreError(f"S3 {kind} s3://{self.bucket}/{key} failed: {code or status}{hint}") from None
 
     def get(self, key: str) -> bytes:
-        from botocore.exceptions import ClientError
+        """The object's bytes; a body whose read fails (a connection reset mid-body, a short
+        body) is fetched again, up to `attempts` GETs with backoff."""
+        from botocore.exceptions import BotoCoreError, ClientError
 
         k = self._key(key)
-        try:
-            return self._call("get", self.client.get_object, Bucket=self.bucket, Key=k)["Body"].read()
-        except ClientError as e:
-            if self._code(e) in ("NoSuchKey", "404"):
-                raise NotFound(key) from None
-            self._raise("get", k, e)
+        delay = BODY_RETRY_BACKOFF_S
+        for attempt in range(1, self.attempts + 1):
+            try:
+                body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=k)["Body"]
+            except ClientError as e:
+                if self._code(e) in ("NoSuchKey", "404"):
+                    raise NotFound(key) from None
+                self._raise("get", k, e)
+            try:
+                with contextlib.closing(body):
+                    return body.read()
+            except (BotoCoreError, OSError) as e:  # mid-body: botocore does not retry a streamed body
+                if attempt == self.attempts:
+                    raise StoreError(f"S3 get s3://{self.bucket}/{k} failed: reading the body broke off "
+                                     f"{attempt} times, last: {type(e).__name__}: {e}") from None
+                self.stats["get_body_retry"] += 1
+                time.sleep(delay)
+                delay = min(delay * 2, BODY_RETRY_MAX_BACKOFF_S)
+        raise AssertionError("unreachable")
 
     def head(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError
@@ -245,6 +344,12 @@ class S3Store:
             self._raise("put", k, e)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
+        """True when `key` now holds `data` written by this call; False when another writer's
+        object was there first.
+
+        A conditional PUT whose answer was lost (the connection dropped after the server stored
+        it) is retried by botocore and then answered 412 by our own object: after a retried
+        412 the object is read back, and holding exactly `data` counts as written."""
         from botocore.exceptions import ClientError
 
         k = self._key(key)
@@ -254,6 +359,11 @@ class S3Store:
             return True
         except ClientError as e:
             if self._code(e) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                if e.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0:
+                    try:
+                        return self.get(key) == data
+                    except NotFound:  # deleted meanwhile: it was not ours to keep
+                        return False
                 return False
             self._raise("put_if_absent", k, e)
 
@@ -297,19 +407,26 @@ class S3Store:
         n = 0
         for i in range(0, len(keys), 1000):
             batch = [{"Key": self._key(k)} for k in keys[i:i + 1000]]
+            target = f"{batch[0]['Key']} (and {len(batch) - 1} more keys)" if len(batch) > 1 else batch[0]["Key"]
             try:
-                r = self._call("delete_batch", self.client.delete_objects, Bucket=self.bucket,
+                r = self._call("delete_batch", self.client.delete_objects, target, Bucket=self.bucket,
                                Delete={"Objects": batch, "Quiet": True})
             except ClientError as e:
-                self._raise("delete_objects", batch[0]["Key"], e)
+                self._raise("delete_objects", target, e)
             errors = r.get("Errors", [])
             if errors:
                 first = errors[0]
                 raise StoreError(f"S3 delete_objects failed for {len(errors)} keys, first "
-                                 f"{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}")
+                                 f"s3://{self.bucket}/{first.get('Key')}: {first.get('Code')} "
+                                 f"{first.get('Message', '')}")
             n += len(batch)
         return n
 
+
+# A body read that broke off: the first wait before the GET is sent again, doubling up to the cap.
+BODY_RETRY_BACKOFF_S = 0.1
+BODY_RETRY_MAX_BACKOFF_S = 2.0
+DEFAULT_S3_MAX_ATTEMPTS = 8
 
 # Lance storage-option names (object_store's) -> what boto3 needs.
 _S3_OPTION_ALIASES = {
@@ -329,12 +446,17 @@ def _opt(options: Mapping[str, str], name: str) -> str | None:
     return None
 
 
+def s3_attempts(storage_options: Mapping[str, str]) -> int:
+    """Attempts per S3 request (botocore's) and per object body (`S3Store.get`)."""
+    return max(1, int(storage_options.get("s3_max_attempts", DEFAULT_S3_MAX_ATTEMPTS)))
+
+
 def make_s3_client(storage_options: Mapping[str, str]):
     """A boto3 S3 client configured from Lance-style storage options."""
     import boto3
     from botocore.config import Config
 
-    attempts = int(storage_options.get("s3_max_attempts", 8))
+    attempts = s3_attempts(storage_options)
     cfg = Config(
         # total_max_attempts: botocore's `max_attempts` counts retries, not attempts.
         retries={"total_max_attempts": attempts, "mode": "standard"},
@@ -377,7 +499,8 @@ def open_store(uri: str, storage_options: Mapping[str, str] | None = None) -> Ta
     """
     loc = _open_store(uri, storage_options)
     if faults.counting():
-        loc = TableLocation(faults.CrashingStore(loc.store), loc.lance_uri, loc.storage_options)
+        loc = TableLocation(faults.CrashingStore(loc.store, uncounted=(layout.LEASE_DIR + "/",)),
+                            loc.lance_uri, loc.storage_options)
     return loc
 
 
@@ -405,7 +528,7 @@ def _open_store(uri: str, storage_options: Mapping[str, str] | None) -> TableLoc
         lance_options.pop("s3_max_attempts", None)
         lance_options.pop("s3_connect_timeout", None)
         lance_options.pop("s3_read_timeout", None)
-        store = S3Store(parsed.netloc, prefix, make_s3_client(options), lance_uri)
+        store = S3Store(parsed.netloc, prefix, make_s3_client(options), lance_uri, s3_attempts(options))
         return TableLocation(store, lance_uri, lance_options)
     raise ValueError(f"unsupported table URI scheme {parsed.scheme!r} in {uri} "
                      "(use a local path, file://, or s3://)")

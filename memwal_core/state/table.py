@@ -48,6 +48,80 @@ class StableRowIds(TableError):
     pass
 
 
+class UnknownFeature(TableError):
+    """The table uses a Lance feature (flag) or a region transform memwal does not know."""
+
+
+# Lance manifest feature flags memwal knows what to do with: deletion files (1), stable row
+# ids (2, refused with its own reason by `refuse_stable_row_ids`), the deprecated v2-format
+# bit (4), table config (8), base paths (16), no transaction file (32). Any other bit (data
+# overlay files, MemWAL index catch-up semantics, whatever comes next) changes what a reader
+# or writer must do, so memwal refuses the table before any work rather than guess.
+KNOWN_FEATURE_FLAGS = 1 | 2 | 4 | 8 | 16 | 32
+# Region transforms the spec names (plus pylance's `unsharded`); anything else with no
+# expression has no meaning memwal (or the spec) can give it.
+KNOWN_TRANSFORMS = ("identity", "year", "month", "day", "hour", "bucket", "multi_bucket", "truncate", "unsharded")
+
+
+def feature_flags(head: bytes) -> tuple[int, int]:
+    """(reader_feature_flags, writer_feature_flags) of a Lance manifest message (fields 9, 10),
+    scanned from the wire format: memwal's proto does not declare them."""
+    flags = {9: 0, 10: 0}
+    i, n = 0, len(head)
+
+    def varint() -> int:
+        nonlocal i
+        shift = v = 0
+        while True:
+            if i >= n or shift > 63:
+                raise ValueError("truncated varint")
+            b = head[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return v
+
+    while i < n:
+        tag = varint()
+        num, wire = tag >> 3, tag & 7
+        if wire == 0:
+            v = varint()
+            if num in flags:
+                flags[num] = v
+        elif wire == 1:
+            i += 8
+        elif wire == 2:
+            length = varint()  # not `i += varint()`: that reads i before varint() moves it
+            i += length
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+    return flags[9], flags[10]
+
+
+def refuse_unknown_features(where: str, head: bytes, details: pb.MemWalIndexDetails | None) -> None:
+    """Refuse a table with feature flags or region transforms memwal does not know, naming them."""
+    try:
+        reader, writer = feature_flags(head)
+    except ValueError as e:
+        raise TableError(f"{where}: cannot read the table manifest's feature flags: {e}") from None
+    for name, v in (("reader_feature_flags", reader), ("writer_feature_flags", writer)):
+        unknown = v & ~KNOWN_FEATURE_FLAGS
+        if unknown:
+            bits = ", ".join(str(1 << b) for b in range(64) if unknown >> b & 1)
+            raise UnknownFeature(
+                f"{where}: {name} = {v} has bits memwal does not know ({bits}): a newer Lance wrote this "
+                "table with a feature memwal cannot honour; refusing it before any work (upgrade memwal)")
+    for spec in details.region_specs if details is not None else []:
+        for f in spec.fields:
+            if f.HasField("transform") and f.transform not in KNOWN_TRANSFORMS and not f.expression:
+                raise UnknownFeature(
+                    f"{where}: region spec {spec.spec_id} field {f.field_id!r} has transform {f.transform!r}, "
+                    f"which is not one the spec defines ({', '.join(KNOWN_TRANSFORMS)}); refusing the table")
+
+
 class LostRace(TableError):
     """Another commit landed between our read and our guarded commit: re-read and rebuild."""
 
@@ -139,6 +213,7 @@ def parse_index_section(raw: bytes, where: str) -> tuple[int, list[pb.IndexMetad
         (offset,) = struct.unpack_from("<Q", raw, len(raw) - 16)
         (length,) = struct.unpack_from("<I", raw, offset)
         head = pb.TableManifestHead.FromString(raw[offset + 4: offset + 4 + length])
+        refuse_unknown_features(where, raw[offset + 4: offset + 4 + length], None)
         if not head.HasField("index_section"):
             return head.version, []
         (ilen,) = struct.unpack_from("<I", raw, head.index_section)
@@ -164,6 +239,7 @@ def read_memwal_state(loc: TableLocation, version: int | None = None) -> MemWalS
                 details = pb.MemWalIndexDetails.FromString(raw)
             except DecodeError as e:
                 raise TableError(f"{where}: MemWAL index details cannot be decoded: {e}") from None
+            refuse_unknown_features(where, b"", details)
             return MemWalState(table_version, idx, details, raw)
     raise MemWalNotInitialized(
         f"{where} has no MemWAL index ({MEMWAL_INDEX_NAME}): MemWAL is not initialized on this "

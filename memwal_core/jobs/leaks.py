@@ -1,0 +1,271 @@
+"""Leaked base-table files: what commits that lost a race (or crashed) left behind.
+
+A Lance commit writes its data files (`data/`), deletion files (`_deletions/`), its
+transaction file (`_transactions/`) and index files (`_indices/{uuid}/`) first and its manifest
+last; a commit that loses the race for its version and is abandoned (or crashes) leaves those
+files, referenced by no manifest. Lance's `cleanup_old_versions` removes such "unverified"
+files only once they are 7 days old, or at any age with `delete_unverified=True`, which would
+also delete the files of a commit in flight (its manifest is not written yet) and is therefore
+only safe when nothing else writes. memwal needs neither: it knows what every retained version
+references and keeps anything younger than a grace period.
+
+Plan (`plan_leaks`, read-only):
+1. list `_versions/` and read every manifest there (the retained versions; one GET each, cached
+   per process since versions are immutable): the data files and deletion files of their
+   fragments, their transaction file, and the uuids of their indexes. A manifest that cannot be
+   read or that carries a field memwal does not know where file references live (a data file in
+   another base, a future format) stops the whole scan: nothing is collected (fail closed);
+2. list the four directories; a file no retained version references, older than the grace
+   (`GcOptions.orphan_grace_seconds`, newest file for an index directory), is leaked;
+3. list `_versions/` again: a version committed during the scan has its references removed from
+   the candidates.
+
+Why this is safe: a new commit references the files of the version it read (retained, so read in
+step 1, or committed during the scan, step 3) plus files it wrote itself, which are younger than
+the grace unless that commit has run longer than the grace (a day by default; a memwal step that
+holds the table lease is fenced long before). Lance's own cleanup may remove versions meanwhile:
+that only removes references, never adds one.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import struct
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from memwal_core.state import table
+from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
+
+log = logging.getLogger("memwal.gc")
+
+DATA_DIR, DELETIONS_DIR, TRANSACTIONS_DIR, INDICES_DIR, VERSIONS_DIR = (
+    "data", "_deletions", "_transactions", "_indices", "_versions")
+LEAK_DIRS = (DATA_DIR, DELETIONS_DIR, TRANSACTIONS_DIR, INDICES_DIR)
+_U64_MAX = 2**64 - 1
+
+# Field numbers of Lance's table.proto messages, and the ones known to hold no file reference
+# elsewhere (anything else in a DataFile / DeletionFile stops the scan: it may be `base_id`).
+_MANIFEST_FRAGMENTS, _MANIFEST_TRANSACTION_FILE = 2, 12
+_FRAGMENT_ID, _FRAGMENT_FILES, _FRAGMENT_DELETION = 1, 2, 3
+_DATAFILE_PATH, _DATAFILE_KNOWN = 1, {1, 2, 3, 4, 5, 6}
+_DELETION_TYPE, _DELETION_READ_VERSION, _DELETION_ID, _DELETION_KNOWN = 1, 2, 3, {1, 2, 3, 4}
+_DELETION_SUFFIX = {0: "arrow", 1: "bin"}
+
+
+class LeakScanError(Exception):
+    """The references of the retained versions cannot be established: collect nothing."""
+
+
+@dataclass(frozen=True)
+class References:
+    """What one table version references under the leak directories."""
+
+    files: frozenset[str]  # keys relative to the table root
+    index_uuids: frozenset[str]
+
+
+@dataclass
+class Leak:
+    key: str  # a file, or an index directory (`_indices/{uuid}`)
+    keys: tuple[str, ...]
+    bytes: int
+    age: float
+    what: str  # data file, deletion file, transaction file, index directory
+
+
+@dataclass
+class LeakScan:
+    leaks: list[Leak] = field(default_factory=list)
+    kept: collections.Counter = field(default_factory=collections.Counter)
+    versions: int = 0
+    files_listed: int = 0
+    list_seconds: float = 0.0  # the four directory listings
+    refs_seconds: float = 0.0  # reading the retained manifests (cached ones are free)
+    error: str | None = None
+
+
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    r = s = 0
+    while True:
+        if i >= len(b):
+            raise ValueError("truncated varint")
+        x = b[i]
+        i += 1
+        r |= (x & 0x7F) << s
+        s += 7
+        if not x & 0x80:
+            return r, i
+
+
+def _fields(b: bytes):
+    """(field number, wire type, value) of one protobuf message, in order."""
+    i = 0
+    while i < len(b):
+        key, i = _varint(b, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = _varint(b, i)
+        elif wt == 1:
+            v, i = b[i:i + 8], i + 8
+        elif wt == 5:
+            v, i = b[i:i + 4], i + 4
+        elif wt == 2:
+            n, i = _varint(b, i)
+            v, i = b[i:i + n], i + n
+        else:
+            raise ValueError(f"wire type {wt}")
+        yield num, wt, v
+
+
+def references_of(raw: bytes, where: str) -> References:
+    """The files one Lance manifest file references (see the module docstring)."""
+    try:
+        if len(raw) < 16 or raw[-4:] != b"LANC":
+            raise ValueError("no LANC footer")
+        (offset,) = struct.unpack_from("<Q", raw, len(raw) - 16)
+        (length,) = struct.unpack_from("<I", raw, offset)
+        manifest = raw[offset + 4: offset + 4 + length]
+        files: set[str] = set()
+        for num, wt, v in _fields(manifest):
+            if num == _MANIFEST_TRANSACTION_FILE and wt == 2 and v:
+                files.add(f"{TRANSACTIONS_DIR}/{v.decode()}")
+            elif num == _MANIFEST_FRAGMENTS and wt == 2:
+                frag_id, deletion = 0, None
+                for fnum, fwt, fv in _fields(v):
+                    if fnum == _FRAGMENT_ID and fwt == 0:
+                        frag_id = fv
+                    elif fnum == _FRAGMENT_FILES and fwt == 2:
+                        parts = {n: x for n, _, x in _fields(fv)}
+                        if set(parts) - _DATAFILE_KNOWN:
+                            raise ValueError(f"a data file with fields {sorted(set(parts) - _DATAFILE_KNOWN)} "
+                                             "memwal does not know (a file in another base?)")
+                        files.add(f"{DATA_DIR}/{parts[_DATAFILE_PATH].decode()}")
+                    elif fnum == _FRAGMENT_DELETION and fwt == 2:
+                        deletion = {n: x for n, _, x in _fields(fv)}
+                if deletion is not None:
+                    if set(deletion) - _DELETION_KNOWN:
+                        raise ValueError(f"a deletion file with fields {sorted(set(deletion) - _DELETION_KNOWN)} "
+                                         "memwal does not know")
+                    suffix = _DELETION_SUFFIX[deletion.get(_DELETION_TYPE, 0)]
+                    files.add(f"{DELETIONS_DIR}/{frag_id}-{deletion.get(_DELETION_READ_VERSION, 0)}-"
+                              f"{deletion.get(_DELETION_ID, 0)}.{suffix}")
+        _version, indices = table.parse_index_section(raw, where)
+        uuids = frozenset(str(uuid.UUID(bytes=i.uuid.uuid)) for i in indices)
+        return References(frozenset(files), uuids)
+    except table.TableError:
+        raise
+    except (struct.error, ValueError, KeyError, UnicodeDecodeError) as e:
+        raise LeakScanError(f"{where}: cannot read its file references: {e}") from None
+
+
+# (lance uri, manifest key, size) -> references; manifests are immutable once written.
+_REFS: dict[tuple[str, str, int], References] = {}
+_REFS_LOCK = threading.Lock()
+_REFS_MAX = 100_000
+
+
+def _manifests(loc: TableLocation) -> dict[str, ObjectInfo]:
+    out = {}
+    for o in loc.store.list(VERSIONS_DIR):
+        name = o.key[len(VERSIONS_DIR) + 1:]
+        if not name.endswith(".manifest"):
+            continue  # latest_version_hint.json and the like
+        if "/" in name or not name[: -len(".manifest")].isdigit():
+            raise LeakScanError(f"{o.key}: a manifest memwal cannot place (detached or unknown naming)")
+        out[o.key] = o
+    return out
+
+
+def _references(loc: TableLocation, manifests: dict[str, ObjectInfo]) -> tuple[set[str], set[str]]:
+    files: set[str] = set()
+    uuids: set[str] = set()
+    for key, info in manifests.items():
+        ck = (loc.lance_uri, key, info.size)
+        with _REFS_LOCK:
+            refs = _REFS.get(ck)
+        if refs is None:
+            try:
+                raw = loc.store.get(key)
+            except NotFound:
+                continue  # removed by Lance's cleanup since the listing: no longer retained
+            refs = references_of(raw, f"table {loc.lance_uri} manifest {key}")
+            with _REFS_LOCK:
+                if len(_REFS) >= _REFS_MAX:
+                    _REFS.clear()
+                _REFS[ck] = refs
+        files |= refs.files
+        uuids |= refs.index_uuids
+    return files, uuids
+
+
+def plan_leaks(loc: TableLocation, now: float, grace_seconds: float) -> LeakScan:
+    """Leaked files older than `grace_seconds` (see the module docstring); reads only."""
+    scan = LeakScan()
+    try:
+        t0 = time.monotonic()
+        manifests = _manifests(loc)
+        if not manifests:
+            raise LeakScanError("no manifest under _versions/")
+        files, uuids = _references(loc, manifests)
+        scan.versions = len(manifests)
+        scan.refs_seconds = time.monotonic() - t0
+        t0 = time.monotonic()
+        listed = {d: list(loc.store.list(d)) for d in LEAK_DIRS}
+        scan.list_seconds = time.monotonic() - t0
+        # A version committed while the directories were listed: its references count too.
+        later = {k: o for k, o in _manifests(loc).items() if k not in manifests}
+        if later:
+            more_files, more_uuids = _references(loc, later)
+            files |= more_files
+            uuids |= more_uuids
+            scan.versions += len(later)
+    except (LeakScanError, table.TableError) as e:
+        scan.error = f"leaked files not collected: {e}"
+        return scan
+    except Exception as e:  # noqa: BLE001 - listing failed: collect nothing this time
+        scan.error = f"leaked files not collected: {type(e).__name__}: {e}"
+        return scan
+    index_dirs: dict[str, list[ObjectInfo]] = collections.defaultdict(list)
+    for d, objs in listed.items():
+        scan.files_listed += len(objs)
+        for o in objs:
+            rel = o.key[len(d) + 1:]
+            if d == INDICES_DIR:
+                uid = rel.split("/", 1)[0]
+                if uid in uuids:
+                    scan.kept["leaked:index_referenced"] += 1
+                else:
+                    index_dirs[uid].append(o)
+                continue
+            if o.key in files:
+                continue
+            if "/" in rel or rel.startswith(".") or rel == "":
+                scan.kept["leaked:unknown_name"] += 1  # nothing Lance writes there: not ours to judge
+                continue
+            age = now - o.mtime
+            if age < grace_seconds:
+                scan.kept["leaked:young"] += 1
+                continue
+            what = {DATA_DIR: "data file", DELETIONS_DIR: "deletion file", TRANSACTIONS_DIR: "transaction file"}[d]
+            scan.leaks.append(Leak(o.key, (o.key,), o.size, age, what))
+    for uid, objs in sorted(index_dirs.items()):
+        if "/" not in objs[0].key[len(INDICES_DIR) + 1:]:
+            scan.kept["leaked:unknown_name"] += len(objs)  # a file directly in _indices/
+            continue
+        age = now - max(o.mtime for o in objs)
+        if age < grace_seconds:
+            scan.kept["leaked:young"] += len(objs)
+            continue
+        scan.leaks.append(Leak(f"{INDICES_DIR}/{uid}", tuple(sorted(o.key for o in objs)),
+                               sum(o.size for o in objs), age, "index directory"))
+    return scan
+
+
+def is_leak_key(key: str) -> bool:
+    """Only keys inside the four leak directories, without any `.`/`..` part, may be deleted."""
+    parts = key.split("/")
+    return len(parts) >= 2 and parts[0] in LEAK_DIRS and all(p not in ("", ".", "..") for p in parts)
