@@ -243,6 +243,10 @@ class GcOptions(_Checked):
     cleanup_base_versions_floor_seconds: float = _duration(BASE_VERSION_FLOOR_SECONDS)
     keep_current_epoch_wal: bool = True
     max_workers: int = field(default=16, metadata=_min(1))
+    # Regions with data from before the MemWAL initialization (after an overwrite) are reported
+    # and kept; this long after they were first reported GC discards them (None: only by hand,
+    # `memwal regions discard`). A week, as the shipped base-version retention.
+    discard_stale_after_seconds: float | None = field(default=7 * 86400.0, metadata=_min(0))
     # Base-table files no retained version references (commits that lost a race or crashed),
     # older than `orphan_grace_seconds` (`jobs/leaks.py`; costs a listing of data/, _deletions/,
     # _transactions/ and _indices/ per pass).

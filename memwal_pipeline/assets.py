@@ -431,6 +431,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         holds = getattr(r, "holds", [])
         for h in holds:
             context.log.info(f"GC keeps {h.describe()}")
+        for rid, through in sorted(r.stale_discarded.items()):
+            context.log.warning(f"region {rid}: generations through {through}, written before the MemWAL "
+                                f"initialization, discarded after the grace (gc.discard_stale_after_seconds)")
         if not cfg.gc.base_cleanup and any(h.reason == "time_travel" for h in holds):
             context.log.warning(
                 f"no base-version cleanup is configured: {r.retained_versions} retained base-table versions "

@@ -170,4 +170,29 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
             "kinds": MetadataValue.json(sorted({b.kind for b in found})),
             "details": MetadataValue.json(bounded.top({f"{b.kind}:{i}": b.message for i, b in enumerate(found)}))})
 
-    return [region_exclusivity, merge_lag, catchup_gap, gc_consistency, mergeable]
+    grace = cfg.gc.discard_stale_after_seconds
+
+    # ERROR: the writes these regions hold were abandoned by an overwrite, and a writer that
+    # re-opened one is blocked behind them. Nothing fixes that but a decision (discard, or write
+    # the rows again), and GC makes the decision itself once the grace has passed.
+    @asset_check(asset=keys.asset("garbage"), name="stale_regions", required_resource_keys=res,
+                 description="No region holds generations written before the MemWAL initialization (an "
+                             "overwrite and initialize_mem_wal again): they are never merged, GC keeps them "
+                             "until `memwal regions discard`" + (f" or {grace / 86400:g} days after they were "
+                                                                 "first reported" if grace is not None else ""))
+    def stale_regions(context) -> AssetCheckResult:
+        r = checks.stale_regions(loc_of(context), grace)
+        for rid, msg in sorted(r.regions.items())[:bounded.TOP_N]:
+            context.log.error(msg)
+        first = next(iter(sorted(r.regions.values())), None)
+        return AssetCheckResult(passed=r.ok, severity=AssetCheckSeverity.ERROR, metadata={
+            "initialization": MetadataValue.text(r.initialization),
+            "stale_regions": MetadataValue.int(len(r.regions)),
+            "stale_generations": MetadataValue.int(sum(len(v) for v in r.generations.values())),
+            "regions": MetadataValue.json(bounded.top({k: v[:10] for k, v in r.generations.items()})),
+            "discard_at": MetadataValue.json(bounded.top({k: round(v) for k, v in r.discard_at.items()})),
+            "regions_failed": MetadataValue.int(len(r.region_errors)),
+            "region_errors": MetadataValue.json(bounded.top(r.region_errors))},
+            description=bounded.short(first) if first else None)
+
+    return [region_exclusivity, merge_lag, catchup_gap, gc_consistency, mergeable, stale_regions]

@@ -698,6 +698,42 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
     return bad
 
 
+# ---------------------------------------------------------------------------------------------
+# regions discard
+
+
+def cmd_regions_discard(a) -> int:
+    """Discard the stale generations of regions whose data predates the MemWAL initialization
+    (`memwal_core/state/lifecycle.py`): their rows are never merged; GC then collects them."""
+    from memwal_core.state import layout, lifecycle
+    from memwal_core.state.store import open_store
+
+    targets = list(a.targets)
+    a.uri = None if a.config is not None or not targets else targets.pop(0)
+    bad = [r for r in targets if not layout.is_region_id(r)]
+    if bad:
+        raise CliError(f"not a region id (UUID): {', '.join(bad)}")
+    if bool(targets) == a.all:
+        raise CliError("name the regions to discard (REGION ...) or give --all (every stale region), not both")
+    cfg, secrets = target(a)
+    loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
+    out = lifecycle.discard(loc, None if a.all else targets, dry_run=a.dry_run)
+    if a.json:
+        print(json.dumps({"table": loc.lance_uri, "dry_run": out.dry_run, "discarded": out.discarded,
+                          "refused": out.refused, "table_version": out.table_version}, indent=2))
+    else:
+        verb = "would discard" if a.dry_run else "discarded"
+        for rid, g in sorted(out.discarded.items()):
+            print(f"{verb} region {rid}: generations through {g} (never merged; GC collects them)")
+        if not out.discarded and not out.refused:
+            print("no stale region to discard")
+        if out.discarded and not a.dry_run:
+            print(f"table version {out.table_version}; run `memwal maintain {cfg.uri} --only gc` to collect now")
+    for rid, why in sorted(out.refused.items()):
+        _say(f"error: {why}" if why.startswith("region ") else f"error: region {rid}: {why}")
+    return 1 if out.refused else 0
+
+
 def _stuck(st) -> list:
     """Stuck regions as recorded by failed merge runs in the Dagster instance of `DAGSTER_HOME`
     (the daemon's); none without one."""
@@ -924,6 +960,25 @@ def main(argv: list[str] | None = None) -> int:
     _table_args(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_status)
+
+    r = sub.add_parser("regions", help="act on regions of a MemWAL table")
+    rsub = r.add_subparsers(dest="regions_cmd", required=True)
+    rd = rsub.add_parser("discard", help="never merge the generations of regions written before the MemWAL "
+                                         "initialization (after an overwrite); GC then collects them",
+                         description="memwal regions discard URI REGION... | --all  (or --config FILE [--table "
+                                     "NAME] REGION...). Records the regions' stale generations as handled in one "
+                                     "commit without rows: they never reach the table, later generations merge. "
+                                     "Only regions `memwal status` reports as stale are accepted.")
+    rd.add_argument("targets", nargs="*", metavar="URI|REGION", help="the table's URI (unless --config), then "
+                                                                    "region ids")
+    rd.add_argument("--config", metavar="FILE", help="a memwal.yaml: work on one of its tables")
+    rd.add_argument("--table", metavar="NAME", help="the table's name in --config (optional if it has one)")
+    rd.add_argument("--storage-option", action="append", metavar="K=V", default=[],
+                    help="over the table's storage_options")
+    rd.add_argument("--all", action="store_true", help="every stale region of the table")
+    rd.add_argument("--dry-run", action="store_true", help="say what would be discarded, change nothing")
+    rd.add_argument("--json", action="store_true")
+    rd.set_defaults(fn=cmd_regions_discard)
 
     c = sub.add_parser("spark-server", help="start/stop the long-lived local Spark Connect server "
                                             "(tables configured with spark master sc://127.0.0.1:PORT)")

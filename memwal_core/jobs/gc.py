@@ -18,6 +18,9 @@ so it lists what the real run deletes. Per region:
      A version whose table has no MemWAL index yet needs none.
    - 0 for a sharded region whose routing value no MemWAL index snapshot records yet
      (`unrecorded_regions`): its merged generations are the merger's authority for that value.
+   A region with data from before the MemWAL initialization (`state/lifecycle.py`) keeps
+   everything until discarded; its discarded generations are then held only by versions from
+   before the initialization (`_stale_limit`).
 2. **WAL entries** at positions `p <= replay_after_wal_entry_position` and below the WAL tail,
    whose entry generation is one of the deleted (or earlier deleted) generations. An entry that
    names no generation (Lance 13 / LanceDB 0.40 write only `writer_epoch`) is decided by its
@@ -89,7 +92,7 @@ from memwal_core.errors import MemwalError, one_line
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.jobs import leaks
-from memwal_core.state import layout, lease, region, routing, table, wal
+from memwal_core.state import layout, lease, lifecycle, region, routing, table, wal
 from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")
@@ -137,7 +140,8 @@ class GcHold:
     (a gating index has not caught up), `not_merged` (pending; includes a region stuck behind
     a wall), `value_unrecorded` (a sharded region's routing value is not yet in a MemWAL index
     snapshot: its merged generations are the merger's authority for it until the index builder,
-    which runs before GC in the maintenance job, records it).
+    which runs before GC in the maintenance job, records it), `stale` (a region with data from
+    before the MemWAL initialization, not yet discarded: nothing of it is collected).
     Bytes are the generations' `in_memory_bytes` from the manifests (no listing)."""
 
     reason: str
@@ -212,6 +216,7 @@ class GcPlan:
     base_cleanup: BaseCleanupPlan | None = None
     leaked: list[GcItem] = field(default_factory=list)  # base-table files of lost commits
     leak_scan: dict[str, Any] = field(default_factory=dict)  # its cost and what it kept
+    lifecycle: lifecycle.Lifecycle | None = None  # stale-region verdicts the plan used
 
     @property
     def items(self) -> list[GcItem]:
@@ -294,6 +299,8 @@ class GcResult:
     leaked_objects: int = 0
     leaked_bytes: int = 0
     leak_scan: dict[str, Any] = field(default_factory=dict)
+    # Stale regions discarded after `discard_stale_after_seconds`: region -> generations through.
+    stale_discarded: dict[str, int] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         c = collections.Counter(i.kind for i in self.deleted)
@@ -308,6 +315,7 @@ class GcResult:
             "plan_seconds": round(self.plan_seconds, 3), "execute_seconds": round(self.execute_seconds, 3),
             "retained_versions": self.retained_versions,
             "leaked_objects": self.leaked_objects, "leaked_bytes": self.leaked_bytes, "leak_scan": dict(self.leak_scan),
+            "stale_discarded": dict(self.stale_discarded),
             "items": [i.to_dict() for i in self.deleted],
             **({"dry_run": True, "planned": [i.to_dict() for i in self.plan.items]}
                if self.dry_run and self.plan is not None else {}),
@@ -429,6 +437,16 @@ class _Context:
     # their merged generations are the merger's only authority for it (see `unrecorded_regions`).
     unrecorded: set[str] = field(default_factory=set)
     spec_ids: list[int] = field(default_factory=list)  # region specs of the MemWAL index
+    stale: lifecycle.Lifecycle | None = None  # regions with data from before the MemWAL initialization
+
+
+def _stale_limit(ctx: _Context, rid: str) -> int:
+    """The highest collectable *stale* generation of a discarded region: merge progress (the
+    discard) and what versions from before the initialization still read. This lifetime's
+    versions, gating indexes and region values never depended on them (they were never merged)."""
+    init = ctx.stale.init.table_version if ctx.stale and ctx.stale.init else 0
+    older = [m.get(rid, 0) for v, m in ctx.retention.states.items() if v < init]
+    return min([ctx.merged.get(rid, 0)] + older)
 
 
 def _limit(ctx: _Context, rid: str) -> tuple[int, list[tuple[str, int]]]:
@@ -482,6 +500,17 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
         why = str(e).removeprefix(f"region {rid}: ")  # layout names the region already
         rp.error = f"region {rid}: corrupt manifest version {m.version}: {why}; nothing collected here"
         return rp
+    verdict = ctx.stale.verdict(rid) if ctx.stale else None
+    if ctx.stale and rid in ctx.stale.errors:
+        rp.error = f"{ctx.stale.errors[rid]}; nothing collected here"
+        return rp
+    if verdict is not None and ctx.stale.blocks(rid, ctx.merged.get(rid, 0)):
+        # Stale and not discarded: the merger refuses it; its files are the evidence of the verdict.
+        rp.kept["region:stale"] += 1
+        for g, _ in listed:
+            rp.kept["generation:stale"] += 1
+            _hold(ctx, rp, "stale", g)
+        return rp
     try:  # what the merger refuses, GC leaves alone: progress says nothing true about it
         region.check_spec(m, ctx.spec_ids)
         region.pending_generations(m, ctx.merged.get(rid, 0))
@@ -493,13 +522,20 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     # Generations only: WAL entries and manifest versions do not carry the region's value.
     gen_bounds = bounds + ([("value_unrecorded", 0)] if rid in ctx.unrecorded else [])
     gen_limit = min(b for _, b in gen_bounds)
+    stale_limit = _stale_limit(ctx, rid) if verdict is not None else 0
 
     # 1. generations
     for g, gdir in listed:
         if m.sealed:  # no manifest version may be written on a sealed region, so no trim either
             rp.kept["generation:sealed"] += 1
             continue
-        if g.generation <= gen_limit and g.generation < m.current_generation:
+        if verdict is not None and verdict.is_stale(g.generation) and g.generation <= stale_limit:
+            objs = _list_dir(ctx.loc, gdir, rdir)
+            rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs),
+                                   f"generation {g.generation} predates the MemWAL initialization, discarded",
+                                   tuple(o.key for o in objs), g.generation))
+            rp.trim.append((g.generation, g.path))
+        elif g.generation <= gen_limit and g.generation < m.current_generation:
             objs = _list_dir(ctx.loc, gdir, rdir)
             rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs),
                                    f"generation {g.generation} <= merged and caught-up limit {gen_limit}",
@@ -800,7 +836,8 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
     ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
                    unrecorded_regions(loc, state, loaded.manifests),
-                   [s.spec_id for s in state.details.region_specs])
+                   [s.spec_id for s in state.details.region_specs],
+                   lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False))
     plans: dict[str, RegionGcPlan] = {}
     errors: dict[str, str] = {}
 
@@ -822,7 +859,8 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
                 rp.items.clear()
                 rp.trim.clear()
                 log.error("%s", rp.error)
-    plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors, base_cleanup)
+    plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, errors, base_cleanup,
+                  lifecycle=ctx.stale)
     if config.collect_leaked_files and regions is None:
         _plan_leaks(loc, plan, now)
     return plan
@@ -1065,8 +1103,9 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     those versions were gone; `result.plan` lists what would be deleted."""
     config = config or GcOptions()
     base: dict[str, Any] | None = None
+    discarded = _discard_expired(loc, config, dry_run)
     base_plan: BaseCleanupPlan | None = None
-    if config.base_cleanup:
+    if config.base_cleanup and (dry_run or _record_stale(loc)):
         try:
             if dry_run:
                 base_plan = plan_base_cleanup(loc, config)
@@ -1089,6 +1128,8 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
                           leak_scan=dict(plan.leak_scan))
     else:
         result = execute_gc(loc, plan)
+        if plan.lifecycle is not None:  # regions classified for the first time: not again next pass
+            lifecycle.save(loc, plan.lifecycle, verdicts_only=True)
     if base is not None and "error" not in base:  # as the plan read them, right after the cleanup
         base["versions_after"] = len(plan.retained_versions)
         base["versions_before"] = base["versions_after"] + base["old_versions"]
@@ -1097,7 +1138,39 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     result.retained_versions = len(plan.retained_versions)
     result.plan_seconds = plan_s
     result.holds = plan.holds
+    result.stale_discarded = discarded
     return result
+
+
+def _record_stale(loc: TableLocation) -> bool:
+    """Record stale-region verdicts before the base-version cleanup: the versions around the
+    MemWAL initialization are its only evidence, and once cleaned up an unrecorded
+    initialization is unknown (nothing would be judged stale). Nothing to record on a table
+    without stale regions (then an unknown initialization judges nothing wrongly). False: the
+    verdicts could not be established or recorded, so the cleanup waits for the next run."""
+    try:
+        lc, _ = lifecycle.assess_table(loc)
+        if lc.stale:
+            lifecycle.save(loc, lc, strict=True)
+        return True
+    except Exception as e:  # noqa: BLE001 - the cleanup must not erase the only evidence
+        log.warning("base-version cleanup skipped: the stale-region verdicts could not be recorded first: %s",
+                    one_line(e))
+        return False
+
+
+def _discard_expired(loc: TableLocation, config: GcOptions, dry_run: bool) -> dict[str, int]:
+    """Discard the stale regions reported for longer than `discard_stale_after_seconds`
+    (region -> generations discarded through; a dry run says which it would)."""
+    if config.discard_stale_after_seconds is None:
+        return {}
+    try:
+        out = lifecycle.discard(loc, None, dry_run=dry_run, by="grace",
+                                only_older_than=config.discard_stale_after_seconds)
+    except Exception as e:  # noqa: BLE001 - GC proceeds; the stale regions stay held
+        log.warning("discarding expired stale regions failed: %s", one_line(e))
+        return {}
+    return out.discarded
 
 
 __all__ = ["GcOptions", "GcItem", "GcPlan", "GcResult", "RegionGcPlan", "GcError", "plan_gc", "execute_gc",

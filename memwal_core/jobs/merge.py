@@ -34,7 +34,7 @@ from memwal_core.jobs import snapshot, verify
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
-from memwal_core.state import layout, lease, region, routing, walls
+from memwal_core.state import layout, lease, lifecycle, region, routing, walls
 from memwal_core.state.keys import delete_predicate, quote_column, refuse_unsupported_keys  # noqa: F401 - merge.* names
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import TableLocation, refuse_links
@@ -115,6 +115,7 @@ class MergePlan:
     walls: dict[str, Wall] = field(default_factory=dict)  # regions refused while planning
     budget_bytes: int = DEFAULT_BUDGET_BYTES
     max_generations: int = DEFAULT_MAX_GENERATIONS
+    lifecycle: lifecycle.Lifecycle | None = None  # stale regions (data from before the initialization)
 
     @property
     def region_errors(self) -> dict[str, str]:
@@ -160,6 +161,7 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
     loaded = region.load_many(loc.store, ids)
     spec_ids = [s.spec_id for s in state.details.region_specs]
+    lc = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=False)
     walls: dict[str, Wall] = {}
     queues: dict[str, list[PlannedGeneration]] = {}
     for rid, got in sorted(loaded.items()):
@@ -169,6 +171,8 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
             log.error("%s", got.message)
             continue
         m = got.manifest
+        if _stale_wall(lc, rid, m, done, walls):
+            continue
         try:
             region.check_spec(m, spec_ids)
             pending = [PlannedGeneration(rid, g.generation, layout.validate_generation_path(g.path, g.generation),
@@ -190,7 +194,24 @@ def plan_merge(loc: TableLocation, *, budget_bytes: int = DEFAULT_BUDGET_BYTES,
         if pending:
             queues[rid] = pending
     return MergePlan(loc.lance_uri, state.table_version, merged,
-                     _batches(queues, budget_bytes, max_generations), walls, budget_bytes, max_generations)
+                     _batches(queues, budget_bytes, max_generations), walls, budget_bytes, max_generations, lc)
+
+
+def _stale_wall(lc: lifecycle.Lifecycle, rid: str, m: region.RegionManifest, done: int,
+                walls: dict[str, Wall]) -> bool:
+    """A wall for a region whose data predates the MemWAL initialization (`state/lifecycle.py`):
+    permanent until discarded, so the stale rows never reach the table and nothing of the region
+    (its later generations included) merges past them. A region whose lifecycle could not be
+    read stops for this run."""
+    listed = [g.generation for g in m.generations]
+    if rid in lc.errors:
+        walls[rid] = Wall(done + 1, lc.errors[rid], permanent=False)
+    elif lc.blocks(rid, done) and any(g > done for g in listed):
+        walls[rid] = Wall(done + 1, lc.message(rid, done, listed), permanent=True)
+    else:
+        return False
+    log.error("%s", walls[rid].reason)
+    return True
 
 
 def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: int) -> list[MergeBatch]:
@@ -307,6 +328,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         result.regions.setdefault(rid, RegionMergeResult(rid)).stop(wall)
     if not plan.batches:
         _record_walls(loc, plan, result, read_memwal_state(loc).merged, {})
+        _save_lifecycle(loc, plan)
         result.duration_s = clock.elapsed()
         result.table_version = plan.table_version
         return result
@@ -328,12 +350,13 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         else:  # loaded when planned, not now: no routing to check it by
             run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, got.message, permanent=got.permanent))
     routed = {r: m for r, m in loaded.manifests.items() if run.routes.get(r)}
+    stale = plan.lifecycle
     try:
         recorded = snapshot.recorded_values(loc, state)  # read once: values and other regions' owners
-        values = region_values(loc, state, ds, routed, pk, expected_values or {}, recorded)
+        values = region_values(loc, state, ds, routed, pk, expected_values or {}, recorded, stale)
         run.owners = _owners(recorded, specs, values)
         if any(rid not in values for rid in routed):  # a region will establish its value: against every owner
-            run.owners.update(_unrecorded_owners(loc, state, ds, pk, specs, recorded, routed))
+            run.owners.update(_unrecorded_owners(loc, state, ds, pk, specs, recorded, routed, stale))
     except snapshot.SnapshotError as e:  # recorded values exist but cannot be read: nothing to check by
         for rid in routed:
             if not (expected_values or {}).get(rid):
@@ -364,9 +387,16 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     merged_end = read_memwal_state(loc).merged
     run.lift(merged_end)
     _record_walls(loc, plan, result, merged_end, run.evidence)
+    _save_lifecycle(loc, plan)
     result.duration_s = clock.elapsed()
     result.table_version = open_dataset(loc).version
     return result
+
+
+def _save_lifecycle(loc: TableLocation, plan: MergePlan) -> None:
+    """Record the plan's stale-region verdicts (the planner only reads), after the commits."""
+    if plan.lifecycle is not None:
+        lifecycle.save(loc, plan.lifecycle)
 
 
 def _owners(recorded: dict[str, dict], specs: dict, values: dict[str, dict]) -> dict[str, str]:
@@ -384,18 +414,20 @@ def _owners(recorded: dict[str, dict], specs: dict, values: dict[str, dict]) -> 
 
 
 def _unrecorded_owners(loc: TableLocation, state: MemWalState, ds, pk: list[str], specs: dict,
-                       recorded: dict[str, dict], routed: dict[str, region.RegionManifest]) -> dict[str, str]:
+                       recorded: dict[str, dict], routed: dict[str, region.RegionManifest],
+                       stale: lifecycle.Lifecycle | None = None) -> dict[str, str]:
     """Region value -> region, for regions with merge progress that no snapshot records yet and
     that have nothing pending in this run (before the first snapshot, or merged since the last).
 
     Their values come from their merged generations (GC keeps those until a snapshot records
     the value: `gc.unrecorded_regions`). Without this, a new region could adopt the value of a
     region merged earlier, and two regions would write one value."""
-    others = [rid for rid, g in state.merged.items() if g > 0 and rid not in recorded and rid not in routed]
+    others = [rid for rid, g in state.merged.items() if g > 0 and rid not in recorded and rid not in routed
+              and not (stale and stale.discarded_only(rid, g))]
     if not others:
         return {}
     reads = region.load_many(loc.store, others)
-    derived = region_values(loc, state, ds, reads.manifests, pk, {}, recorded)
+    derived = region_values(loc, state, ds, reads.manifests, pk, {}, recorded, stale)
     for rid in sorted(set(others) - set(derived)):
         why = reads.region_errors.get(rid) or "no value derived from its merged generations"
         log.warning("region %s: merged, not in a MemWAL snapshot (%s): a new region's value cannot be "
@@ -435,7 +467,8 @@ def routing_check(m: region.RegionManifest, specs: dict, lance_schema) -> sparkp
 
 def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[str, region.RegionManifest],
                   pk: list[str], expected: dict[str, dict],
-                  recorded: dict[str, dict] | None = None) -> dict[str, dict]:
+                  recorded: dict[str, dict] | None = None,
+                  stale: lifecycle.Lifecycle | None = None) -> dict[str, dict]:
     """Region id -> {field id: value}: what each region's rows must route to.
 
     Authoritative only: `expected`, then the value recorded in the MemWAL snapshot (reused by
@@ -443,8 +476,11 @@ def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[st
     listed whose live rows all agree (a generation the merger already accepted; never one it is
     about to check, which after GC trimmed the merged ones would be the pending ones). A region
     with none of these is checked by its first routed generation being unanimous and its value
-    not owned by another region (`_Run.establish`).
+    not owned by another region (`_Run.establish`). Stale generations (`stale`: data from before
+    the MemWAL initialization, discarded or not) are no authority: they are left out.
     """
+    if stale is not None:
+        manifests = {rid: lifecycle.without_stale(m, stale.verdict(rid)) for rid, m in manifests.items()}
     out = {rid: expected[rid] for rid in manifests if rid in expected}
     missing = [rid for rid in manifests if rid not in out]
     if missing:

@@ -3,7 +3,8 @@
 One run:
 
 1. read the MemWAL index of the latest table version (configuration, merge progress, catch-up);
-2. list the regions, load their latest manifests in parallel (`region.load_many`);
+2. list the regions, load their latest manifests in parallel (`region.load_many`); generations
+   written before the MemWAL initialization (`state/lifecycle.py`) are left out of the rows;
 3. per region (in parallel): probe the WAL tail after `wal_entry_position_last_seen`; where the
    tail is newer, commit a region manifest version that changes only that hint (best effort:
    a failure is logged and reported, never fatal); derive the region field values;
@@ -52,7 +53,7 @@ from memwal_core import faults
 from memwal_core.errors import one_line
 from memwal_core.options import SnapshotOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, lease, region, routing, table, wal
+from memwal_core.state import layout, lease, lifecycle, region, routing, table, wal
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.snapshot")
@@ -528,6 +529,9 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
                  reuse: dict[str, tuple[int, FieldValues]]):
     listing = region.list_regions(loc.store)
     loaded = region.load_many(loc.store, listing.region_ids, max_workers=max_workers)
+    # Generations from before the MemWAL initialization are never published as unmerged data
+    # (nor used for a region value): readers of the snapshot would read rows the overwrite replaced.
+    stale = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=False)
     specs = {s.spec_id: spec_from_pb(s) for s in state.details.region_specs}
     lance_schema = ds.lance_schema
     try:
@@ -539,6 +543,8 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
         got = loaded[rid]
         if not got.ok:
             return _RegionOutcome(error=got.message)
+        if rid in stale.errors:
+            return _RegionOutcome(error=stale.errors[rid])
         out = _RegionOutcome()
         m = got.manifest
         if update_hints:
@@ -546,6 +552,7 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
                 m, out.hint, out.hint_error = refresh_hint(loc, m)
             except region.ManifestGap as e:
                 return _RegionOutcome(error=str(e))
+        m = lifecycle.without_stale(m, stale.verdict(rid))
         spec_id = m.message.region_spec_id
         if spec_id == 0:
             fv = FieldValues({}, "none")
@@ -567,7 +574,7 @@ def _region_pass(loc: TableLocation, state: table.MemWalState, ds: lance.LanceDa
     ids = listing.region_ids
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(ids) or 1))) as pool:
         outcomes = dict(zip(ids, pool.map(one, ids)))
-    return listing, outcomes
+    return listing, outcomes, stale
 
 
 # --------------------------------------------------------------------------------------------
@@ -589,7 +596,7 @@ def build_snapshot(loc: TableLocation, *, inline_threshold: int = DEFAULT_INLINE
     prev = _previous_snapshot(loc, state)
     reuse = _previous_field_values(prev) if derive_fields else {}
     ts_millis = int(time.time() * 1000)
-    listing, outcomes = _region_pass(loc, state, ds, max_workers=max_workers,
+    listing, outcomes, _ = _region_pass(loc, state, ds, max_workers=max_workers,
                                      update_hints=update_hints and not dry_run,
                                      derive_fields=derive_fields, reuse=reuse)
     rows = [o.row for o in outcomes.values() if o.row is not None]

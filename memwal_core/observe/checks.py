@@ -3,7 +3,9 @@
 - exclusivity: rows of each region's pending generations route to one region value, and no
   two regions hold the same value (the spec's mutually exclusive regions);
 - missing generations: every generation a region manifest lists exists on disk (a reader
-  fails on a listed generation whose directory is gone).
+  fails on a listed generation whose directory is gone);
+- stale regions: data from before the MemWAL initialization (after an overwrite), which is
+  never merged until discarded.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 import lance
 
 from memwal_core.observe.status import _GEN_MANIFEST
-from memwal_core.state import layout, region
+from memwal_core.state import layout, lifecycle, region, table
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import NoPrimaryKey, open_dataset, primary_key, read_memwal_state
 
@@ -118,4 +120,37 @@ def missing_generations(loc: TableLocation, region_errors: dict[str, str] | None
                 continue
             if not loc.store.exists(key):
                 out.setdefault(rid, []).append(g.generation)
+    return out
+
+
+@dataclass
+class StaleReport:
+    """Regions with data from before the MemWAL initialization (`state/lifecycle.py`)."""
+
+    initialization: str
+    regions: dict[str, str] = field(default_factory=dict)       # region -> the refusal, with the repair
+    generations: dict[str, list[int]] = field(default_factory=dict)  # region -> stale generations listed
+    discard_at: dict[str, float] = field(default_factory=dict)  # region -> when GC discards it (grace)
+    region_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.regions and not self.region_errors
+
+
+def stale_regions(loc: TableLocation, grace_seconds: float | None = None) -> StaleReport:
+    """What the merger refuses as stale and GC keeps (read only: nothing is recorded)."""
+    lc, reads = lifecycle.assess_table(loc, record=False)
+    merged = table.read_memwal_state(loc).merged
+    init = lc.init.describe() if lc.init and lc.init.known else "unknown (not in the retained table history)"
+    out = StaleReport(init, region_errors=dict(lc.errors))
+    for rid, m in sorted(reads.manifests.items()):
+        done = merged.get(rid, 0)
+        if lc.verdict(rid) is None or not lc.blocks(rid, done):
+            continue
+        listed = [g.generation for g in m.generations]
+        out.regions[rid] = lc.message(rid, done, listed)
+        out.generations[rid] = lc.stale_pending(rid, done, listed)
+        if grace_seconds is not None and not lc.verdict(rid).open:
+            out.discard_at[rid] = lc.verdict(rid).detected_at + grace_seconds
     return out

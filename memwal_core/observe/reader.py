@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from memwal_core.state import layout, region
+from memwal_core.state import layout, lifecycle, region
 from memwal_core.state.lance_mem_wal import lsm_read, region_snapshot
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, read_memwal_state
@@ -32,7 +32,9 @@ def pending_snapshots(state: MemWalState, manifests: dict[str, region.RegionMani
 
 
 def lsm_table(loc: TableLocation) -> pa.Table:
-    """The table as a reader should see it: base table plus every unmerged flushed generation.
+    """The table as a reader should see it: base table plus every unmerged flushed generation,
+    except generations written before the MemWAL initialization (`state/lifecycle.py`: rows an
+    overwrite replaced).
 
     The table version is pinned first and manifests read after it, so a merge landing in
     between can only make a generation appear in both (harmless) and never in neither.
@@ -43,4 +45,8 @@ def lsm_table(loc: TableLocation) -> pa.Table:
     for got in loaded.values():
         if got.error is not None:
             raise got.error
-    return lsm_read(ds, pending_snapshots(state, loaded.manifests))
+    stale = lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False)
+    for rid, why in sorted(stale.errors.items()):  # unknown whether its generations are stale
+        raise region.RegionError(rid, why.removeprefix(f"region {rid}: "))
+    manifests = {rid: lifecycle.without_stale(m, stale.verdict(rid)) for rid, m in loaded.manifests.items()}
+    return lsm_read(ds, pending_snapshots(state, manifests))

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memwal_core.state import layout, region, walls
+from memwal_core.state import layout, lifecycle, region, walls
 from memwal_core.state.store import SymlinkRefused, TableLocation
 from memwal_core.state.table import MemWalState, open_dataset, read_memwal_state
 
@@ -35,6 +35,7 @@ class RegionStatus:
     oldest_pending_age_s: float | None = None
     error: str | None = None
     wall: int | None = None  # stuck behind this generation: a permanent wall the merger recorded
+    stale_through: int | None = None  # data from before the MemWAL initialization up to here (lifecycle)
 
 
 @dataclass
@@ -114,11 +115,13 @@ def table_status(loc: TableLocation, state: MemWalState | None = None, *, with_a
     now = time.time()
     regions = []
     stuck = walls.read_all(loc.store)
+    stale = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=False)
     for rid in sorted(loaded):
         got = loaded[rid]
         if got.ok:
             regions.append(region_status(loc, got.manifest, merged.get(rid, 0), now, with_age,
                                          [s.spec_id for s in state.details.region_specs]))
+            _stale_status(regions[-1], stale)
         else:
             regions.append(RegionStatus(rid, merged_generation=merged.get(rid, 0), error=got.message))
         st, rec = regions[-1], stuck.get(rid)
@@ -138,6 +141,19 @@ def table_status(loc: TableLocation, state: MemWalState | None = None, *, with_a
         gap = max([merged.get(rid, 0) - caught.get(rid, 0) for rid in merged] or [0])
         indexes.append(IndexStatus(name, dict(caught), name in gating, max(0, gap)))
     return TableStatus(loc.lance_uri, state.table_version, regions, indexes, listing.skipped)
+
+
+def _stale_status(st: RegionStatus, lc: lifecycle.Lifecycle) -> None:
+    """A region with data from before the MemWAL initialization: an error with the repair
+    (what the merger refuses and GC keeps), the stale generations not counted as lag."""
+    v = lc.verdict(st.region_id)
+    if st.region_id in lc.errors:
+        st.error = lc.errors[st.region_id]
+    if v is None or not lc.blocks(st.region_id, st.merged_generation):
+        return
+    st.stale_through = v.stale_through if not v.open else (st.current_generation - 1)
+    st.error = lc.message(st.region_id, st.merged_generation, st.flushed_generations)
+    st.oldest_pending_age_s = None
 
 
 @dataclass(frozen=True)

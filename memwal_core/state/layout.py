@@ -20,6 +20,7 @@ VERSION_HINT = "version_hint.json"
 MEMWAL_DIR = "_memwal"
 GC_PENDING_DIR = f"{MEMWAL_DIR}/gc_pending"
 WALLS_DIR = f"{MEMWAL_DIR}/walls"
+LIFECYCLE_KEY = f"{MEMWAL_DIR}/lifecycle.json"  # stale-region verdicts (`state/lifecycle.py`)
 # The table lease (`state/lease.py`): one object per fencing token, `{token:020d}.json`.
 LEASE_DIR = f"{MEMWAL_DIR}/lease"
 _LEASE_NAME = re.compile(r"^([0-9]{20})\.json$")

@@ -1,0 +1,432 @@
+"""Table lifecycle: after an overwrite and `initialize_mem_wal` again, the regions left in
+`_mem_wal/` hold rows the overwrite replaced. They are never merged, never published to
+readers, kept by GC and reported, until discarded (by hand or after the grace); the new
+lifetime's own writes (new regions, an old region re-opened by a writer) merge normally.
+
+Real pylance tables written by `ShardWriter`s, the real Spark merge, real Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+
+import lance
+import pytest
+from dagster import DagsterInstance, materialize
+from helpers import tree
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memwal_core.jobs import gc, merge, snapshot
+from memwal_core.observe import checks, reader, status
+from memwal_core.options import GcOptions
+from memwal_core.state import layout, lifecycle, region, table
+from memwal_core.state.store import open_store
+from memwal_core.tools import demo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GC_NOW = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, discard_stale_after_seconds=None)
+
+
+def rows(loc) -> dict:
+    return {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()}
+
+
+def keys_of(w: demo.Workload, value, start: int, n: int) -> list[int]:
+    """`n` fresh keys from `start` on whose region value is `value`."""
+    out, k = [], start
+    while len(out) < n:
+        if w.region_value([k])[0] == value:
+            out.append(k)
+        k += 1
+    return out
+
+
+def put(loc, rid: str, keys: list[int], version: int, model: dict) -> None:
+    ds = lance.dataset(loc.lance_uri)
+    with ds.mem_wal_writer(rid, max_memtable_rows=50) as wr:
+        data = [demo.row(k, version) for k in keys]
+        wr.put(demo.rows_table(data))
+    model.update({r["id"]: r for r in data})
+
+
+def overwrite_and_reinit(loc, n: int = 5, num_buckets: int = 4) -> dict:
+    """The operator's mistake: replace the table's rows, initialize MemWAL again."""
+    new = {r["id"]: r for r in (demo.row(i, 7) for i in range(n))}
+    ds = lance.write_dataset(demo.rows_table(list(new.values())), loc.lance_uri, mode="overwrite")
+    assert ds.list_indices() == []  # the MemWAL index went with the overwrite; _mem_wal/ stayed
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=num_buckets)
+    return new
+
+
+@pytest.fixture
+def overwritten(table_loc, spark):
+    """Four old regions, each with merged and pending generations, then an overwrite and a
+    re-initialization; one old region re-opened by a writer and one new region written."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=4, base_rows=10)
+    w = demo.Workload(loc, seed=3, key_space=300, max_memtable_rows=10)
+    w.write_round(80, puts_per_batch=10)
+    merge.execute_merge(loc, merge.plan_merge(loc), spark)
+    w.write_round(80, puts_per_batch=10)  # pending in the old lifetime
+    old = dict(w.regions)  # region value -> region id
+    assert len(old) == 4
+    assert all(lifecycle.assess_table(loc)[0].verdict(r) is None for r in old.values())
+    model = overwrite_and_reinit(loc)
+    values = sorted(old)
+    reopened, fresh_value = old[values[0]], values[1]
+    fresh = str(uuid.uuid4())
+    put(loc, reopened, keys_of(w, values[0], 5000, 6), 8, model)
+    put(loc, fresh, keys_of(w, fresh_value, 6000, 6), 8, model)
+    stale_keys = set(w.expected()) - set(model)
+    return loc, w, old, reopened, fresh, model, stale_keys
+
+
+def test_stale_regions_are_never_merged_published_or_collected(overwritten, spark):
+    loc, w, old, reopened, fresh, model, stale_keys = overwritten
+    lc, reads = lifecycle.assess_table(loc)
+    assert lc.init is not None and lc.init.known and lc.init.previous_version is not None
+    assert set(lc.stale) == set(old.values()) and fresh not in lc.stale
+    top = reads.manifests[reopened].top_generation
+    assert lc.verdict(reopened).stale_through == top - 1  # its one new generation is current
+
+    plan = merge.plan_merge(loc)
+    assert set(plan.walls) == set(old.values()) and all(wl.permanent for wl in plan.walls.values())
+    assert plan.pending == {fresh: [1]}
+    msg = plan.walls[reopened].reason
+    assert f"predate the MemWAL initialization at table version {lc.init.table_version}" in msg
+    assert f"generation {top}, written after it, waits behind them" in msg
+    assert f"memwal regions discard URI {reopened}" in msg
+    result = merge.execute_merge(loc, plan, spark)
+    assert set(result.stuck_regions) == set(old.values())
+    assert rows(loc) == {k: v for k, v in model.items() if k in rows(loc)}
+    assert not stale_keys & set(rows(loc))  # nothing of the old lifetime came back
+    assert set(rows(loc)) == {k for k in model if k < 5000 or k >= 6000}  # new region merged
+    # memwal's LSM read shows the re-opened region's new rows, nothing stale
+    assert {r["id"]: r for r in reader.lsm_table(loc).to_pylist()} == model
+
+    # Reported: status (an error with the repair), the check, and the merger's wall records.
+    st = {r.region_id: r for r in status.table_status(loc).regions}
+    assert all("predate" in st[r].error and "Repair" in st[r].error for r in old.values())
+    assert st[fresh].error is None and st[fresh].stale_through is None
+    assert st[reopened].stale_through == top - 1
+    report = checks.stale_regions(loc, grace_seconds=3600)
+    assert set(report.regions) == set(old.values()) and not report.ok
+    assert set(report.discard_at) == set(old.values())
+    assert set(os.listdir(os.path.join(loc.lance_uri, "_memwal", "walls"))) == {f"{r}.json" for r in old.values()}
+
+    # The index builder publishes no stale generation (nor a value derived from one).
+    snapshot.build_snapshot(loc)
+    snap = snapshot.read_snapshot(loc)
+    published = {str(uuid.UUID(bytes=r["region_id"])): [g["generation"] for g in r["flushed_generations"]]
+                 for r in snap.to_pylist()}
+    assert published[reopened] == [top]
+    assert all(published[r] == [] for r in old.values() if r != reopened)
+
+    # GC keeps every file of a stale region, and says why.
+    before = tree(loc.lance_uri)
+    plan_gc = gc.plan_gc(loc, GC_NOW)
+    assert not any(i.region_id in old.values() for i in plan_gc.items)
+    assert plan_gc.kept.get("region:stale") == 4
+    assert any(h.reason == "stale" for h in plan_gc.holds)
+    gc.run_gc(loc, GC_NOW)
+    after = tree(loc.lance_uri)
+    for rid in old.values():
+        mine = {p: v for p, v in before.items() if p.startswith(f"_mem_wal/{rid}/")}
+        assert {p: after.get(p) for p in mine} == mine
+
+
+def test_discard_then_the_reopened_region_merges_and_gc_collects_exactly_the_stale(overwritten, spark):
+    loc, w, old, reopened, fresh, model, stale_keys = overwritten
+    merge.execute_merge(loc, merge.plan_merge(loc), spark)
+    lc, reads = lifecycle.assess_table(loc)
+    through = lc.verdict(reopened).stale_through
+    stale_dirs = {f"_mem_wal/{reopened}/{g.path}" for g in reads.manifests[reopened].generations
+                  if g.generation <= through}
+    other = sorted(set(old.values()) - {reopened})[0]
+
+    before = tree(loc.lance_uri)
+    dry = lifecycle.discard(loc, [reopened, other], dry_run=True)
+    assert dry.discarded == {reopened: through, other: lc.verdict(other).stale_through} and not dry.refused
+    assert tree(loc.lance_uri) == before  # a dry run changes nothing
+
+    refused = lifecycle.discard(loc, [fresh])
+    assert fresh in refused.refused and "not stale" in refused.refused[fresh] and not refused.discarded
+    done = lifecycle.discard(loc, [reopened, other])
+    assert done.discarded == dry.discarded
+    merged = table.read_memwal_state(loc).merged
+    assert merged[reopened] == through and merged[other] == lc.verdict(other).stale_through
+    again = lifecycle.discard(loc, [reopened])
+    assert "already handled" in again.refused[reopened]
+
+    # The re-opened region's own generation now merges; no stale row ever reaches the table.
+    result = merge.execute_merge(loc, merge.plan_merge(loc), spark)
+    assert result.regions[reopened].generations_merged == [through + 1]
+    assert set(result.stuck_regions) == set(old.values()) - {reopened, other}
+    assert rows(loc) == model
+    assert not stale_keys & set(rows(loc))
+    st = {r.region_id: r for r in status.table_status(loc).regions}
+    assert st[reopened].error is None and st[other].error is None
+
+    # Discarded stale generations are still read by a time travel to a version from before the
+    # overwrite: GC keeps them while such a version is retained (this lifetime's versions do
+    # not hold them: they never should have read them).
+    snapshot.build_snapshot(loc)
+    held = gc.plan_gc(loc, GC_NOW)
+    assert not [i for i in held.items if i.region_id in (reopened, other)]
+    # Once the old versions are cleaned up, GC removes exactly the discarded regions' stale
+    # generation directories (plus their trim commit); the undiscarded stale regions are untouched.
+    before = tree(loc.lance_uri)
+    r = gc.run_gc(loc, GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                                 discard_stale_after_seconds=None, cleanup_base_versions_older_than_seconds=0))
+    after = tree(loc.lance_uri)
+    stale_all = stale_dirs | {f"_mem_wal/{other}/{g.path}" for g in reads.manifests[other].generations}
+    assert all(not any(p.startswith(d + "/") for p in after) for d in stale_all)
+    # ... and, as always, the merged generations of this lifetime (with the cleanup, no version reads them)
+    merged_now = {f"_mem_wal/{rid}/{g.path}" for rid in (reopened, fresh) for g in reads.manifests[rid].generations
+                  if not lc.stale.get(rid) or g.generation > lc.stale[rid].stale_through}
+    gone = [p for p in before if p not in after and p.startswith("_mem_wal/")]  # base versions: cleaned
+    assert not [p for p in gone if not any(p.startswith(d + "/") for d in stale_all | merged_now)
+                and "/wal/" not in p and "/manifest/" not in p], gone
+    assert r.counts()["generation"] == len(stale_all | merged_now)
+    for rid in set(old.values()) - {reopened, other}:
+        mine = {p: v for p, v in before.items() if p.startswith(f"_mem_wal/{rid}/")}
+        assert {p: after.get(p) for p in mine} == mine
+    assert rows(loc) == model
+
+
+def test_grace_discards_automatically_and_a_dry_run_only_says_so(overwritten, spark):
+    loc, w, old, reopened, fresh, model, stale_keys = overwritten
+    lifecycle.assess_table(loc, record=True)  # first reported now
+    keep = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, discard_stale_after_seconds=3600)
+    assert gc.run_gc(loc, keep).stale_discarded == {}
+    expired = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, discard_stale_after_seconds=0)
+    before = table.read_memwal_state(loc).merged
+    dry = gc.run_gc(loc, expired, dry_run=True)
+    assert set(dry.stale_discarded) == set(old.values())
+    assert table.read_memwal_state(loc).merged == before
+    r = gc.run_gc(loc, expired)
+    assert set(r.stale_discarded) == set(old.values())
+    assert checks.stale_regions(loc).ok
+    rec = json.loads(loc.store.get(layout.LIFECYCLE_KEY))
+    assert {v["by"] for v in rec["discarded"].values()} == {"grace"}
+    merge.execute_merge(loc, merge.plan_merge(loc), spark)
+    assert rows(loc) == model
+
+
+def test_unflushed_wal_rows_are_replayed_into_a_stale_generation(table_loc, spark):
+    """A writer that crashed with rows only in its WAL: a writer re-opening the region after the
+    re-initialization replays them into its next generation, together with its own new rows
+    (pylance 14). That generation is stale; until it is flushed the boundary is open."""
+    loc = table_loc
+    demo.create_table(loc, sharding="unsharded", base_rows=3)
+    rid = str(uuid.uuid4())
+    model: dict = {}
+    put(loc, rid, list(range(10, 15)), 1, model)
+    code = (f"import lance, os, sys; sys.path.insert(0, {REPO!r}); from memwal_core.tools import demo; "
+            f"w = lance.dataset({loc.lance_uri!r}).mem_wal_writer({rid!r}, max_memtable_rows=100, durable_write=True); "
+            "w.put(demo.rows_table([demo.row(k, 55) for k in range(500, 505)])); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    model = {r["id"]: r for r in (demo.row(i, 9) for i in range(2))}
+    ds = lance.write_dataset(demo.rows_table(list(model.values())), loc.lance_uri, mode="overwrite")
+    ds.initialize_mem_wal(unsharded=True)
+
+    lc, _ = lifecycle.assess_table(loc)
+    v = lc.verdict(rid)
+    assert v.open and v.wal_position > 0
+    assert rid in lifecycle.discard(loc, [rid]).refused  # boundary unknown: not discardable yet
+    plan = merge.plan_merge(loc)
+    assert rid in plan.walls and "no generation has taken yet" in plan.walls[rid].reason
+    assert gc.plan_gc(loc, GC_NOW).kept.get("region:stale") == 1
+
+    put(loc, rid, [700, 701], 3, model)  # one MemTable: the replayed rows 500..504 and 700, 701
+    m = region.load_latest(loc.store, rid)
+    replay_gen = m.top_generation
+    got = lance.dataset(loc.child_uri(layout.generation_dir(rid, m.generations[-1].path, replay_gen))).to_table()
+    assert {500, 700} <= set(got.column("id").to_pylist())
+    lc, _ = lifecycle.assess_table(loc, record=True)
+    assert lc.verdict(rid).stale_through == replay_gen  # mixed: stale (its new rows go with it)
+    put(loc, rid, [800], 4, model)
+    assert lifecycle.discard(loc, [rid]).discarded == {rid: replay_gen}
+    merge.execute_merge(loc, merge.plan_merge(loc), spark)
+    got = rows(loc)
+    assert 800 in got and not {10, 500, 700} & set(got)
+
+
+def test_record_follows_a_second_overwrite(table_loc):
+    """The recorded initialization is checked against every version committed since: a second
+    overwrite + re-initialization makes the first lifetime's current regions stale too."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2)
+    overwrite_and_reinit(loc, num_buckets=2)
+    w = demo.Workload(loc, seed=1, key_space=50, max_memtable_rows=10)
+    w.write_round(30, puts_per_batch=5)
+    lc, _ = lifecycle.assess_table(loc, record=True)
+    assert not lc.stale and lc.fresh == set(w.regions.values())
+    first = lc.init.table_version
+    overwrite_and_reinit(loc, num_buckets=2)
+    lc, _ = lifecycle.assess_table(loc, record=True)
+    assert lc.init.table_version > first and set(lc.stale) == set(w.regions.values())
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.sampled_from(["write", "merge", "gc", "snapshot", "compact"]), min_size=3, max_size=8),
+       seed=st.integers(0, 1000))
+def test_a_table_never_overwritten_has_no_stale_region(spark, steps, seed):
+    """Property: writes, merges, snapshots, compactions and GC (collecting as early as allowed,
+    base versions cleaned at once) never make a region of a table that was never overwritten
+    stale, and the table always ends equal to the writers' model."""
+    with tempfile.TemporaryDirectory() as d:
+        loc = open_store(os.path.join(d, "t"))
+        demo.create_table(loc, sharding="bucket", num_buckets=3, base_rows=5)
+        w = demo.Workload(loc, seed=seed, key_space=100, max_memtable_rows=8)
+        opts = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, manifest_retention=1,
+                         cleanup_base_versions_older_than_seconds=0)
+        for step in ["write", *steps]:
+            if step == "write":
+                w.write_round(30, puts_per_batch=5)
+            elif step == "merge":
+                r = merge.execute_merge(loc, merge.plan_merge(loc), spark)
+                assert not r.region_errors
+            elif step == "gc":
+                assert not gc.run_gc(loc, opts).region_errors
+            elif step == "snapshot":
+                snapshot.build_snapshot(loc)
+            else:
+                lance.dataset(loc.lance_uri).optimize.compact_files()
+            lc, _ = lifecycle.assess_table(loc, record=step != "gc")
+            assert not lc.stale and not lc.errors
+        merge.execute_merge(loc, merge.plan_merge(loc), spark)
+        assert rows(loc) == w.expected()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "memwal_pipeline.cli", *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_cli_maintain_refuses_reports_and_discard_collects(tmp_path):
+    """The user-facing path: `memwal maintain` (a subprocess) merges nothing stale and says why
+    with the repair, exit 1; `memwal status` says it too; `memwal regions discard` (dry run
+    first) then `maintain --only gc` collects them."""
+    root = str(tmp_path / "t")
+    loc = open_store(root)
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=2, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    model = overwrite_and_reinit(loc, num_buckets=2)
+    stale = sorted(w.regions.values())
+
+    p = _cli("maintain", root, "--only", "merge,index,gc")
+    assert p.returncode == 1, p.stderr
+    for rid in stale:
+        assert f"error: merge: region {rid}: its generations" in p.stderr or \
+            f"error: merge: region {rid}: its generation" in p.stderr, p.stderr
+    assert "memwal regions discard URI" in p.stderr
+    assert "check stale_regions" in p.stderr
+    assert rows(loc) == model
+
+    s = _cli("status", root)
+    assert s.returncode == 1 and all(f"{rid}  error: region {rid}: its generation" in s.stdout for rid in stale), s.stdout
+
+    before = tree(root)
+    d = _cli("regions", "discard", root, "--all", "--dry-run")
+    assert d.returncode == 0, d.stderr
+    assert all(f"would discard region {rid}" in d.stdout for rid in stale)
+    assert tree(root) == before
+    bad = _cli("regions", "discard", root, "not-a-region")
+    assert bad.returncode == 1 and "not a region id" in bad.stderr
+
+    d = _cli("regions", "discard", root, *stale)
+    assert d.returncode == 0, d.stderr
+    p = _cli("maintain", root, "--only", "gc", "--base-versions-older-than", "0")  # no pre-overwrite time travel
+    assert p.returncode == 0, p.stderr
+    listed = {rid: region.load_latest(loc.store, rid).generations for rid in stale}
+    assert all(gens == [] for gens in listed.values())
+    assert not [p for p in tree(root) if p.startswith("_mem_wal/") and "_gen_" in p]
+    assert _cli("status", root).returncode == 0
+    assert rows(loc) == model
+
+
+def test_dagster_stale_regions_check(table_loc):
+    """`stale_regions` on the garbage asset: ERROR with the repair while stale regions wait,
+    passing once they are discarded."""
+    from memwal_pipeline.config import TableConfig
+    from memwal_pipeline.definitions import table_definitions
+
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=2, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    overwrite_and_reinit(loc, num_buckets=2)
+    cfg = TableConfig(name="t", uri=loc.lance_uri, gc=GcOptions(  # old-lifetime versions cleaned: nothing reads them
+        manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0))
+    td = table_definitions(cfg)
+    by = {a.key.path[-1]: a for a in td.assets}
+    with DagsterInstance.ephemeral() as instance:
+        r = materialize([by["garbage"], *td.checks_for(by["garbage"].key)], instance=instance,
+                        resources=td.resources, raise_on_error=False)
+        ev = {c.check_name: c for c in r.get_asset_check_evaluations()}
+        assert not ev["stale_regions"].passed and ev["stale_regions"].severity.value == "ERROR"
+        assert ev["stale_regions"].metadata["stale_regions"].value == 2
+        assert "memwal regions discard" in ev["stale_regions"].description
+        lifecycle.discard(loc, None)
+        r = materialize([by["garbage"], *td.checks_for(by["garbage"].key)], instance=instance,
+                        resources=td.resources)
+        ev = {c.check_name: c for c in r.get_asset_check_evaluations()}
+        assert ev["stale_regions"].passed
+        md = r.asset_materializations_for_node(by["garbage"].op.name)[0].metadata
+        assert md["generations_deleted"].value > 0
+    assert not [p for p in tree(loc.lance_uri) if p.startswith("_mem_wal/") and "_gen_" in p]
+
+
+def test_on_s3_stale_regions_are_found_by_the_stores_clock(s3_table_loc):
+    """On S3 the initialization's time and the regions' times are both LastModified (the
+    server's clock, one-second resolution on AWS): an overwrite a second after the last flush,
+    and a region created a second after the re-initialization, are told apart."""
+    import time
+
+    loc = s3_table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2)
+    w = demo.Workload(loc, seed=4, key_space=40, max_memtable_rows=10)
+    w.write_round(30, puts_per_batch=5)
+    time.sleep(1.1)
+    new = {r["id"]: r for r in (demo.row(i, 7) for i in range(3))}
+    ds = lance.write_dataset(demo.rows_table(list(new.values())), loc.lance_uri, mode="overwrite",
+                             storage_options=loc.storage_options)
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2)
+    time.sleep(1.1)
+    fresh = str(uuid.uuid4())
+    ds = lance.dataset(loc.lance_uri, storage_options=loc.storage_options)
+    with ds.mem_wal_writer(fresh, max_memtable_rows=10) as wr:
+        wr.put(demo.rows_table([demo.row(k, 1) for k in keys_of(w, w.region_value([0])[0], 900, 3)]))
+    lc, _ = lifecycle.assess_table(loc)
+    assert set(lc.stale) == set(w.regions.values()) and fresh not in lc.stale
+    plan = merge.plan_merge(loc)
+    assert set(plan.walls) == set(w.regions.values()) and plan.pending == {fresh: [1]}
+    assert not checks.stale_regions(loc).ok
+
+
+def test_gc_records_the_verdicts_before_its_base_version_cleanup(table_loc):
+    """The versions around the initialization are its only evidence: GC's base-version cleanup
+    (here 0 s: everything but the latest version) runs only after the stale regions are
+    recorded, so they stay stale when `memwal maintain --only gc` is the first job to run."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=5, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    overwrite_and_reinit(loc, num_buckets=2)
+    assert not loc.store.exists(layout.LIFECYCLE_KEY)
+    opts = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0)
+    r = gc.run_gc(loc, opts)
+    assert r.base_cleanup["old_versions"] > 0 and len(table.open_dataset(loc).versions()) == 1
+    assert r.counts()["generation"] == 0
+    lc, _ = lifecycle.assess_table(loc)
+    assert lc.init.known and set(lc.stale) == set(w.regions.values())
+    assert set(merge.plan_merge(loc).walls) == set(w.regions.values())
