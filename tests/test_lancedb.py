@@ -200,7 +200,7 @@ def test_specs_routing_and_index_details(tmp_path, spec):
 
 def _gc_options() -> GcOptions:
     return GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_retain=1,
-                     keep_current_epoch_wal=False)
+                     keep_current_epoch_wal=False, cleanup_base_versions_floor_seconds=0)  # one process
 
 
 @pytest.mark.parametrize("spec", ["bucket", "identity", "unsharded"])
@@ -367,7 +367,7 @@ def test_memwal_maintain_cli_thousands_of_upserts(tmp_path):
     before = t.wal_entries()
     out = subprocess.run(
         [sys.executable, "-m", "memwal_pipeline.cli", "maintain", t.loc.lance_uri, "--spark-master", "local[2]",
-         "--base-versions-older-than", "0", "--json"],
+         "--base-versions-older-than", "0", "--base-versions-floor", "0", "--json"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)

@@ -183,7 +183,8 @@ def test_discard_then_the_reopened_region_merges_and_gc_collects_exactly_the_sta
     # generation directories (plus their trim commit); the undiscarded stale regions are untouched.
     before = tree(loc.lance_uri)
     r = gc.run_gc(loc, GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                                 discard_stale_after_seconds=None, cleanup_base_versions_older_than_seconds=0))
+                                 discard_stale_after_seconds=None, cleanup_base_versions_older_than_seconds=0,
+                         cleanup_base_versions_floor_seconds=0))
     after = tree(loc.lance_uri)
     stale_all = stale_dirs | {f"_mem_wal/{other}/{g.path}" for g in reads.manifests[other].generations}
     assert all(not any(p.startswith(d + "/") for p in after) for d in stale_all)
@@ -286,7 +287,8 @@ def test_a_table_never_overwritten_has_no_stale_region(spark, steps, seed):
         demo.create_table(loc, sharding="bucket", num_buckets=3, base_rows=5)
         w = demo.Workload(loc, seed=seed, key_space=100, max_memtable_rows=8)
         opts = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, manifest_retention=1,
-                         cleanup_base_versions_older_than_seconds=0)
+                         cleanup_base_versions_older_than_seconds=0,
+                         cleanup_base_versions_floor_seconds=0)
         for step in ["write", *steps]:
             if step == "write":
                 w.write_round(30, puts_per_batch=5)
@@ -345,7 +347,7 @@ def test_cli_maintain_refuses_reports_and_discard_collects(tmp_path):
 
     d = _cli("regions", "discard", root, *stale)
     assert d.returncode == 0, d.stderr
-    p = _cli("maintain", root, "--only", "gc", "--base-versions-older-than", "0")  # no pre-overwrite time travel
+    p = _cli("maintain", root, "--only", "gc", "--base-versions-older-than", "0", "--base-versions-floor", "0")  # no pre-overwrite time travel
     assert p.returncode == 0, p.stderr
     listed = {rid: region.load_latest(loc.store, rid).generations for rid in stale}
     assert all(gens == [] for gens in listed.values())
@@ -366,7 +368,8 @@ def test_dagster_stale_regions_check(table_loc):
     w.write_round(40, puts_per_batch=10)
     overwrite_and_reinit(loc, num_buckets=2)
     cfg = TableConfig(name="t", uri=loc.lance_uri, gc=GcOptions(  # old-lifetime versions cleaned: nothing reads them
-        manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0))
+        manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0,
+                         cleanup_base_versions_floor_seconds=0))
     td = table_definitions(cfg)
     by = {a.key.path[-1]: a for a in td.assets}
     with DagsterInstance.ephemeral() as instance:
@@ -423,7 +426,8 @@ def test_gc_records_the_verdicts_before_its_base_version_cleanup(table_loc):
     w.write_round(40, puts_per_batch=10)
     overwrite_and_reinit(loc, num_buckets=2)
     assert not loc.store.exists(layout.LIFECYCLE_KEY)
-    opts = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0)
+    opts = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0,
+                         cleanup_base_versions_floor_seconds=0)
     r = gc.run_gc(loc, opts)
     assert r.base_cleanup["old_versions"] > 0 and len(table.open_dataset(loc).versions()) == 1
     assert r.counts()["generation"] == 0

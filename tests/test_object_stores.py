@@ -269,7 +269,7 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     else:
         public, env = backend.options(), {}
     flags = [a for k, v in public.items() for a in ("--storage-option", f"{k}={v}")]
-    run = _memwal("maintain", uri, *flags, "--base-versions-older-than", "0", "--json",
+    run = _memwal("maintain", uri, *flags, "--base-versions-older-than", "0", "--base-versions-floor", "0", "--json",
                   "--spark-master", "local[2]", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert backend.secret not in run.stdout + run.stderr
