@@ -162,8 +162,10 @@ def references_of(raw: bytes, where: str) -> References:
         raise LeakScanError(f"{where}: cannot read its file references: {e}") from None
 
 
-# (lance uri, manifest key, size) -> references; manifests are immutable once written.
-_REFS: dict[tuple[str, str, int], References] = {}
+# (lance uri, manifest key, size, mtime) -> references; manifests are immutable once written,
+# but a table dropped and created again at the same URI writes the same keys, often at the same
+# size: the modification time tells the two apart.
+_REFS: dict[tuple[str, str, int, float], References] = {}
 _REFS_LOCK = threading.Lock()
 _REFS_MAX = 100_000
 
@@ -184,7 +186,7 @@ def _references(loc: TableLocation, manifests: dict[str, ObjectInfo]) -> tuple[s
     files: set[str] = set()
     uuids: set[str] = set()
     for key, info in manifests.items():
-        ck = (loc.lance_uri, key, info.size)
+        ck = (loc.lance_uri, key, info.size, info.mtime)
         with _REFS_LOCK:
             refs = _REFS.get(ck)
         if refs is None:
