@@ -72,3 +72,22 @@ def test_lowering_the_orphan_grace_does_not_delete_an_applications_commit_in_fli
     deleted = [i.path for i in r.deleted if i.kind == gc.LEAKED]
     assert not deleted, f"GC deleted the in-flight commit's files: {deleted}"
     assert lance.dataset(loc.lance_uri).count_rows() == before + 1
+
+
+def test_a_detached_version_is_read_as_retained_and_does_not_stop_collection(tmp_path):
+    """Lance writes a detached commit's manifest as `_versions/d{n}.manifest`. The scan refused
+    that name (fail closed), so one detached version stopped leaked-file collection for good;
+    a detached manifest is a manifest: its files are referenced, the rest of the table's leaks
+    are collected."""
+    path = str(tmp_path / "t")
+    lance.write_dataset(pa.table({"a": [1, 2, 3]}), path)
+    frags = lance.fragment.write_fragments(pa.table({"a": [4]}), path)
+    detached = lance.LanceDataset.commit(path, lance.LanceOperation.Append(frags), read_version=1, detached=True)
+    lost = lance.fragment.write_fragments(pa.table({"a": [5]}), path)  # a commit that never happened
+    _age(path, "", 2 * 86400)
+    scan = leaks.plan_leaks(open_store(path), time.time(), 86400)
+    assert scan.error is None, scan.error
+    planned = {lk.key for lk in scan.leaks}
+    assert {f"data/{f.path}" for fr in lost for f in fr.data_files()} <= planned  # the lost commit's file
+    kept = {f"data/{f.data_files()[0].path}" for f in detached.get_fragments()}
+    assert not kept & planned, f"the detached version's files planned as leaked: {kept & planned}"
