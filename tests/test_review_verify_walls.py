@@ -1,10 +1,10 @@
 """Adversarial review of merge-commit verification: is its permanent stop crash-safe?
 
 A commit that fails verification has already recorded its regions' progress; the merger then
-stops them with a permanent wall. That wall only exists in the run's memory until the run
-ends (`merge._record_walls` after the last batch). A merger killed in a later batch (SIGKILL,
-OOM, a node lost, or any exception escaping `_merge_batch`) never writes it, and the next run
-merges the region on over the wrong rows, the evidence lost.
+stops them with a permanent wall. That wall lived only in the run's memory until the run
+ended (`merge._record_walls` after the last batch): a merger killed in a later batch (SIGKILL,
+OOM, a node lost, or any exception escaping `_merge_batch`) never wrote it, and the next run
+merged the region on over the wrong rows, the evidence lost. The record is now written at once.
 """
 
 from __future__ import annotations
@@ -25,9 +25,6 @@ from memwal_core.tools import demo
 PROCS = os.path.join(os.path.dirname(__file__), "procs")
 
 
-@pytest.mark.xfail(strict=True, reason="the permanent wall of a failed commit verification is recorded only at "
-                                       "the end of the merge run: a merger killed in a later batch loses it "
-                                       "and the next run merges the region on")
 def test_a_failed_verification_keeps_its_region_stopped_after_the_merger_is_killed(table_loc, spark):
     loc = table_loc
     demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
