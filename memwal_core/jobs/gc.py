@@ -998,7 +998,15 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
 
 @lease.step("gc")
 def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
-    """Delete exactly what `plan` lists (orphans re-checked against the latest manifest)."""
+    """Delete exactly what `plan` lists (orphans re-checked against the latest manifest).
+
+    A dry run's plan (`plan.base_cleanup` set) is refused: it was made as if Lance's cleanup
+    had removed base-table versions that are still retained, and lists generations they can
+    still time-travel to."""
+    if plan.base_cleanup is not None:
+        raise GcError(f"table {plan.table_uri}: refusing to execute a dry run's plan (made as if "
+                      f"{len(plan.base_cleanup.versions)} base-table versions were cleaned up, which are still "
+                      "retained); run GC itself (`run_gc`), which cleans up first and plans after")
     t0 = time.monotonic()
     result = GcResult(plan.table_uri, kept=plan.kept, region_errors=dict(plan.region_errors))
     todo = [rp for rp in plan.regions.values() if not rp.error and (rp.items or rp.trim or rp.leftover_scan)]

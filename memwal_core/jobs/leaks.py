@@ -10,8 +10,8 @@ only safe when nothing else writes. memwal needs neither: it knows what every re
 references and keeps anything younger than a grace period.
 
 Plan (`plan_leaks`, read-only):
-1. list `_versions/` and read every manifest there (the retained versions; one GET each, cached
-   per process since versions are immutable): the data files and deletion files of their
+1. list `_versions/` and read every manifest there (the retained versions, detached ones
+   included; one GET each, cached per process since versions are immutable): the data files and deletion files of their
    fragments, their transaction file, and the uuids of their indexes. A manifest that cannot be
    read or that carries a field memwal does not know where file references live (a data file in
    another base, a future format) stops the whole scan: nothing is collected (fail closed);
@@ -163,8 +163,10 @@ def references_of(raw: bytes, where: str) -> References:
         raise LeakScanError(f"{where}: cannot read its file references: {e}") from None
 
 
-# (lance uri, manifest key, size) -> references; manifests are immutable once written.
-_REFS: dict[tuple[str, str, int], References] = {}
+# (lance uri, manifest key, size, mtime) -> references; manifests are immutable once written,
+# but a table dropped and created again at the same URI writes the same keys, often at the same
+# size: the modification time tells the two apart.
+_REFS: dict[tuple[str, str, int, float], References] = {}
 _REFS_LOCK = threading.Lock()
 _REFS_MAX = 100_000
 
@@ -175,8 +177,11 @@ def _manifests(loc: TableLocation) -> dict[str, ObjectInfo]:
         name = o.key[len(VERSIONS_DIR) + 1:]
         if not name.endswith(".manifest"):
             continue  # latest_version_hint.json and the like
-        if "/" in name or not name[: -len(".manifest")].isdigit():
-            raise LeakScanError(f"{o.key}: a manifest memwal cannot place (detached or unknown naming)")
+        stem = name[: -len(".manifest")]
+        if stem.startswith("d"):  # a detached version (`d{n}.manifest`): its files are referenced too
+            stem = stem[1:]
+        if "/" in name or not stem.isdigit():
+            raise LeakScanError(f"{o.key}: a manifest memwal cannot place (unknown naming)")
         out[o.key] = o
     return out
 
@@ -185,7 +190,7 @@ def _references(loc: TableLocation, manifests: dict[str, ObjectInfo]) -> tuple[s
     files: set[str] = set()
     uuids: set[str] = set()
     for key, info in manifests.items():
-        ck = (loc.lance_uri, key, info.size)
+        ck = (loc.lance_uri, key, info.size, info.mtime)
         with _REFS_LOCK:
             refs = _REFS.get(ck)
         if refs is None:

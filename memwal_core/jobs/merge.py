@@ -838,10 +838,17 @@ def _commit_isolating(run: _Run, deduped: sparkpath.Deduped, gens: list[PlannedG
 def _verification_failed(run: _Run, e: CommitVerificationError, gens: list[PlannedGeneration]) -> None:
     """Stop every region of a commit whose rows are wrong. The commit recorded their progress
     with the rows, so the wall is right after it: nothing merges over the region again (in
-    this run or later ones: the wall record keeps it) until it is repaired."""
+    this run or later ones: the wall record keeps it) until it is repaired. The record is
+    written now, not with the run's other walls at its end: a merger killed in a later batch
+    would otherwise leave no trace, and the next run would merge on over the wrong rows."""
     for rid in e.regions:
         last = max(g.generation for g in gens if g.region_id == rid)
-        run.stop(rid, Wall(last + 1, f"{COMMIT_CHECK_FAILED}: {e}", permanent=True))
+        wall = Wall(last + 1, f"{COMMIT_CHECK_FAILED}: {e}", permanent=True)
+        run.stop(rid, wall)
+        try:
+            walls.write(run.loc.store, walls.WallRecord(rid, wall.generation, wall.reason, time.time()))
+        except Exception as w:  # noqa: BLE001 - written again with the run's walls at its end
+            log.error("region %s: could not record the wall of a failed commit verification now: %s", rid, one_line(w))
 
 
 def _commit_failed(run: _Run, rid: str, gens: list[PlannedGeneration], e: Exception) -> None:

@@ -26,8 +26,8 @@ state: `{holder, step, acquired_at, expires_at, released}`.
   conditional puts.
 - **release**: create token+1 with `released: true`; the next maintainer takes over at once.
 - **fence**: before each commit a job calls `fence(loc)`: the lease this process holds must be
-  unexpired with a margin and its token still the newest (token+1 absent: one HEAD, at most
-  every TTL/20), else `LeaseLost` aborts the step before its commit. The token is the fencing token: monotonic,
+  unexpired with a margin and its token still the newest (no higher token listed: one LIST, at
+  most every TTL/20), else `LeaseLost` aborts the step before its commit. The token is the fencing token: monotonic,
   and a holder is fenced by any later one.
 - **bounded**: after each new record the writer deletes the records below it; readers that
   race with the delete re-list. The newest record is never deleted, so tokens never restart.
@@ -172,6 +172,18 @@ def newest(loc: TableLocation) -> LeaseRecord | None:
     raise LeaseError(f"table {loc.lance_uri}: the lease directory keeps changing under its listing")
 
 
+def _later_token(loc: TableLocation, token: int) -> int | None:
+    """The highest token above `token` in the lease directory (None: `token` is the newest).
+
+    Why not a HEAD of `token + 1`: pruning deletes old records, so a token that was written
+    and pruned is absent again. A holder paused past its TTL while the next holder renewed a
+    few times would find `token + 1` absent (its fence passes) and could even write it as its
+    renewal (its put succeeds); only a listing shows the newer records above it."""
+    later = [t for o in loc.store.list(layout.LEASE_DIR)
+             if (t := layout.lease_token_of(o.key)) is not None and t > token]
+    return max(later) if later else None
+
+
 KEEP_RECORDS = 4  # the newest records kept (the rest deleted in one batch: fewer writes per step)
 
 
@@ -231,13 +243,17 @@ class Lease:
                 return False
             self.record = nxt
             self._headed_at = 0.0  # a new token: the next fence looks for its successor
+            if (later := _later_token(self.loc, nxt.token)) is not None:  # our put filled a pruned slot
+                self.lost = f"token {later} was written by another maintainer (the lease expired and was taken over)"
+                log.warning("lease of %s lost: %s", self.loc.lance_uri, self.lost)
+                return False
         _prune(self.loc, nxt.token)
         return True
 
     def check(self, what: str = "commit") -> None:
         """The fence: refuse `what` unless this lease is unexpired (with a margin of a quarter
         of the TTL, for the commit itself) and still the newest record. The expiry is checked
-        every time; the HEAD for a later token at most every TTL/20 (3 s by default), so a step
+        every time; the listing for a later token at most every TTL/20 (3 s by default), so a step
         committing thousands of region manifests does not double its requests."""
         with self._lock:
             if self.lost is None:
@@ -245,8 +261,8 @@ class Lease:
                 if left < self.options.ttl_seconds / 4:
                     self.lost = f"it expired (or nearly: {left:.1f} s left; not renewed in time)"
                 elif time.monotonic() - self._headed_at >= self.options.ttl_seconds / 20:
-                    if self.loc.store.exists(layout.lease_key(self.record.token + 1)):
-                        self.lost = f"token {self.record.token + 1} was written by another maintainer"
+                    if (later := _later_token(self.loc, self.record.token)) is not None:
+                        self.lost = f"token {later} was written by another maintainer"
                     else:
                         self._headed_at = time.monotonic()
             if self.lost:
@@ -319,6 +335,8 @@ def _acquire(loc: TableLocation, step: str, options: LeaseOptions, me: Holder,
             token = (cur.token if cur else 0) + 1
             rec = LeaseRecord(token, me, step, now, now + options.ttl_seconds)
             if loc.store.put_if_absent(layout.lease_key(token), rec.encode()):
+                if _later_token(loc, token) is not None:  # a pruned slot: newer records exist
+                    continue
                 if cur is not None and not cur.released:
                     why = "expired" if cur.expires_at <= now else "its holder is gone"
                     log.warning("lease of %s: took over from %s (%s)", loc.lance_uri, cur.describe(), why)
