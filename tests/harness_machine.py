@@ -818,7 +818,8 @@ class MemWalMachine(RuleBasedStateMachine):
             kw["cleanup_base_versions_older_than_seconds"] = 3600.0
         # The retention floor lowered: nothing else commits while this rule runs (one process).
         self.gc_run(self.loc, GcOptions(manifest_retention=keep, manifest_min_age_seconds=min_age,
-                                        orphan_grace_seconds=grace, keep_current_epoch_wal=keep_epoch, max_workers=2,
+                                        orphan_grace_seconds=grace, leaked_file_grace_seconds=grace,
+                                        keep_current_epoch_wal=keep_epoch, max_workers=2,
                                         cleanup_base_versions_floor_seconds=0, **kw))
 
     def gc_run(self, loc, config: GcOptions) -> gc.GcResult:
@@ -921,7 +922,7 @@ class MemWalMachine(RuleBasedStateMachine):
                     assert used not in referenced, (
                         f"GC ORACLE: leaked-file item {key} is referenced by a retained base version")
                     age = now - os.stat(os.path.join(self.root, "table", key)).st_mtime
-                    assert age >= cfg.orphan_grace_seconds - 1, f"GC ORACLE: leaked file {key} only {age:.0f} s old"
+                    assert age >= cfg.leaked_file_grace_seconds - 1, f"GC ORACLE: leaked file {key} only {age:.0f} s old"
                 continue
             m = self.latest_manifest(rid)
             assert m is not None, f"GC ORACLE: plan deletes {item.path} of region {rid} with no manifest"

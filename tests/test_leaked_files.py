@@ -110,10 +110,10 @@ def test_lost_commits_leave_files_that_gc_collects_exactly(loc):
     assert expected_index, "the abandoned index build wrote no file: the scenario changed"
     assert committed_before <= referenced | before
 
-    young = gc.plan_gc(loc, gc.GcOptions(orphan_grace_seconds=3600))
+    young = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=3600, cleanup_base_versions_floor_seconds=0))
     assert not young.leaked and young.kept.get("leaked:young", 0) >= len(expected) + len(expected_index)
 
-    plan = gc.plan_gc(loc, gc.GcOptions(orphan_grace_seconds=0))
+    plan = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0))
     assert not plan.region_errors
     planned = {k for i in plan.leaked for k in i.keys}
     leaked_txn = {k for k in planned if k.startswith("_transactions/")}
@@ -125,7 +125,7 @@ def test_lost_commits_leave_files_that_gc_collects_exactly(loc):
     assert r.counts()["leaked"] == len(plan.leaked) and not r.region_errors
     assert not (_files(loc) & planned)
     assert _contents(loc) == contents  # every retained version reads as before
-    again = gc.plan_gc(loc, gc.GcOptions(orphan_grace_seconds=0))
+    again = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0))
     assert not again.leaked and again.leak_scan["versions_read"] == len(contents)
 
 
@@ -135,9 +135,9 @@ def test_an_unplaceable_manifest_stops_the_leak_scan(tmp_path):
     rows = _ds(loc).to_table().slice(0, 2)
     with pytest.raises(OSError):
         _ds(loc, commit_lock=_abandon).insert(rows.set_column(0, rows.schema.field(0), pa.array([7, 8], pa.int64())))
-    assert gc.plan_gc(loc, gc.GcOptions(orphan_grace_seconds=0)).leaked
+    assert gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0)).leaked
     loc.store.put("_versions/d1.manifest", b"not a manifest memwal can place")
-    plan = gc.plan_gc(loc, gc.GcOptions(orphan_grace_seconds=0))
+    plan = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0))
     assert not plan.leaked and "d1.manifest" in plan.region_errors[gc.LEAKS_KEY]
-    off = gc.plan_gc(loc, gc.GcOptions(orphan_grace_seconds=0, collect_leaked_files=False))
+    off = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0, collect_leaked_files=False))
     assert not off.leaked and gc.LEAKS_KEY not in off.region_errors

@@ -106,6 +106,7 @@ def test_two_maintainers_and_a_writer_serialize_on_the_lease(tmp_path, spark):
     assert not merge.merge(loc, spark).region_errors
     catchup.run_catchup(loc)
     final = gc.run_gc(loc, gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                                        leaked_file_grace_seconds=0,
                                         cleanup_base_versions_older_than_seconds=0,
                                         cleanup_base_versions_floor_seconds=0))  # the maintainers have stopped
     rows = table.open_dataset(loc).to_table().to_pylist()

@@ -14,6 +14,7 @@ import lance
 import pyarrow as pa
 import pytest
 
+from memwal_core.errors import OptionError
 from memwal_core.jobs import gc, leaks
 from memwal_core.state import table
 from memwal_core.state.store import open_store
@@ -47,15 +48,13 @@ def test_a_table_recreated_at_the_same_uri_keeps_its_only_data_file(tmp_path):
         f"the latest version's data files planned as leaked: {[lk.key for lk in scan.leaks]}")
 
 
-@pytest.mark.xfail(strict=True, reason="leaked-file GC uses gc.orphan_grace_seconds (the region-orphan grace, no "
-                                       "floor, commonly lowered) for base-table files of other committers' "
-                                       "commits in flight")
 def test_lowering_the_orphan_grace_does_not_delete_an_applications_commit_in_flight(tmp_path):
     """An application appends to the base table the distributed way (files first, commit at the
     end, 20 minutes later: a Spark or Ray job); it takes no memwal lease. An operator lowered
     `gc.orphan_grace_seconds` to 10 minutes to reclaim region orphan directories sooner (no
-    refusal: unlike the retention floor, it has no floor). GC deletes the job's data file as
-    'leaked'; the job's commit then succeeds and the table's latest version cannot be read."""
+    refusal: unlike the retention floor, it has no floor). Leaked base-table files have their own
+    grace (`gc.leaked_file_grace_seconds`, a week, never below the retention floor), so the job's
+    data file stays and its commit reads; one below the floor is refused."""
     loc = open_store(str(tmp_path / "t"))
     demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
     ds = table.open_dataset(loc)
@@ -72,6 +71,8 @@ def test_lowering_the_orphan_grace_does_not_delete_an_applications_commit_in_fli
     deleted = [i.path for i in r.deleted if i.kind == gc.LEAKED]
     assert not deleted, f"GC deleted the in-flight commit's files: {deleted}"
     assert lance.dataset(loc.lance_uri).count_rows() == before + 1
+    with pytest.raises(OptionError, match="leaked_file_grace_seconds: 600 s is below the retention floor"):
+        gc.GcOptions(leaked_file_grace_seconds=600)
 
 
 def test_a_detached_version_is_read_as_retained_and_does_not_stop_collection(tmp_path):

@@ -55,7 +55,8 @@ so it lists what the real run deletes. Per region:
 5. **Leaked base-table files** (`jobs/leaks.py`, when `collect_leaked_files` and the plan covers
    every region): files under `data/`, `_deletions/`, `_transactions/`, `_indices/` that no
    retained version's manifest references (commits that lost a race or crashed), older than
-   `orphan_grace_seconds`; kind `leaked`, region "" (deleted after the regions' work).
+   `leaked_file_grace_seconds` (a week, never below the retention floor); kind `leaked`,
+   region "" (deleted after the regions' work).
 
 Every committing step holds the table lease (`state/lease.py`): `run_gc` / `execute_gc` take it,
 and the base-version cleanup, each manifest commit and each delete are fenced by it.
@@ -870,7 +871,7 @@ LEAKS_KEY = "leaked files"  # the plan's / result's `region_errors` key for a fa
 
 
 def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float) -> None:
-    scan = leaks.plan_leaks(loc, now, plan.config.orphan_grace_seconds)
+    scan = leaks.plan_leaks(loc, now, plan.config.leaked_file_grace_seconds)
     plan.leak_scan = {"versions_read": scan.versions, "files_listed": scan.files_listed,
                       "list_seconds": round(scan.list_seconds, 3), "refs_seconds": round(scan.refs_seconds, 3),
                       "kept": dict(scan.kept)}

@@ -16,7 +16,7 @@ Plan (`plan_leaks`, read-only):
    read or that carries a field memwal does not know where file references live (a data file in
    another base, a future format) stops the whole scan: nothing is collected (fail closed);
 2. list the four directories; a file no retained version references, older than the grace
-   (`GcOptions.orphan_grace_seconds`, newest file for an index directory), is leaked;
+   (`GcOptions.leaked_file_grace_seconds`, newest file for an index directory), is leaked;
 3. list `_versions/` again: a version committed during the scan has its references removed from
    the candidates.
 
