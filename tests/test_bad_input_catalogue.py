@@ -736,7 +736,7 @@ def test_hostile_manifests_and_layouts_through_the_cli(tmp_path):
     prev_rows = {str(uuid.UUID(bytes=r["region_id"])): r for r in snapshot.read_snapshot(loc).to_pylist()}
 
     t0 = time.monotonic()
-    p = subprocess.run(maintain_cmd(root, "--base-versions-older-than", "0"), capture_output=True, text=True,
+    p = subprocess.run(maintain_cmd(root, "--base-versions-older-than", "0", "--base-versions-floor", "0"), capture_output=True, text=True,
                        env=clean_env(), timeout=900)
     took = time.monotonic() - t0
     job = Run([], p.returncode, p.stderr)

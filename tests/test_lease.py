@@ -56,6 +56,22 @@ def test_acquire_release_and_tokens_grow(loc):
     assert max(_records(loc)) == lease.newest(loc).token  # the newest is never pruned
 
 
+def test_a_disabled_lease_covers_the_entry_points_called_inside(tmp_path):
+    """`lease: {enabled: false}` reaches the whole step: GC's `run_gc` runs the decorated
+    `execute_gc` inside, which takes no lease either (no record written), while another
+    process's lease would not stop it; without the option the same call takes the lease."""
+    from memwal_core.jobs import gc
+
+    loc = open_store(str(tmp_path / "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    held = lease.acquire(loc, "other maintainer", LeaseOptions(ttl_seconds=30, wait_seconds=0))
+    gc.run_gc(loc, gc.GcOptions(), lease=LeaseOptions(enabled=False, wait_seconds=0))
+    assert _records(loc) == [held.token]  # nothing acquired, nothing waited for
+    held.release()
+    gc.run_gc(loc, gc.GcOptions())
+    assert max(_records(loc)) > held.token
+
+
 def test_a_held_lease_is_waited_for_then_skipped_with_holder_and_time(loc):
     a = lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=30, wait_seconds=0), run_id="run-a")
     t0 = time.monotonic()

@@ -41,6 +41,7 @@ re-enters; GC's worker threads fence through it). Expiry uses wall-clock time on
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import json
 import logging
@@ -355,14 +356,27 @@ def _acquire(loc: TableLocation, step: str, options: LeaseOptions, me: Holder,
         time.sleep(min(left, POLL_SECONDS * (0.5 + random.random()), max(0.05, cur.expires_at - now)))
 
 
+# Tables whose lease a caller disabled for the block running in this context (`hold`).
+_DISABLED: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("memwal_lease_disabled", default=frozenset())
+
+
 @contextlib.contextmanager
 def hold(loc: TableLocation, step: str, options: LeaseOptions | None = None, *,
          run_id: str | None = None) -> Iterator[Lease | None]:
     """Hold the table's lease for the block (re-entrant in the holding thread). Disabled
-    (`options.enabled` false): yields None and fences nothing. `LeaseHeld` when it stays held."""
+    (`options.enabled` false): yields None and fences nothing, and the entry points called
+    inside the block without options of their own (`compact` runs `execute_compaction`) take
+    none either. `LeaseHeld` when it stays held."""
+    if options is None and loc.lance_uri in _DISABLED.get():
+        yield None
+        return
     options = options or LeaseOptions()
     if not options.enabled:
-        yield None
+        token = _DISABLED.set(_DISABLED.get() | {loc.lance_uri})
+        try:
+            yield None
+        finally:
+            _DISABLED.reset(token)
         return
     with _HELD_LOCK:
         mine = _HELD.get(loc.lance_uri)

@@ -5,7 +5,9 @@ usage: shared_maintainer.py URI FLOOR_SECONDS READY_FILE GO_FILE STOP_FILE OUT_J
 Writes READY_FILE when its Spark session (compaction's rewrites) is warm, starts at GO_FILE, loops until STOP_FILE exists, then writes OUT_JSON:
 {"passes": n, "errors": [...], "stats": {...}}. The cleanup removes every version older than
 FLOOR_SECONDS (the floor lowered explicitly: this is what protects a merge in flight). An
-exception in a pass is recorded and the loop goes on.
+exception in a pass is recorded and the loop goes on. It takes no table lease: it stands for a
+committer that does not (an application's own compaction, another client), which is what the
+floor protects a merge from; memwal's own maintainers are serialized by the lease on top.
 """
 
 import json
@@ -17,7 +19,7 @@ import traceback
 from collections import Counter
 
 from memwal_core.jobs import catchup, compaction, gc, snapshot
-from memwal_core.options import CompactionOptions
+from memwal_core.options import CompactionOptions, LeaseOptions
 from memwal_core.state.store import open_store
 
 
@@ -34,6 +36,7 @@ def main() -> int:
                        cleanup_base_versions_older_than_seconds=floor, cleanup_base_versions_floor_seconds=floor)
     # The small table is kept fully compacted: every merged fragment is compacted away at once.
     opts = CompactionOptions(max_attempts=1)
+    no_lease = LeaseOptions(enabled=False)
     stats: Counter = Counter()
     errors: list[str] = []
     from memwal_core.spark.session import get_spark
@@ -47,15 +50,15 @@ def main() -> int:
     while not os.path.exists(stop):
         passes += 1
         try:
-            c = compaction.compact(loc, spark, opts)
+            c = compaction.compact(loc, spark, opts, lease=no_lease)
             stats["compactions"] += int(c.fragments_removed > 0)
             stats["compaction_conflicts"] += c.conflicts
             errors.extend(f"compaction {n}: {e}" for n, e in c.errors.items())
-            s = snapshot.build_snapshot(loc)
+            s = snapshot.build_snapshot(loc, lease=no_lease)
             errors.extend(f"snapshot: {e}" for e in s.region_errors.values())
-            k = catchup.run_catchup(loc)
+            k = catchup.run_catchup(loc, lease=no_lease)
             errors.extend(f"catchup {n}: {e}" for n, e in k.errors.items())
-            r = gc.run_gc(loc, cfg)
+            r = gc.run_gc(loc, cfg, lease=no_lease)
             stats["base_versions_cleaned"] += (r.base_cleanup or {}).get("old_versions", 0)
             stats["generations_deleted"] += r.counts().get("generation", 0)
             errors.extend(r.region_errors.values())
