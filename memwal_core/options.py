@@ -254,7 +254,7 @@ class GcOptions(_Checked):
     # Not the orphan grace: any writer of the base table (an application's distributed append,
     # a LanceDB backfill) writes its files before its commit and takes no memwal lease, so a
     # file is a leak only once no commit can still be in flight for it. A week, as Lance's own
-    # cleanup of unreferenced files; never below the retention floor.
+    # cleanup of unreferenced files; never below the retention floor (`leaked_grace`).
     leaked_file_grace_seconds: float = _duration(7 * 86400.0)
 
     def __post_init__(self) -> None:
@@ -267,12 +267,12 @@ class GcOptions(_Checked):
                 "commit in flight still reads can duplicate keys and bring deleted rows back; use at least "
                 f"{floor:g} s, or lower gc.cleanup_base_versions_floor_seconds (--base-versions-floor) "
                 "only where no commit can be in flight that long")
-        if self.leaked_file_grace_seconds < floor:
-            raise OptionError(
-                f"gc.leaked_file_grace_seconds: {self.leaked_file_grace_seconds:g} s is below the retention floor "
-                f"of {floor:g} s (gc.cleanup_base_versions_floor_seconds): the files of a commit still in flight "
-                "(an application's or another client's, which take no memwal lease) would be deleted; use at least "
-                f"{floor:g} s, or lower the floor only where no commit can be in flight that long")
+
+    @property
+    def leaked_grace(self) -> float:
+        """How old an unreferenced base-table file must be before GC collects it: the configured
+        grace or the retention floor, whichever is longer (a commit in flight is at most that old)."""
+        return max(self.leaked_file_grace_seconds, self.cleanup_base_versions_floor_seconds)
 
     @property
     def base_cleanup(self) -> bool:

@@ -935,7 +935,7 @@ class MemWalMachine(RuleBasedStateMachine):
                     assert used not in referenced, (
                         f"GC ORACLE: leaked-file item {key} is referenced by a retained base version")
                     age = now - os.stat(os.path.join(self.root, "table", key)).st_mtime
-                    assert age >= cfg.leaked_file_grace_seconds - 1, f"GC ORACLE: leaked file {key} only {age:.0f} s old"
+                    assert age >= cfg.leaked_grace - 1, f"GC ORACLE: leaked file {key} only {age:.0f} s old"
                 continue
             m = self.latest_manifest(rid)
             assert m is not None, f"GC ORACLE: plan deletes {item.path} of region {rid} with no manifest"

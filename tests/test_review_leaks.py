@@ -14,7 +14,6 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core.errors import OptionError
 from memwal_core.jobs import gc, leaks
 from memwal_core.state import table
 from memwal_core.state.store import open_store
@@ -54,7 +53,7 @@ def test_lowering_the_orphan_grace_does_not_delete_an_applications_commit_in_fli
     `gc.orphan_grace_seconds` to 10 minutes to reclaim region orphan directories sooner (no
     refusal: unlike the retention floor, it has no floor). Leaked base-table files have their own
     grace (`gc.leaked_file_grace_seconds`, a week, never below the retention floor), so the job's
-    data file stays and its commit reads; one below the floor is refused."""
+    data file stays and its commit reads; one set below the floor waits for the floor."""
     loc = open_store(str(tmp_path / "t"))
     demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
     ds = table.open_dataset(loc)
@@ -71,8 +70,8 @@ def test_lowering_the_orphan_grace_does_not_delete_an_applications_commit_in_fli
     deleted = [i.path for i in r.deleted if i.kind == gc.LEAKED]
     assert not deleted, f"GC deleted the in-flight commit's files: {deleted}"
     assert lance.dataset(loc.lance_uri).count_rows() == before + 1
-    with pytest.raises(OptionError, match="leaked_file_grace_seconds: 600 s is below the retention floor"):
-        gc.GcOptions(leaked_file_grace_seconds=600)
+    # A grace set below the retention floor still waits for the floor (a commit in flight).
+    assert gc.GcOptions(leaked_file_grace_seconds=600).leaked_grace == gc.GcOptions().cleanup_base_versions_floor_seconds
 
 
 def test_a_detached_version_is_read_as_retained_and_does_not_stop_collection(tmp_path):

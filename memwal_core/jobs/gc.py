@@ -871,7 +871,7 @@ LEAKS_KEY = "leaked files"  # the plan's / result's `region_errors` key for a fa
 
 
 def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float) -> None:
-    scan = leaks.plan_leaks(loc, now, plan.config.leaked_file_grace_seconds)
+    scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace)
     plan.leak_scan = {"versions_read": scan.versions, "files_listed": scan.files_listed,
                       "list_seconds": round(scan.list_seconds, 3), "refs_seconds": round(scan.refs_seconds, 3),
                       "kept": dict(scan.kept)}
