@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 
 import lance
@@ -50,7 +51,22 @@ def two_regions(table_loc):
             w.put(rows(100 * (i + 1), 10, 1))
             w.put(rows(100 * (i + 1) + 10, 3, 1))
         model.update({k: demo.row(k, 1) for k in range(100 * (i + 1), 100 * (i + 1) + 13)})
+    _wait_for_pk_indexes(table_loc, rids)
     return table_loc, rids, model
+
+
+def _wait_for_pk_indexes(loc, rids: list[str], timeout: float = 20.0) -> None:
+    """pylance 14 flushes a full MemTable in the background and can list its generation before
+    the generation's `_pk_index/page_lookup.lance` is written; its LSM scanner (the oracle these
+    tests read through) then fails with "Not found". memwal reads generations through
+    `lance.dataset` and never needs that file. Wait until pylance's own index is there."""
+    deadline = time.monotonic() + timeout
+    for rid in rids:
+        for g in region.load_latest(loc.store, rid).generations:
+            path = os.path.join(loc.store.root, layout.MEM_WAL_DIR, rid, g.path, "_pk_index", "page_lookup.lance")
+            while not os.path.exists(path):
+                assert time.monotonic() < deadline, f"pylance never wrote {path}"
+                time.sleep(0.05)
 
 
 def latest_key(loc, rid: str) -> tuple[str, int]:
