@@ -89,33 +89,20 @@ class LeakScan:
     error: str | None = None
 
 
-def _varint(b: bytes, i: int) -> tuple[int, int]:
-    r = s = 0
-    while True:
-        if i >= len(b):
-            raise ValueError("truncated varint")
-        x = b[i]
-        i += 1
-        r |= (x & 0x7F) << s
-        s += 7
-        if not x & 0x80:
-            return r, i
-
-
 def _fields(b: bytes):
     """(field number, wire type, value) of one protobuf message, in order."""
     i = 0
     while i < len(b):
-        key, i = _varint(b, i)
+        key, i = table.varint(b, i)
         num, wt = key >> 3, key & 7
         if wt == 0:
-            v, i = _varint(b, i)
+            v, i = table.varint(b, i)
         elif wt == 1:
             v, i = b[i:i + 8], i + 8
         elif wt == 5:
             v, i = b[i:i + 4], i + 4
         elif wt == 2:
-            n, i = _varint(b, i)
+            n, i = table.varint(b, i)
             v, i = b[i:i + n], i + n
         else:
             raise ValueError(f"wire type {wt}")

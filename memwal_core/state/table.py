@@ -64,36 +64,37 @@ KNOWN_FEATURE_FLAGS = 1 | 2 | 4 | 8 | 16 | 32
 KNOWN_TRANSFORMS = ("identity", "year", "month", "day", "hour", "bucket", "multi_bucket", "truncate", "unsharded")
 
 
+def varint(b: bytes, i: int) -> tuple[int, int]:
+    """The protobuf varint at `b[i:]` and the offset after it (for the Lance manifest fields
+    memwal's proto does not declare)."""
+    r = shift = 0
+    while True:
+        if i >= len(b) or shift > 63:
+            raise ValueError("truncated varint")
+        x = b[i]
+        i += 1
+        r |= (x & 0x7F) << shift
+        shift += 7
+        if not x & 0x80:
+            return r, i
+
+
 def feature_flags(head: bytes) -> tuple[int, int]:
     """(reader_feature_flags, writer_feature_flags) of a Lance manifest message (fields 9, 10),
     scanned from the wire format: memwal's proto does not declare them."""
     flags = {9: 0, 10: 0}
     i, n = 0, len(head)
-
-    def varint() -> int:
-        nonlocal i
-        shift = v = 0
-        while True:
-            if i >= n or shift > 63:
-                raise ValueError("truncated varint")
-            b = head[i]
-            i += 1
-            v |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                return v
-
     while i < n:
-        tag = varint()
+        tag, i = varint(head, i)
         num, wire = tag >> 3, tag & 7
         if wire == 0:
-            v = varint()
+            v, i = varint(head, i)
             if num in flags:
                 flags[num] = v
         elif wire == 1:
             i += 8
         elif wire == 2:
-            length = varint()  # not `i += varint()`: that reads i before varint() moves it
+            length, i = varint(head, i)
             i += length
         elif wire == 5:
             i += 4
