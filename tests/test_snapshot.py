@@ -398,7 +398,7 @@ def test_race_builder_vs_merger_processes(table_loc, tmp_path):
     for rid in regions:
         synth_region(loc.store, rid, current_generation=500)
     go = tmp_path / "go"
-    per_merger = 300
+    per_merger = 450  # >= 20 builder commits while the mergers run (a build also takes the lease)
     procs = [run_py([os.path.join(PROCS, "snapshot_merger.py"), loc.lance_uri, rid, str(key), "1",
                      str(per_merger), str(go)]) for rid, key in regions.items()]
     seen: dict[str, int] = {}
