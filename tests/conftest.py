@@ -49,6 +49,15 @@ def s3_table_loc(s3_bucket):
     return open_store(f"s3://{bucket}/table", options)
 
 
+@pytest.fixture(params=["local", "s3"])
+def loc(request, tmp_path):
+    """A fresh table location, once on local disk and once on the moto S3 server."""
+    if request.param == "local":
+        return open_store(str(tmp_path / "t"))
+    bucket, options = request.getfixturevalue("s3_bucket")
+    return open_store(f"s3://{bucket}/t", options)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole test session (a JVM start costs ~10 s)."""

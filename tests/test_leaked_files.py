@@ -22,14 +22,6 @@ from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 
 
-@pytest.fixture(params=["local", "s3"])
-def loc(request, tmp_path):
-    if request.param == "local":
-        return open_store(str(tmp_path / "t"))
-    bucket, options = request.getfixturevalue("s3_bucket")
-    return open_store(f"s3://{bucket}/t", options)
-
-
 def _ds(loc, **kw):
     return lance.dataset(loc.lance_uri, storage_options=loc.storage_options or None, **kw)
 

@@ -27,14 +27,6 @@ PROCS = Path(__file__).parent / "procs"
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
 
 
-@pytest.fixture(params=["local", "s3"])
-def loc(request, tmp_path):
-    if request.param == "local":
-        return open_store(str(tmp_path / "t"))
-    bucket, options = request.getfixturevalue("s3_bucket")
-    return open_store(f"s3://{bucket}/t", options)
-
-
 def _records(loc) -> list[int]:
     return sorted(t for o in loc.store.list(layout.LEASE_DIR) if (t := layout.lease_token_of(o.key)))
 

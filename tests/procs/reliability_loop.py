@@ -15,7 +15,6 @@ first line) and the loop goes on, so one failure does not hide later ones.
 """
 
 import json
-import logging
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 from memwal_core.options import LeaseOptions
 from memwal_core.state import lease
 from memwal_core.state.store import open_store
+from proc_log import log_memwal_to_stderr
 
 GC_CONFIG = gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
                         cleanup_base_versions_older_than_seconds=2,
@@ -34,14 +34,7 @@ GC_CONFIG = gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orpha
 
 def main() -> int:
     job, uri, ready, go, stop, out = sys.argv[1:7]
-    # memwal's own INFO lines (retries, skips, lifted walls), timed, in this loop's log: what a
-    # failing concurrency run needs to be explained after the fact.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    memwal_log = logging.getLogger("memwal")
-    memwal_log.addHandler(handler)
-    memwal_log.setLevel(logging.INFO)
-    memwal_log.propagate = False
+    memwal_log = log_memwal_to_stderr()
     loc = open_store(uri)
     stats: Counter = Counter()
     errors: list[str] = []

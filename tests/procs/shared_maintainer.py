@@ -11,7 +11,6 @@ floor protects a merge from; memwal's own maintainers are serialized by the leas
 """
 
 import json
-import logging
 import os
 import sys
 import time
@@ -21,16 +20,12 @@ from collections import Counter
 from memwal_core.jobs import catchup, compaction, gc, snapshot
 from memwal_core.options import CompactionOptions, LeaseOptions
 from memwal_core.state.store import open_store
+from proc_log import log_memwal_to_stderr
 
 
 def main() -> int:
     uri, floor, ready, go, stop, out = sys.argv[1], float(sys.argv[2]), *sys.argv[3:7]
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    memwal_log = logging.getLogger("memwal")
-    memwal_log.addHandler(handler)
-    memwal_log.setLevel(logging.INFO)
-    memwal_log.propagate = False
+    log_memwal_to_stderr()
     loc = open_store(uri)
     cfg = gc.GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
                        cleanup_base_versions_older_than_seconds=floor, cleanup_base_versions_floor_seconds=floor)
