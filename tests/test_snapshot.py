@@ -397,10 +397,10 @@ def test_race_builder_vs_merger_processes(table_loc, tmp_path):
     regions = {str(uuid.uuid4()): 10_000, str(uuid.uuid4()): 20_000}  # region -> marker key
     for rid in regions:
         synth_region(loc.store, rid, current_generation=500)
-    go = tmp_path / "go"
-    per_merger = 450  # >= 20 builder commits while the mergers run (a build also takes the lease)
+    go, pace = tmp_path / "go", tmp_path / "builder_commits"
+    per_merger, want_commits = 150, 24  # the mergers wait for the builder (pace): >= 20 commits in the race
     procs = [run_py([os.path.join(PROCS, "snapshot_merger.py"), loc.lance_uri, rid, str(key), "1",
-                     str(per_merger), str(go)]) for rid, key in regions.items()]
+                     str(per_merger), str(go), str(pace), str(want_commits)]) for rid, key in regions.items()]
     seen: dict[str, int] = {}
     commits, gave_up, lost = [], 0, 0
     try:
@@ -414,6 +414,7 @@ def test_race_builder_vs_merger_processes(table_loc, tmp_path):
                 gave_up += 1
                 continue
             commits.append(r.table_version)
+            pace.write_text(str(len(commits)))
             lost += r.attempts - 1
             merged = _check_version(loc, r.table_version, regions)
             for rid, g in merged.items():
