@@ -8,6 +8,7 @@ holders never overlap.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -261,3 +262,51 @@ def test_memwal_maintain_skips_the_steps_of_a_held_table_and_says_by_whom(tmp_pa
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "skipped" not in p.stderr, p.stderr[-3000:]
     assert table.open_dataset(loc).version == version + 1  # the index builder's snapshot
+
+
+@pytest.mark.parametrize("offset", [30.0, -30.0])
+def test_a_host_whose_clock_is_off_the_stores_gives_the_lease_back(loc, monkeypatch, offset):
+    """Expiry times are written in the writer's clock and read in the reader's: a host 30 s
+    off the store's clock (more than a quarter of the 60 s TTL) is refused with the skew, which
+    way, and the fix; the record it had written is released, so a host with a good clock takes
+    the lease at once instead of after the TTL."""
+    real = time.time
+    monkeypatch.setattr(lease, "_now", lambda: real() + offset)
+    with pytest.raises(lease.ClockSkew) as e:
+        lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=60, wait_seconds=0))
+    msg = str(e.value)
+    assert "merge refused" in msg and ("ahead of" if offset > 0 else "behind") in msg
+    assert "NTP" in msg and "lease.ttl_seconds" in msg
+    assert re.search(r"clock is (29|30|31)\.\d s", msg), msg  # S3 keeps seconds: within a second
+    assert lease.newest(loc).released
+    monkeypatch.setattr(lease, "_now", real)
+    good = lease.acquire(loc, "gc", LeaseOptions(ttl_seconds=60, wait_seconds=0))
+    good.check()
+    good.release()
+
+
+def test_a_clock_that_jumps_while_holding_loses_the_lease_at_the_next_renewal(loc, monkeypatch):
+    """The clock is checked on every renewal too: a host whose clock jumped 20 s after it took
+    the lease (max skew 2.25 s at a 9 s TTL) loses it, and the fence then refuses the commit
+    naming the clock, not a vague expiry."""
+    a = lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=9, wait_seconds=0))
+    try:
+        a.check()
+        real = time.time
+        monkeypatch.setattr(lease, "_now", lambda: real() - 20)
+        assert a.renew() is False
+        with pytest.raises(lease.LeaseLost, match=r"clock is (19|20|21)\.\d s behind the store's clock"):
+            a.check()
+    finally:
+        a.release()
+
+
+def test_a_small_skew_within_a_quarter_ttl_is_accepted(loc, monkeypatch):
+    """A few seconds of skew (here 3 s, the bound being 15 s at the default TTL) is normal
+    between hosts and must not refuse anything."""
+    real = time.time
+    monkeypatch.setattr(lease, "_now", lambda: real() + 3)
+    a = lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=60, wait_seconds=0))
+    assert a.renew() is True
+    a.check()
+    a.release()

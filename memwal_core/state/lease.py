@@ -36,6 +36,14 @@ A process holds at most one lease per table; a nested `hold` in the thread that 
 re-enters (the Dagster asset holds it around plan + execute, the library entry point inside
 re-enters; GC's worker threads fence through it). Expiry uses wall-clock time on every host:
 `ttl_seconds` must exceed the clock skew between maintainer hosts by far (60 s by default).
+
+- **clock check**: that assumption is checked, not trusted. Every record this process writes
+  (acquire, renew) carries the store's own time (its modification time, read back in the
+  listing the write does anyway); a host whose clock is off the store's by more than a quarter
+  of the TTL (at least `MIN_SKEW_SECONDS`, the stores' time resolution) gives the lease back
+  at once (`ClockSkew`) or, when renewing, loses it (the fence refuses the next commit). Two
+  hosts that both pass are within half a TTL of each other, which the fence's quarter-TTL
+  margin and the renewal every TTL/3 tolerate.
 """
 
 from __future__ import annotations
@@ -62,6 +70,12 @@ from memwal_core.state.store import NotFound, TableLocation
 log = logging.getLogger("memwal.lease")
 
 POLL_SECONDS = 0.5  # between looks at a held lease while waiting (with jitter)
+MIN_SKEW_SECONDS = 2.0  # S3 keeps modification times to the second: a smaller bound would refuse by rounding
+
+
+def _now() -> float:
+    """This host's wall clock (the one the lease's expiry is written in)."""
+    return time.time()
 
 
 class LeaseError(MemwalError):
@@ -78,6 +92,31 @@ class LeaseHeld(LeaseError):
 
 class LeaseLost(LeaseError):
     """The lease expired or was taken over before a commit: the commit is refused."""
+
+
+class ClockSkew(LeaseError):
+    """This host's clock is too far from the store's for expiry times to mean the same on every
+    host: the lease is given back, and the step does not run."""
+
+
+def max_skew(options: LeaseOptions) -> float:
+    return max(options.ttl_seconds / 4, MIN_SKEW_SECONDS)
+
+
+def _skew_problem(loc: TableLocation, token: int, written_at: float, stored_at: float | None,
+                  options: LeaseOptions) -> str | None:
+    """Why this host's clock cannot be trusted for the lease (None: it can). `written_at`:
+    our clock in the middle of the put; `stored_at`: the store's time for the same object."""
+    if stored_at is None:
+        return None  # pruned already: nothing to compare this time
+    skew = written_at - stored_at
+    if abs(skew) <= max_skew(options):
+        return None
+    way = "ahead of" if skew > 0 else "behind"
+    return (f"this host's clock is {abs(skew):.1f} s {way} the store's clock (lease record "
+            f"{layout.lease_key(token)} of table {loc.lance_uri}); the lease needs them within "
+            f"{max_skew(options):.1f} s (a quarter of lease.ttl_seconds = {options.ttl_seconds:g} s): "
+            "synchronise this host's clock (NTP) or raise lease.ttl_seconds")
 
 
 def _machine() -> str:
@@ -174,15 +213,28 @@ def newest(loc: TableLocation) -> LeaseRecord | None:
 
 
 def _later_token(loc: TableLocation, token: int) -> int | None:
-    """The highest token above `token` in the lease directory (None: `token` is the newest).
+    """The highest token above `token` in the lease directory (None: `token` is the newest)."""
+    return _look_above(loc, token)[0]
+
+
+def _look_above(loc: TableLocation, token: int) -> tuple[int | None, float | None]:
+    """(the highest token above `token` or None, the store's modification time of `token`'s
+    record or None), from one listing.
 
     Why not a HEAD of `token + 1`: pruning deletes old records, so a token that was written
     and pruned is absent again. A holder paused past its TTL while the next holder renewed a
     few times would find `token + 1` absent (its fence passes) and could even write it as its
     renewal (its put succeeds); only a listing shows the newer records above it."""
-    later = [t for o in loc.store.list(layout.LEASE_DIR)
-             if (t := layout.lease_token_of(o.key)) is not None and t > token]
-    return max(later) if later else None
+    later, stored_at = [], None
+    for o in loc.store.list(layout.LEASE_DIR):
+        t = layout.lease_token_of(o.key)
+        if t is None:
+            continue
+        if t > token:
+            later.append(t)
+        elif t == token:
+            stored_at = o.mtime
+    return (max(later) if later else None), stored_at
 
 
 KEEP_RECORDS = 4  # the newest records kept (the rest deleted in one batch: fewer writes per step)
@@ -236,17 +288,23 @@ class Lease:
         with self._lock:
             if self.lost or self._stop.is_set():
                 return not self.lost
-            now = time.time()
+            now = _now()
             nxt = replace(self.record, token=self.record.token + 1, expires_at=now + self.options.ttl_seconds)
             if not self.loc.store.put_if_absent(layout.lease_key(nxt.token), nxt.encode()):
                 self.lost = f"token {nxt.token} was written by another maintainer (the lease expired and was taken over)"
                 log.warning("lease of %s lost: %s", self.loc.lance_uri, self.lost)
                 return False
+            written_at = (now + _now()) / 2
             self.record = nxt
             self._headed_at = 0.0  # a new token: the next fence looks for its successor
-            if (later := _later_token(self.loc, nxt.token)) is not None:  # our put filled a pruned slot
+            later, stored_at = _look_above(self.loc, nxt.token)
+            if later is not None:  # our put filled a pruned slot
                 self.lost = f"token {later} was written by another maintainer (the lease expired and was taken over)"
                 log.warning("lease of %s lost: %s", self.loc.lance_uri, self.lost)
+                return False
+            if (skew := _skew_problem(self.loc, nxt.token, written_at, stored_at, self.options)) is not None:
+                self.lost = skew
+                log.error("lease of %s lost: %s", self.loc.lance_uri, skew)
                 return False
         _prune(self.loc, nxt.token)
         return True
@@ -258,7 +316,7 @@ class Lease:
         committing thousands of region manifests does not double its requests."""
         with self._lock:
             if self.lost is None:
-                left = self.record.expires_at - time.time()
+                left = self.record.expires_at - _now()
                 if left < self.options.ttl_seconds / 4:
                     self.lost = f"it expired (or nearly: {left:.1f} s left; not renewed in time)"
                 elif time.monotonic() - self._headed_at >= self.options.ttl_seconds / 20:
@@ -285,7 +343,7 @@ class Lease:
             # Also after the fence gave up on it (expired by our clock): when nobody took it
             # over, the put of the next token frees it now instead of at its expiry; when
             # somebody did, the put finds the token taken and writes nothing.
-            now = time.time()
+            now = _now()
             done = replace(self.record, token=self.record.token + 1, expires_at=now, released=True)
             try:
                 if self.loc.store.put_if_absent(layout.lease_key(done.token), done.encode()):
@@ -331,13 +389,18 @@ def _acquire(loc: TableLocation, step: str, options: LeaseOptions, me: Holder,
     told = False
     while True:
         cur = newest(loc)
-        now = time.time()
+        now = _now()
         if cur is None or cur.free(now):
             token = (cur.token if cur else 0) + 1
             rec = LeaseRecord(token, me, step, now, now + options.ttl_seconds)
             if loc.store.put_if_absent(layout.lease_key(token), rec.encode()):
-                if _later_token(loc, token) is not None:  # a pruned slot: newer records exist
+                written_at = (now + _now()) / 2
+                later, stored_at = _look_above(loc, token)
+                if later is not None:  # a pruned slot: newer records exist
                     continue
+                if (skew := _skew_problem(loc, token, written_at, stored_at, options)) is not None:
+                    Lease(loc, rec, options).release()  # give it back at once: the next maintainer need not wait
+                    raise ClockSkew(f"{step} refused: {skew}")
                 if cur is not None and not cur.released:
                     why = "expired" if cur.expires_at <= now else "its holder is gone"
                     log.warning("lease of %s: took over from %s (%s)", loc.lance_uri, cur.describe(), why)
@@ -442,5 +505,5 @@ def step(name: str) -> Callable:
     return wrap
 
 
-__all__ = ["Lease", "LeaseError", "LeaseHeld", "LeaseLost", "LeaseRecord", "Holder", "acquire", "hold", "fence",
+__all__ = ["ClockSkew", "Lease", "LeaseError", "LeaseHeld", "LeaseLost", "LeaseRecord", "Holder", "acquire", "hold", "fence",
            "fence_store", "held", "newest", "step"]
