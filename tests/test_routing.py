@@ -310,6 +310,13 @@ def test_unsharded_matches_lance(tables):
         assert exp.column(0).to_pylist() == [0] * n
 
 
+def test_only_a_spec_with_a_routing_field_is_sharded(tables):
+    """Unsharded and manual regions route nothing: the merger, GC and the checks skip them."""
+    assert RegionSpec.from_lance(tables["utf8"]["bucket"].spec).sharded
+    assert not RegionSpec.from_lance(tables["_"]["unsharded"].spec).sharded
+    assert not RegionSpec(spec_id=0, fields=()).sharded
+
+
 @pytest.mark.parametrize(
     "transform, expression", [("truncate", None), ("year", None), (None, "k || 'x'")]
 )

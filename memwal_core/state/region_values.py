@@ -201,11 +201,7 @@ def derive_region_fields(loc: TableLocation, spec: routing.RegionSpec, lance_sch
     generations it already accepted, never the ones it is about to check). `merged`: the
     region's merge progress; a value from a generation above it is provisional (shown to
     readers, never trusted by the merger or pinned for later builds), else derived. Rows that
-    disagree give no value and a reported problem.
-
-    Longer than most: one pass over the candidate generations, where each outcome (vanished,
-    empty, disagreeing, found) decides whether to go on, and the reasons are gathered for the
-    report."""
+    disagree give no value and a reported problem."""
     if not spec.fields:
         return FieldValues({}, NO_FIELDS)
     if (fv := _from_manifest(spec, m)) is not None:
