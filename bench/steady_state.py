@@ -51,7 +51,7 @@ from common import median, print_machine, ratio, result, say, workdir  # noqa: E
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot  # noqa: E402
 from memwal_core.spark.session import get_spark  # noqa: E402
-from memwal_core.state import region, table
+from memwal_core.state import region, region_values, table
 from memwal_core.state.store import open_store  # noqa: E402
 from memwal_core.tools import demo
 
@@ -85,7 +85,7 @@ def probe(uri: str, cycles: int, compact: bool, rows: int) -> int:
     w = demo.Workload(loc, seed=1234, key_space=10**9, max_memtable_rows=max(1000, rows * 4))
     snapshot.build_snapshot(loc)
     state = table.read_memwal_state(loc)
-    w.regions = {next(iter(v.values())): rid for rid, v in snapshot.recorded_values(loc, state).items()}
+    w.regions = {next(iter(v.values())): rid for rid, v in region_values.recorded_values(loc, state).items()}
     spark = get_spark("local[2]", {"spark.sql.shuffle.partitions": "2"})
     merge.merge(loc, spark)  # warm-up
     times = []

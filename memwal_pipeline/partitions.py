@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from dagster import DynamicPartitionsDefinition
 
-from memwal_core.jobs import snapshot
-from memwal_core.state import routing
+from memwal_core.state import memwal_index, routing
+from memwal_core.state.region_values import region_specs, snapshot_field_values
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState
 
@@ -63,11 +63,11 @@ class RegionLabels:
 
     @classmethod
     def load(cls, loc: TableLocation, state: MemWalState) -> RegionLabels:
-        specs = [snapshot.spec_from_pb(s) for s in state.details.region_specs]
+        specs = list(region_specs(state).values())
         unsharded = bool(specs) and all(f.transform == routing.UNSHARDED for s in specs for f in s.fields)
         try:
-            values = snapshot.snapshot_field_values(snapshot.read_snapshot(loc, state))
-        except snapshot.SnapshotNotFound:
+            values = snapshot_field_values(memwal_index.read_snapshot(loc, state))
+        except memwal_index.SnapshotNotFound:
             values = {}
         except Exception as e:  # noqa: BLE001 - a label must never stop the sensor or a merge
             log.warning("region values unavailable (%s): partitions show their id only", e)

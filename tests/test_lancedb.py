@@ -177,9 +177,9 @@ def test_specs_routing_and_index_details(tmp_path, spec):
     (mspec,) = state.details.region_specs
     assert [(f.field_id, list(f.source_ids), f.transform, f.result_type) for f in mspec.fields] == \
         [(f["field_id"], f["source_ids"], f["transform"], f["result_type"]) for f in pspec["fields"]]
-    ours = snapshot.spec_from_pb(mspec)
+    ours = routing.RegionSpec.from_proto(mspec)
     batch = rows(ids, "w").to_batches()[0]
-    got = routing.region_values(ours, batch, routing.source_columns_for(ours, ds.lance_schema))
+    got = routing.evaluate_region_spec(ours, batch, routing.source_columns_for(ours, ds.lance_schema))
     exp = evaluate_sharding_spec(batch, ours.to_lance(), ds.lance_schema)
     assert got.equals(pa.Table.from_batches([exp])) or all(
         got.column(i).combine_chunks().equals(exp.column(i)) for i in range(exp.num_columns))

@@ -21,10 +21,10 @@ from memwal_core.state.routing import (
     RegionSpec,
     UnsupportedSourceType,
     UnsupportedTransform,
+    evaluate_region_spec,
     field_values,
     hash_array,
     misrouted_mask,
-    region_values,
     source_columns_for,
 )
 
@@ -201,7 +201,7 @@ def assert_same_array(got: pa.Array, exp: pa.Array) -> None:
 def assert_matches_lance(spec: dict, schema, batch: pa.RecordBatch) -> pa.RecordBatch:
     exp = evaluate_sharding_spec(batch, spec, schema)
     ours = RegionSpec.from_lance(spec)
-    got = region_values(ours, batch, source_columns_for(ours, schema))
+    got = evaluate_region_spec(ours, batch, source_columns_for(ours, schema))
     assert got.schema == exp.schema
     assert got.num_rows == exp.num_rows
     for i in range(exp.num_columns):
@@ -308,6 +308,13 @@ def test_unsharded_matches_lance(tables):
         batch = pa.record_batch({"anything": pa.array(range(n), pa.int64())})
         exp = assert_matches_lance(t.spec, t.lance_schema, batch)
         assert exp.column(0).to_pylist() == [0] * n
+
+
+def test_only_a_spec_with_a_routing_field_is_sharded(tables):
+    """Unsharded and manual regions route nothing: the merger, GC and the checks skip them."""
+    assert RegionSpec.from_lance(tables["utf8"]["bucket"].spec).sharded
+    assert not RegionSpec.from_lance(tables["_"]["unsharded"].spec).sharded
+    assert not RegionSpec(spec_id=0, fields=()).sharded
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,9 @@ from lance.mem_wal import CompactedSsTable
 
 from memwal_core.jobs import snapshot
 from memwal_core.observe import reader
+from memwal_core.options import SnapshotOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, table
+from memwal_core.state import layout, memwal_index, region, region_values, table
 from memwal_core.tools import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +61,7 @@ def without_snapshot(details: pb.MemWalIndexDetails) -> bytes:
 
 
 def assert_rows_equal_manifests(loc, tbl: pa.Table, specs) -> None:
-    assert tbl.schema.equals(snapshot.snapshot_schema(list(specs)))
+    assert tbl.schema.equals(memwal_index.snapshot_schema(list(specs)))
     rows = {str(uuid.UUID(bytes=r["region_id"])): r for r in tbl.to_pylist()}
     ids = region.list_regions(loc.store).region_ids
     assert sorted(rows) == sorted(ids)
@@ -112,7 +113,7 @@ def test_rows_equal_manifests_inline_and_external(table_loc, sharding, n):
         assert loc.store.exists(result.external_key)
     # configuration, merge progress and catch-up exactly as read
     assert without_snapshot(state.details) == without_snapshot(before.details)
-    tbl = snapshot.read_snapshot(loc, state)
+    tbl = memwal_index.read_snapshot(loc, state)
     assert tbl.num_rows == n
     assert_rows_equal_manifests(loc, tbl, state.details.region_specs)
     # the table stays usable by pylance: details, stats, a writer on a new region, a merge
@@ -131,10 +132,10 @@ def test_field_columns_types(table_loc):
     with lance.dataset(loc.lance_uri).mem_wal_writer(rid) as w:
         w.put(pa.table({"id": [5, 6], "name": ["zed", "zed"]}, schema=sch))
     snapshot.build_snapshot(loc)
-    tbl = snapshot.read_snapshot(loc)
+    tbl = memwal_index.read_snapshot(loc)
     assert tbl.schema.field("region_field_bucket").type == pa.string()
     assert tbl.column("region_field_bucket").to_pylist() == ["zed"]
-    assert tbl.column(snapshot.SOURCE_COLUMN).to_pylist() == ["provisional:gen_1"]  # generation 1 is not merged yet
+    assert tbl.column(memwal_index.SOURCE_COLUMN).to_pylist() == ["provisional:gen_1"]  # generation 1 is not merged yet
 
 
 @pytest.mark.parametrize("sharding", ["bucket", "identity", "unsharded", "manual"])
@@ -147,20 +148,20 @@ def test_region_field_values_from_real_writers(table_loc, sharding):
     w.write_round(60)
     result = snapshot.build_snapshot(loc)
     assert result.num_regions == len(w.regions) and not result.region_field_problems
-    tbl = snapshot.read_snapshot(loc)
+    tbl = memwal_index.read_snapshot(loc)
     assert_rows_equal_manifests(loc, tbl, table.read_memwal_state(loc).details.region_specs)
     got = {str(uuid.UUID(bytes=r["region_id"])): r for r in tbl.to_pylist()}
     for value, rid in w.regions.items():
         r = got[rid]
         if sharding == "manual":
-            assert r["region_spec_id"] == 0 and r[snapshot.SOURCE_COLUMN] == "none"
-            assert not [c for c in r if c.startswith(snapshot.REGION_FIELD_PREFIX)]
+            assert r["region_spec_id"] == 0 and r[memwal_index.SOURCE_COLUMN] == "none"
+            assert not [c for c in r if c.startswith(memwal_index.REGION_FIELD_PREFIX)]
         elif sharding == "unsharded":
-            assert (r["region_field_bucket"], r[snapshot.SOURCE_COLUMN]) == (0, "derived:unsharded")
+            assert (r["region_field_bucket"], r[memwal_index.SOURCE_COLUMN]) == (0, "derived:unsharded")
         else:
             assert r["region_field_bucket"] == value
-            assert r[snapshot.SOURCE_COLUMN] == "provisional:gen_1"  # not merged yet
-    expected = snapshot.snapshot_field_values(tbl)
+            assert r[memwal_index.SOURCE_COLUMN] == "provisional:gen_1"  # not merged yet
+    expected = region_values.snapshot_field_values(tbl)
     if sharding == "manual":
         assert expected == {}
     else:
@@ -169,7 +170,7 @@ def test_region_field_values_from_real_writers(table_loc, sharding):
     # a second build reuses the derived values (same sources, no problems)
     again = snapshot.build_snapshot(loc)
     assert again.region_field_sources == result.region_field_sources
-    assert snapshot.read_snapshot(loc).column("region_field_bucket" if sharding != "manual"
+    assert memwal_index.read_snapshot(loc).column("region_field_bucket" if sharding != "manual"
                                               else "region_id").equals(
         tbl.column("region_field_bucket" if sharding != "manual" else "region_id"))
 
@@ -187,7 +188,7 @@ def test_misrouted_rows_give_no_value(table_loc):
     result = snapshot.build_snapshot(loc)
     assert result.region_field_sources[rid] == "unknown"
     assert "disagree" in result.region_field_problems[rid]
-    assert snapshot.read_snapshot(loc).column("region_field_bucket").to_pylist() == [None]
+    assert memwal_index.read_snapshot(loc).column("region_field_bucket").to_pylist() == [None]
 
 
 def test_value_from_manifest_entries_and_missing_generation(table_loc):
@@ -201,7 +202,7 @@ def test_value_from_manifest_entries_and_missing_generation(table_loc):
     assert result.region_field_sources == {a: "manifest", b: "unknown", c: "unknown"}
     assert b in result.region_field_problems and c not in result.region_field_problems
     vals = {str(uuid.UUID(bytes=r["region_id"])): r["region_field_bucket"]
-            for r in snapshot.read_snapshot(loc).to_pylist()}
+            for r in memwal_index.read_snapshot(loc).to_pylist()}
     assert vals == {a: 5, b: None, c: None}
 
 
@@ -221,8 +222,13 @@ def test_broken_region_is_reported_and_left_out(table_loc):
     assert set(result.region_errors) == {bad, empty}
     assert "cannot be decoded" in result.region_errors[bad]
     assert [n for n, _ in result.skipped_dirs] == ["not-a-uuid"]
-    got = sorted(str(uuid.UUID(bytes=b)) for b in snapshot.read_snapshot(loc).column("region_id").to_pylist())
+    got = sorted(str(uuid.UUID(bytes=b)) for b in memwal_index.read_snapshot(loc).column("region_id").to_pylist())
     assert got == sorted(good)
+    # the same two regions as typed failures, in every form a caller reads
+    assert [f.region_id for f in result.failures] == sorted([bad, empty])
+    assert all(f.step == "snapshot" and f.reason == result.region_errors[f.region_id] for f in result.failures)
+    assert result.metrics()["regions_failed"] == 2 and "2 regions failed" in result.summary()
+    assert [d["region"] for d in result.to_dict()["region_failures"]] == sorted([bad, empty])
 
 
 def test_zero_regions_and_dry_run(table_loc):
@@ -230,15 +236,15 @@ def test_zero_regions_and_dry_run(table_loc):
     demo.create_table(loc, sharding="bucket", num_buckets=4)
     v0 = lance.dataset(loc.lance_uri).version
     dry = snapshot.build_snapshot(loc, dry_run=True)
-    assert dry.dry_run and dry.storage == "none" and dry.table_version == v0
+    assert dry.dry_run and dry.storage == "none" and dry.table_version == v0 and "dry run" in dry.summary()
     assert lance.dataset(loc.lance_uri).version == v0
-    with pytest.raises(snapshot.SnapshotNotFound):  # pylance's initialize_mem_wal stores none
-        snapshot.read_snapshot(loc)
+    with pytest.raises(memwal_index.SnapshotNotFound):  # pylance's initialize_mem_wal stores none
+        memwal_index.read_snapshot(loc)
     result = snapshot.build_snapshot(loc)
     assert result.num_regions == 0 and result.inline
     state = table.read_memwal_state(loc)
     assert state.details.num_regions == 0 and state.details.HasField("inline_snapshots")
-    tbl = snapshot.read_snapshot(loc, state)
+    tbl = memwal_index.read_snapshot(loc, state)
     assert tbl.num_rows == 0 and "region_field_bucket" in tbl.column_names
 
 
@@ -292,7 +298,7 @@ def test_lost_race_rebuilds_from_fresh_read(table_loc, monkeypatch):
     assert result.attempts == 2 and result.external
     assert table.read_memwal_state(loc).merged == {rid: 4}
     # the first attempt's external file was removed, the second one is the index's
-    assert not loc.store.exists(snapshot.external_key(calls[0]))
+    assert not loc.store.exists(memwal_index.external_key(calls[0]))
     assert loc.store.exists(result.external_key)
 
     def always_lose(loc_, read, details, **kw):
@@ -302,13 +308,40 @@ def test_lost_race_rebuilds_from_fresh_read(table_loc, monkeypatch):
     monkeypatch.setattr(table, "guarded_replace_details", always_lose)
     synth_region(loc.store, str(uuid.UUID(int=5000, version=4)))  # a change: an unchanged snapshot commits nothing
     calls.clear()
-    with pytest.raises(snapshot.SnapshotError, match="gave up .* after 3 lost races"):
+    with pytest.raises(memwal_index.SnapshotError, match="gave up .* after 3 lost races"):
         snapshot.build_snapshot(loc, max_attempts=3)
-    assert len(calls) == 3 and not any(loc.store.exists(snapshot.external_key(u)) for u in calls)
+    assert len(calls) == 3 and not any(loc.store.exists(memwal_index.external_key(u)) for u in calls)
 
 
 # ---------------------------------------------------------------------------------------------
 # WAL hints
+
+
+def test_plan_writes_nothing_and_execute_raises_the_hints_it_found(table_loc):
+    loc = table_loc
+    demo.create_table(loc, sharding="unsharded", base_rows=10)
+    rid = str(uuid.uuid4())
+    w = lance.dataset(loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=1000)
+    try:
+        for i in range(3):
+            w.put(demo.rows_table([demo.row(100 + i, 1)]))
+        time.sleep(0.3)
+        m0 = region.load_latest(loc.store, rid)
+        v0 = table.open_dataset(loc).version
+        plan = snapshot.plan_snapshot(loc, SnapshotOptions(inline_threshold=0))
+        assert plan.hints == {rid: 3} and set(plan.rows) == {rid} and not plan.failures
+        assert plan.to_dict()["hints"] == {rid: 3}
+        assert region.load_latest(loc.store, rid).version == m0.version  # planning wrote nothing
+        assert table.open_dataset(loc).version == v0
+        with pytest.raises(memwal_index.SnapshotNotFound):
+            memwal_index.read_snapshot(loc)
+        result = snapshot.execute_snapshot(loc, plan)
+        assert result.hints_updated == {rid: (m0.message.wal_entry_position_last_seen, 3)}
+        assert result.committed and result.external  # the plan's options: inline_threshold 0
+        row = memwal_index.read_snapshot(loc).to_pylist()[0]
+        assert (row["version"], row["wal_entry_position_last_seen"]) == (m0.version + 1, 3)
+    finally:
+        w.close()
 
 
 def test_hint_raised_only_field_changed(table_loc):
@@ -330,7 +363,7 @@ def test_hint_raised_only_field_changed(table_loc):
         expect.CopyFrom(m0.message)
         expect.version, expect.wal_entry_position_last_seen = m1.version, 4
         assert m1.message == expect  # writer_epoch and everything else untouched
-        row = snapshot.read_snapshot(loc).to_pylist()[0]
+        row = memwal_index.read_snapshot(loc).to_pylist()[0]
         assert (row["version"], row["wal_entry_position_last_seen"]) == (m1.version, 4)
         assert snapshot.build_snapshot(loc).hints_updated == {}  # nothing newer now
         w.put(demo.rows_table([demo.row(200, 1)]))
@@ -372,7 +405,7 @@ def test_writer_in_other_process_flushes_while_builder_runs(table_loc, tmp_path)
     got = {r["id"]: r["n"] for r in reader.lsm_table(loc).to_pylist()}
     assert got == {**{k: 0 for k in range(10)}, **{k: written["version"] for k in written["keys"]}}
     final = snapshot.build_snapshot(loc)
-    assert_rows_equal_manifests(loc, snapshot.read_snapshot(loc), table.read_memwal_state(loc).details.region_specs)
+    assert_rows_equal_manifests(loc, memwal_index.read_snapshot(loc), table.read_memwal_state(loc).details.region_specs)
     assert final.num_regions == 1
 
 
@@ -410,7 +443,7 @@ def test_race_builder_vs_merger_processes(table_loc, tmp_path):
             try:
                 r = snapshot.build_snapshot(loc, max_attempts=30,
                                             inline_threshold=0 if len(commits) % 3 == 0 else 100)
-            except snapshot.SnapshotError:
+            except memwal_index.SnapshotError:
                 gave_up += 1
                 continue
             commits.append(r.table_version)
@@ -463,14 +496,14 @@ def test_snapshot_on_s3_inline_and_external(s3_table_loc):
     r2 = snapshot.build_snapshot(loc, inline_threshold=2)
     assert r2.external and loc.store.exists(r2.external_key)
     state = table.read_memwal_state(loc)
-    tbl = snapshot.read_snapshot(loc, state)
+    tbl = memwal_index.read_snapshot(loc, state)
     assert_rows_equal_manifests(loc, tbl, state.details.region_specs)
     by_rid = {str(uuid.UUID(bytes=r["region_id"])): r["region_field_bucket"] for r in tbl.to_pylist()}
     assert all(by_rid[rid] == value for value, rid in w.regions.items())
 
 
 def test_unchanged_snapshot_commits_nothing(table_loc):
-    """Issue 18.4: a build whose snapshot equals the stored one commits no table version."""
+    """A build whose snapshot equals the stored one commits no table version."""
     loc = table_loc
     demo.create_table(loc, sharding="unsharded", base_rows=5)
     for i in range(3):

@@ -18,7 +18,7 @@ from helpers import plant_generation
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import checks, reader
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, table
+from memwal_core.state import layout, region, region_values, table
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 
@@ -165,8 +165,8 @@ def test_a_generation_routed_wholly_to_another_region_is_refused(table_loc, spar
     assert r.wall == bad and r.permanent and "route to another region" in r.error
     assert 900 not in rows(table.open_dataset(table_loc).to_table())
     # Without a snapshot the region's first generation is its value: same refusal.
-    assert merge.region_values(table_loc, table.read_memwal_state(table_loc), table.open_dataset(table_loc),
-                               {rid: region.load_latest(table_loc.store, rid)}, ["id"], {})[rid]
+    assert region_values.trusted_values(table_loc, table.read_memwal_state(table_loc), table.open_dataset(table_loc),
+                                        {rid: region.load_latest(table_loc.store, rid)}, ["id"], {})[rid]
 
 
 def test_snapshot_keeps_a_region_it_cannot_load(table_loc, spark):

@@ -93,7 +93,7 @@ from memwal_core.errors import MemwalError, one_line
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.jobs import leaks
-from memwal_core.state import layout, lease, lifecycle, region, routing, table, wal
+from memwal_core.state import layout, lease, lifecycle, region, region_values, table, wal
 from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")
@@ -473,20 +473,7 @@ def unrecorded_regions(loc: TableLocation, state: table.MemWalState,
     harness soak: a misrouted generation merged after GC). These regions keep their merged
     generations until the next snapshot records the value. An unreadable snapshot counts as
     recording nothing."""
-    from memwal_core.jobs import snapshot  # local: snapshot is heavy and GC plans without it otherwise
-
-    specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
-    sharded = {sid for sid, spec in specs.items()
-               if spec.fields and not all(f.transform == routing.UNSHARDED for f in spec.fields)}
-    need = {rid for rid, m in manifests.items() if m.message.region_spec_id in sharded}
-    if not need:
-        return set()
-    try:
-        recorded = snapshot.recorded_values(loc, state)
-    except Exception as e:  # noqa: BLE001 - unreadable: nothing is recorded as far as GC may assume
-        log.warning("MemWAL index snapshot unreadable (%s): merged generations of sharded regions are kept", e)
-        recorded = {}
-    return {rid for rid in need if not recorded.get(rid)}
+    return region_values.unrecorded_regions(loc, state, manifests)
 
 
 def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcPlan:

@@ -20,7 +20,6 @@ import collections
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
@@ -30,11 +29,15 @@ import pyarrow.compute as pc
 
 from memwal_core import faults
 from memwal_core.errors import MemwalError, one_line
-from memwal_core.jobs import snapshot, verify
+from memwal_core.jobs import verify
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import layout, lease, lifecycle, region, routing, walls
+from memwal_core.state.memwal_index import SnapshotError
+from memwal_core.state.region_values import (
+    recorded_values, trusted_values, unrecorded_owners, value_owners,
+)
 from memwal_core.state.keys import delete_predicate, quote_column, refuse_unsupported_keys  # noqa: F401 - merge.* names
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import TableLocation, refuse_links
@@ -313,7 +316,7 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     """Merge every batch of `plan`: one Spark job and one commit per batch (normally).
 
     Each region's value (what its rows must route to) comes from authoritative state
-    (`region_values`): `expected_values` (region id -> {field id: value}) if given, else the
+    (`region_values.trusted_values`): `expected_values` (region id -> {field id: value}) if given, else the
     MemWAL snapshot, else its oldest merged generation, else the run's first routed generation
     (unanimous, not owned by another region). A region's first generation that cannot be
     merged is a `Wall` for the rest of the run: no later batch or retry merges past it.
@@ -352,12 +355,12 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     routed = {r: m for r, m in loaded.manifests.items() if run.routes.get(r)}
     stale = plan.lifecycle
     try:
-        recorded = snapshot.recorded_values(loc, state)  # read once: values and other regions' owners
-        values = region_values(loc, state, ds, routed, pk, expected_values or {}, recorded, stale)
-        run.owners = _owners(recorded, specs, values)
+        recorded = recorded_values(loc, state)  # read once: values and other regions' owners
+        values = trusted_values(loc, state, ds, routed, pk, expected_values or {}, recorded, stale)
+        run.owners = value_owners(recorded, specs, values)
         if any(rid not in values for rid in routed):  # a region will establish its value: against every owner
-            run.owners.update(_unrecorded_owners(loc, state, ds, pk, specs, recorded, routed, stale))
-    except snapshot.SnapshotError as e:  # recorded values exist but cannot be read: nothing to check by
+            run.owners.update(unrecorded_owners(loc, state, ds, pk, specs, recorded, routed, stale))
+    except SnapshotError as e:  # recorded values exist but cannot be read: nothing to check by
         for rid in routed:
             if not (expected_values or {}).get(rid):
                 run.stop(rid, Wall(plan.merged.get(rid, 0) + 1, f"region {rid}: the MemWAL snapshot that records "
@@ -399,52 +402,6 @@ def _save_lifecycle(loc: TableLocation, plan: MergePlan) -> None:
         lifecycle.save(loc, plan.lifecycle)
 
 
-def _owners(recorded: dict[str, dict], specs: dict, values: dict[str, dict]) -> dict[str, str]:
-    """Region value -> region, over every region the snapshot knows (pending or not): a new
-    region may not adopt a value another region already holds (this run's own values are added
-    by the caller)."""
-    owners: dict[str, str] = {}
-    for rid, vals in recorded.items():
-        if rid in values:
-            continue
-        fields = _spec_field_ids(specs, vals)
-        if fields:
-            owners[sparkpath.value_key([vals.get(f) for f in fields])] = rid
-    return owners
-
-
-def _unrecorded_owners(loc: TableLocation, state: MemWalState, ds, pk: list[str], specs: dict,
-                       recorded: dict[str, dict], routed: dict[str, region.RegionManifest],
-                       stale: lifecycle.Lifecycle | None = None) -> dict[str, str]:
-    """Region value -> region, for regions with merge progress that no snapshot records yet and
-    that have nothing pending in this run (before the first snapshot, or merged since the last).
-
-    Their values come from their merged generations (GC keeps those until a snapshot records
-    the value: `gc.unrecorded_regions`). Without this, a new region could adopt the value of a
-    region merged earlier, and two regions would write one value."""
-    others = [rid for rid, g in state.merged.items() if g > 0 and rid not in recorded and rid not in routed
-              and not (stale and stale.discarded_only(rid, g))]
-    if not others:
-        return {}
-    reads = region.load_many(loc.store, others)
-    derived = region_values(loc, state, ds, reads.manifests, pk, {}, recorded, stale)
-    for rid in sorted(set(others) - set(derived)):
-        why = reads.region_errors.get(rid) or "no value derived from its merged generations"
-        log.warning("region %s: merged, not in a MemWAL snapshot (%s): a new region's value cannot be "
-                    "checked against it", rid, why)
-    return _owners(derived, specs, {})
-
-
-def _spec_field_ids(specs: dict, vals: dict) -> list[str] | None:
-    """The field ids of the one region spec whose fields are exactly `vals`' keys (values from
-    a snapshot row carry no spec id here)."""
-    for spec_pb in specs.values():
-        ids = [f.field_id for f in spec_pb.fields]
-        if ids and set(ids) == set(vals):
-            return ids
-    return None
-
-
 def merge_tasks(spark) -> int:
     """Spark tasks per merge batch (each takes whole regions): `memwal.merge.partitions` if
     set, else the session's shuffle partitions (`local[*]`: the core count) capped at 64."""
@@ -463,49 +420,6 @@ def routing_check(m: region.RegionManifest, specs: dict, lance_schema) -> sparkp
     if any(f.transform == routing.UNSHARDED for f in rs.fields):
         return None
     return sparkpath.RoutingCheck(rs.to_lance(), tuple(sorted(routing.source_columns_for(rs, lance_schema).items())))
-
-
-def region_values(loc: TableLocation, state: MemWalState, ds, manifests: dict[str, region.RegionManifest],
-                  pk: list[str], expected: dict[str, dict],
-                  recorded: dict[str, dict] | None = None,
-                  stale: lifecycle.Lifecycle | None = None) -> dict[str, dict]:
-    """Region id -> {field id: value}: what each region's rows must route to.
-
-    Authoritative only: `expected`, then the value recorded in the MemWAL snapshot (reused by
-    every later snapshot, so it never changes), then the oldest *merged* generation still
-    listed whose live rows all agree (a generation the merger already accepted; never one it is
-    about to check, which after GC trimmed the merged ones would be the pending ones). A region
-    with none of these is checked by its first routed generation being unanimous and its value
-    not owned by another region (`_Run.establish`). Stale generations (`stale`: data from before
-    the MemWAL initialization, discarded or not) are no authority: they are left out.
-    """
-    if stale is not None:
-        manifests = {rid: lifecycle.without_stale(m, stale.verdict(rid)) for rid, m in manifests.items()}
-    out = {rid: expected[rid] for rid in manifests if rid in expected}
-    missing = [rid for rid in manifests if rid not in out]
-    if missing:
-        known = snapshot.recorded_values(loc, state) if recorded is None else recorded
-        out.update({rid: known[rid] for rid in missing if rid in known})
-    specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
-    merged = state.merged
-    todo = [rid for rid in manifests if rid not in out and merged.get(rid, 0) > 0
-            and manifests[rid].message.region_spec_id in specs]
-
-    def derive(rid: str):
-        m = manifests[rid]
-        try:
-            return snapshot.derive_region_fields(loc, specs[m.message.region_spec_id], ds.lance_schema, pk, m,
-                                                 upto=merged[rid])
-        except Exception as e:  # noqa: BLE001 - no value: the task's unanimity rule applies
-            log.info("region %s: no region value derived (%s)", rid, e)
-            return None
-
-    if todo:
-        with ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
-            for rid, fv in zip(todo, pool.map(derive, todo)):
-                if fv is not None and fv.values and fv.source.startswith(("derived", "manifest")):
-                    out[rid] = fv.values
-    return out
 
 
 @dataclass

@@ -6,7 +6,7 @@ region already holds (two writers that do not share region ids: e.g. LanceDB's f
 `bucket-N` shard ids beside pylance's random ones give two regions per bucket value, and both
 LSM readers return duplicates). Each of these is a `MergeBlocker` here, read from committed
 state with the merger's own rules (`table.primary_key`, `table.read_memwal_state`,
-`snapshot.derive_region_fields`), so `memwal status` and the `mergeable` Dagster check say
+`region_values.derive_region_fields`), so `memwal status` and the `mergeable` Dagster check say
 so while nothing has been attempted.
 
 Other conditions (stale regions, ...) plug in through `EXTRA_SOURCES`: a callable
@@ -19,7 +19,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from memwal_core.state import region, routing, table
+from memwal_core.state import region, table
+from memwal_core.state.region_values import derive_region_fields, recorded_values, region_specs
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.blockers")
@@ -69,13 +70,10 @@ def shared_values(loc: TableLocation, ds, state: table.MemWalState,
     """Region values held by more than one sharded region (recorded in the MemWAL snapshot, or
     derived from the region's oldest generation with live rows: one small read per region the
     snapshot does not record). Unsharded and manual regions route nothing, as in the merger."""
-    from memwal_core.jobs import snapshot
-
-    specs = {s.spec_id: snapshot.spec_from_pb(s) for s in state.details.region_specs}
-    sharded = {sid for sid, sp in specs.items()
-               if sp.fields and not all(f.transform == routing.UNSHARDED for f in sp.fields)}
+    specs = region_specs(state)
+    sharded = {sid for sid, sp in specs.items() if sp.sharded}
     try:
-        recorded = snapshot.recorded_values(loc, state)
+        recorded = recorded_values(loc, state)
     except Exception as e:  # noqa: BLE001 - unreadable snapshot: derive every value
         log.warning("MemWAL index snapshot unreadable (%s): deriving region values from rows", e)
         recorded = {}
@@ -87,7 +85,7 @@ def shared_values(loc: TableLocation, ds, state: table.MemWalState,
             continue
         vals = recorded.get(rid)
         if not vals:
-            fv = snapshot.derive_region_fields(loc, specs[sid], ds.lance_schema, pk, m, merged=merged.get(rid, 0))
+            fv = derive_region_fields(loc, specs[sid], ds.lance_schema, pk, m, merged=merged.get(rid, 0))
             vals = fv.values
         if vals:
             key = (sid, tuple(sorted((k, repr(v)) for k, v in vals.items())))

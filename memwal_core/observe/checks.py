@@ -14,8 +14,12 @@ from dataclasses import dataclass, field
 
 import lance
 
+from memwal_core.jobs import merge
 from memwal_core.observe.status import _GEN_MANIFEST
+from memwal_core.spark import tasks as spark
 from memwal_core.state import layout, lifecycle, region, table
+from memwal_core.state.memwal_index import SnapshotError
+from memwal_core.state.region_values import trusted_values
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import NoPrimaryKey, open_dataset, primary_key, read_memwal_state
 
@@ -38,12 +42,10 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     """Route the rows of each region's oldest pending generations (bounded per region).
 
     The same rules as the merger's (`spark.first_refused`): live rows only (a tombstone carries
-    just its key, NULL elsewhere), checked against the region's authoritative value
-    (`merge.region_values`: MemWAL snapshot, else its first generation), never a majority.
+    just its key, NULL elsewhere), checked against the region's trusted value
+    (`region_values.trusted_values`: the MemWAL index, else its oldest merged generation, else
+    its first routed generation), never a majority.
     """
-    from memwal_core.jobs import merge, snapshot
-    from memwal_core.spark import tasks as spark
-
     ds = open_dataset(loc)
     state = read_memwal_state(loc, ds.version)
     specs = {s.spec_id: s for s in state.details.region_specs}
@@ -64,8 +66,8 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     except NoPrimaryKey:
         pk = []
     try:
-        values = merge.region_values(loc, state, ds, {rid: manifests[rid] for rid in routes}, pk, {})
-    except snapshot.SnapshotError as e:  # recorded values exist but cannot be read
+        values = trusted_values(loc, state, ds, {rid: manifests[rid] for rid in routes}, pk, {})
+    except SnapshotError as e:  # recorded values exist but cannot be read
         report.region_errors.update({rid: f"region {rid}: {e}" for rid in routes})
         return report
     for rid, conf in sorted(routes.items()):

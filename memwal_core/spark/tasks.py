@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core.errors import MemwalError, one_line
+from memwal_core.state.routing import value_key  # noqa: F401 - one definition, shared with the trusted values
 
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.
@@ -117,7 +118,7 @@ def route_counts(table: pa.Table, check: RoutingCheck, pk: tuple[str, ...]) -> t
     sources = dict(check.source_columns)
     if TOMBSTONE in table.column_names and not set(sources.values()) <= set(pk):
         table = table.filter(pc.invert(table.column(TOMBSTONE).fill_null(False)))
-    values = routing.region_values(spec, table, sources)
+    values = routing.evaluate_region_spec(spec, table, sources)
     if values.num_rows == 0:
         return ()
     if values.num_columns == 1:  # one field: value_counts is far cheaper than a group_by
@@ -126,11 +127,6 @@ def route_counts(table: pa.Table, check: RoutingCheck, pk: tuple[str, ...]) -> t
                                                          counts.field("counts").to_pylist()))
     counts = values.group_by(values.column_names).aggregate([([], "count_all")])
     return tuple((value_key([r[c] for c in values.column_names]), r["count_all"]) for r in counts.to_pylist())
-
-
-def value_key(values: list) -> str:
-    """A region value (one value per spec field) as a comparable string."""
-    return json.dumps(values, sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ Rules of pylance 14 (``rust/lance/src/dataset/mem_wal/sharding.rs``, confirmed b
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -46,7 +47,8 @@ __all__ = [
     "UnsupportedSourceType",
     "field_values",
     "source_columns_for",
-    "region_values",
+    "evaluate_region_spec",
+    "value_key",
     "misrouted_mask",
     "hash_array",
 ]
@@ -131,6 +133,12 @@ class RegionSpec:
     def to_lance(self) -> dict[str, Any]:
         return {"spec_id": self.spec_id, "fields": [f.to_lance() for f in self.fields]}
 
+    @property
+    def sharded(self) -> bool:
+        """Whether rows are routed by it: it has fields and not all of them are ``unsharded``
+        (a manual region's spec 0 has none; an unsharded table's regions all hold value 0)."""
+        return bool(self.fields) and not all(f.transform == UNSHARDED for f in self.fields)
+
 
 # --------------------------------------------------------------------------
 # Source column resolution
@@ -214,10 +222,11 @@ def field_values(
     return {f.field_id: _evaluate_field(f, batch, source_columns) for f in spec.fields}
 
 
-def region_values(
+def evaluate_region_spec(
     spec: RegionSpec, batch: pa.RecordBatch | pa.Table, source_columns: Mapping[int, str]
 ) -> pa.Table:
-    """All fields as columns named by field id, typed like ``evaluate_sharding_spec``.
+    """Each row's region value: all fields as columns named by field id, typed like
+    ``evaluate_sharding_spec``.
 
     Like arrow-rs, a column is marked nullable only if it holds a null.
     """
@@ -227,6 +236,12 @@ def region_values(
         for f, a in zip(spec.fields, arrays)
     )
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def value_key(values: list) -> str:
+    """A region value (one value per spec field, in spec order) as a comparable string: the
+    Spark tasks count rows by it and the driver compares it with the regions' trusted values."""
+    return json.dumps(values, sort_keys=True, default=str)
 
 
 def _evaluate_field(
