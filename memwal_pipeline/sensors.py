@@ -38,8 +38,10 @@ from memwal_core.state.store import TableLocation
 from .assets import TableKeys
 from .config import TableConfig
 from .partitions import index_partitions, index_range_tags
-from .sensor import Cursor, SensorError, Watched, decide, emit, observe
+from .sensor import decide, emit, observe
 from .sensor.decide import DOWNTIME_INTERVALS, VERIFY_EVERY
+from .sensor.observation import Cursor
+from .sensor.observe import SensorError, Watched
 
 __all__ = ["DOWNTIME_INTERVALS", "VERIFY_EVERY", "Cursor", "SensorError", "build_maintenance_schedule", "build_sensor",
            "evaluate_tick"]

@@ -1,13 +1,12 @@
 """The manifest sensor's tick: `observe` (all I/O) -> `decide` (pure) -> `emit` (Dagster's shape).
 
-`observation` holds the plain data `decide` reads; neither imports Dagster. `sensors.py` builds
-the Dagster sensor and schedule on top (`sensors.evaluate_tick` runs the three steps).
+`observation` holds the plain data `decide` reads. Importing this package, `observation` or
+`decide` loads no Dagster (tests/test_sensor_decide.py checks it): `observe` and `emit` are
+imported by name where the sensor is built (`sensors.py` runs the three steps).
 """
 
-from . import decide, emit, observe
-from .decide import Decision, Verdict
-from .observation import Cursor, Observation, Probe, RunCover
-from .observe import SensorError, Watched
+from .decide import Decision, MergeRequest, RegionDecision, Verdict
+from .observation import Cursor, Maintenance, Observation, Probe, RunCover
 
-__all__ = ["Cursor", "Decision", "Observation", "Probe", "RunCover", "SensorError", "Verdict", "Watched", "decide",
-           "emit", "observe"]
+__all__ = ["Cursor", "Decision", "Maintenance", "MergeRequest", "Observation", "Probe", "RegionDecision", "RunCover",
+           "Verdict"]
