@@ -139,7 +139,8 @@ def downtime(last_tick: float | None, now: float, interval_s: float) -> bool:
     return last_tick is None or now - last_tick > DOWNTIME_INTERVALS * interval_s
 
 
-def recheck(active: Iterable[str], last_tick: float | None, ticks: int, now: float, interval_s: float) -> frozenset[str]:
+def recheck(active: Iterable[str], last_tick: float | None, ticks: int, now: float,
+            interval_s: float) -> frozenset[str]:
     """Regions to probe from their version hint rather than from their remembered version + 1:
     all of them after downtime, else a rotating 1/`VERIFY_EVERY` slice, so a burst of commits
     GC collected between two ticks hides a region for at most `VERIFY_EVERY` ticks."""
@@ -284,8 +285,9 @@ def _notices(obs: Observation, regions: Mapping[str, RegionDecision], memory: Ma
     if obs.last_tick is not None and downtime(obs.last_tick, obs.now, options.interval_seconds):
         out.append(Notice("info", f"{t}: no tick for {obs.now - obs.last_tick:.0f} s: re-checking every region's "
                                   "latest manifest version (old versions may have been collected meanwhile)"))
-    for rid in sorted(rid for rid, d in regions.items() if d.verdict == Verdict.UNREADABLE and rid in obs.probes):
-        out.append(Notice("error", f"{t}: {obs.probes[rid].error}"))
+    for rid in sorted(rid for rid, d in regions.items() if d.verdict == Verdict.UNREADABLE):
+        probe = obs.probes.get(rid)
+        out.append(Notice("error", f"{t}: {probe and probe.error or f'region {rid}: not read'}"))
     for rid, d in regions.items():
         st = d.state
         if d.verdict == Verdict.IN_FLIGHT and rid in changed:

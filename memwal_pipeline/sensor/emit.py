@@ -61,7 +61,8 @@ def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list
 
 def emit(context, cfg: TableConfig, obs: Observation, d: decide.Decision, state: liveness.SensorState, *,
          partitions: DynamicPartitionsDefinition, merge_job: str, maintenance_job: str,
-         indexes: DynamicPartitionsDefinition, index_upkeep: decide.IndexPartitions | None) -> SensorResult | SkipReason:
+         indexes: DynamicPartitionsDefinition,
+         index_upkeep: decide.IndexPartitions | None) -> SensorResult | SkipReason:
     """Log, store the memory, and return what Dagster applies (a skip when nothing changed)."""
     for n in d.notices:
         getattr(context.log, n.level)(n.message)
