@@ -201,6 +201,18 @@ class SnapshotOptions(_Checked):
     inline_threshold: int = field(default=100, metadata=_min(0))
 
 
+@dataclass(frozen=True)
+class CatchupOptions(_Checked):
+    """How the base-table index catch-up calls `optimize_indices`. The default appends the merged
+    rows as a delta segment and keeps the IVF centroids and PQ/SQ codebooks, as the spec requires
+    once MemWAL is enabled; `retrain` rebuilds them (only for an index no MemTable maintains:
+    distances would no longer compare across generations), `num_indices_to_merge` merges that
+    many segments into one in the same pass (None: Lance's default, a new delta segment)."""
+
+    retrain: bool = False
+    num_indices_to_merge: int | None = field(default=None, metadata=_min(0))
+
+
 # The base-version retention floor (`GcOptions.cleanup_base_versions_floor_seconds`), see there.
 BASE_VERSION_FLOOR_SECONDS = 86400.0
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 SHARDS = 64
 
 
-@dataclass
+@dataclass(frozen=True)
 class RegionState:
     version: int = 0          # manifest version last read
     top: int = 0              # newest flushed generation that manifest lists (0: none)
@@ -98,9 +98,6 @@ class SensorState:
     def get(self, region_id: str) -> RegionState | None:
         return self.regions.get(region_id)
 
-    def put(self, region_id: str) -> RegionState:
-        return self.regions.setdefault(region_id, RegionState())
-
     def forget(self, region_ids: Iterable[str]) -> None:
         for rid in region_ids:
             self.regions.pop(rid, None)
@@ -166,12 +163,12 @@ class RetryPolicy:
         return REQUEST
 
 
-def observe_progress(st: RegionState, merged: int) -> bool:
-    """Record the region's merged progress; True when it moved (attempts and stuck reset)."""
+def observe_progress(st: RegionState, merged: int) -> RegionState:
+    """The region's state with its merged progress recorded: when it moved, attempts and stuck
+    start over."""
     if merged == st.base:
-        return False
-    st.base, st.attempts, st.last_request, st.stuck_since = merged, 0, 0.0, 0.0
-    return True
+        return st
+    return replace(st, base=merged, attempts=0, last_request=0.0, stuck_since=0.0)
 
 
 def verify_this_tick(region_id: str, tick: int, every: int) -> bool:

@@ -6,6 +6,7 @@ their flushed generations merged into the base table with merge markers, as the 
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import lance
@@ -15,6 +16,7 @@ import pytest
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec
 
 from memwal_core.jobs import catchup
+from memwal_core.options import CatchupOptions
 from memwal_core.state import layout, region, table
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
@@ -167,5 +169,45 @@ def test_gating_index_missing_is_not_caught_up(table_loc):
     assert [o.name for o in result.indexes] == ["id_idx"]
     assert result.missing_gating == ["v_idx"]
     assert result.not_caught_up == [("v_idx", rid)]
+    # What the step outcome shows: the lag counted, named in one line, serializable.
+    assert result.failures == [] and result.metrics()["not_caught_up"] == 1
+    assert "behind: v_idx" in result.summary() and "maintained but missing: v_idx" in result.summary()
+    assert json.loads(json.dumps(result.to_dict()))["not_caught_up"] == [["v_idx", rid]]
     with pytest.raises(table.TableError, match="no index named nope"):
         catchup.plan_catchup(loc, ["nope"])
+
+
+def segments(loc, name: str) -> int:
+    return lance.dataset(loc.lance_uri).index_statistics(name)["num_indices"]
+
+
+def test_catchup_options_travel_with_the_plan(table_loc):
+    """`num_indices_to_merge` set in the plan's options folds the new rows and the existing
+    delta into one segment; without it each catch-up appends a delta; an override at execute
+    time applies too."""
+    loc = table_loc
+    make_table(loc, maintained=["id_idx"])
+    regions: dict[int, str] = {}
+    write_regions(loc, list(range(280, 340)), 1, regions)
+    for rid in regions.values():
+        merge_generation(loc, rid, 1)
+    catchup.run_catchup(loc)
+    assert segments(loc, "v_idx") == 2  # the trained segment and one delta
+    write_regions(loc, list(range(340, 380)), 2, regions)
+    for rid in regions.values():
+        merge_generation(loc, rid, 2)
+    plan = catchup.plan_catchup(loc, ["v_idx"], CatchupOptions(num_indices_to_merge=2))
+    assert plan.options.num_indices_to_merge == 2 and json.dumps(plan.to_dict())
+    result = catchup.execute_catchup(loc, plan)
+    assert segments(loc, "v_idx") == 1 and result.not_caught_up == []
+    assert result.metrics()["optimized"] == 1 and result.metrics()["gap/v_idx"] == 0
+    write_regions(loc, list(range(380, 400)), 3, regions)
+    for rid in regions.values():
+        merge_generation(loc, rid, 3)
+    catchup.run_catchup(loc, ["v_idx"])  # default options: a delta
+    assert segments(loc, "v_idx") == 2
+    write_regions(loc, list(range(400, 420)), 4, regions)
+    for rid in regions.values():
+        merge_generation(loc, rid, 4)
+    catchup.run_catchup(loc, ["v_idx"], num_indices_to_merge=2)
+    assert segments(loc, "v_idx") == 1

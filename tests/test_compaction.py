@@ -8,6 +8,8 @@ deletion files). Compaction tasks run in the shared local Spark session.
 
 from __future__ import annotations
 
+import json
+
 import lance
 import numpy as np
 import pyarrow as pa
@@ -90,6 +92,11 @@ def test_compaction_in_spark_keeps_progress_restores_catchup_and_time_travel(tab
     r = compaction.compact(table_loc, spark)
     assert r.status == "compacted" and r.conflicts == 0 and r.attempts == 1
     assert r.fragments_removed == 33 and r.fragments_added == 1
+    # What the step outcome shows: health before and after, the rewrite, one line.
+    m = r.metrics()
+    assert (m["fragments_before"], m["fragments"], m["fragments_removed"], m["segments/id_btree"]) == (33, 1, 33, 1)
+    assert r.failures == [] and r.summary().startswith("compacted; 33 fragments -> 1 in ")
+    assert json.loads(json.dumps(r.to_dict()))["summary"] == r.summary()
     h1 = r.health_after
     assert h1.fragments == 1 and h1.deleted_rows == 0 and h1.fragments_with_deletions == 0  # deletions materialized
     assert h1.live_rows == h0.live_rows and h1.bytes < h0.bytes
@@ -216,6 +223,7 @@ def test_gives_up_cleanly_when_every_attempt_loses(table_loc, spark):
 
     r = compaction.execute_compaction(table_loc, plan, spark, before_commit=concurrent_merge)
     assert r.status.startswith("gave up") and r.conflicts == 1 and not r.committed
+    assert r.gave_up and "1 commit conflict(s) over 1 attempt(s)" in r.summary()
     assert r.health_after.fragments == frags + 1  # the merge's fragment; nothing of the rewrite
     assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
     assert as_dict(reader.lsm_table(table_loc)) == w.expected()

@@ -1,0 +1,93 @@
+"""A tick's decision as Dagster sees it: run requests, dynamic-partition requests, observations,
+log lines, the cursor, or a skip reason; and the sensor's memory written back.
+
+Nothing is decided here: every choice is in the `Decision`. What this adds is Dagster's shape
+(tags, partition ranges, metadata values) and the one write of the tick, the memory rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from dagster import (
+    MAX_RUNTIME_SECONDS_TAG,
+    AssetObservation,
+    DynamicPartitionsDefinition,
+    MetadataValue,
+    RunRequest,
+    SensorResult,
+    SkipReason,
+)
+
+from .. import liveness
+from ..assets import TableKeys, region_metadata
+from ..config import TableConfig
+from ..tags import PARTITION_RANGE_END, PARTITION_RANGE_START, partition_range
+from . import decide
+from .observation import Observation
+
+
+def merge_run(cfg: TableConfig, job_name: str, request: decide.MergeRequest) -> RunRequest:
+    """One run over the requested regions: the partition of one, or the range of several."""
+    # Run monitoring fails a run that outlives this; with the default run launcher it is the
+    # only way a run whose worker died with its code server (daemon killed, host lost) stops
+    # holding the pool; a worker killed alone is failed by the code server at once.
+    tags = {"memwal/table": cfg.name, MAX_RUNTIME_SECONDS_TAG: str(int(cfg.sensor.merge_max_runtime_seconds)),
+            "memwal/attempt": str(request.attempt)}
+    if len(request.merges) == 1:
+        m = request.merges[0]
+        return RunRequest(run_key=request.run_key, job_name=job_name, partition_key=m.region_id,
+                          tags={**tags, "memwal/region": m.region_id, "memwal/generation": str(m.top)})
+    return RunRequest(run_key=request.run_key, job_name=job_name,
+                      tags={**tags, "memwal/regions": str(len(request.merges)),
+                            PARTITION_RANGE_START: request.merges[0].region_id,
+                            PARTITION_RANGE_END: request.merges[-1].region_id})
+
+
+def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list[AssetObservation]:
+    """`region_generations` observations: each changed region's state, each newly stuck region."""
+    key = TableKeys(cfg.name).asset("region_generations")
+    out = [AssetObservation(asset_key=key, partition=rid, metadata=region_metadata(obs.statuses[rid],
+                                                                                   obs.labels.get(rid)))
+           for rid in d.observed]
+    for rid in d.became_stuck:
+        st = d.memory[rid]
+        out.append(AssetObservation(asset_key=key, partition=rid, metadata={
+            "stuck": MetadataValue.bool(True), "stuck_generation": MetadataValue.int(st.base + 1),
+            "failed_attempts": MetadataValue.int(st.attempts),
+            "reason": MetadataValue.text(decide.stuck_reason(rid, st))}))
+    return out
+
+
+def emit(context, cfg: TableConfig, obs: Observation, d: decide.Decision, state: liveness.SensorState, *,
+         partitions: DynamicPartitionsDefinition, merge_job: str, maintenance_job: str,
+         indexes: DynamicPartitionsDefinition,
+         index_upkeep: decide.IndexPartitions | None) -> SensorResult | SkipReason:
+    """Log, store the memory, and return what Dagster applies (a skip when nothing changed)."""
+    for n in d.notices:
+        getattr(context.log, n.level)(n.message)
+    dynamic = []
+    if d.add_partitions:
+        dynamic.append(partitions.build_add_request(list(d.add_partitions)))
+    if d.delete_partitions:
+        dynamic.append(partitions.build_delete_request(list(d.delete_partitions)))
+    run_requests = [merge_run(cfg, merge_job, d.merge)] if d.merge else []
+    if d.maintenance is not None:
+        index_range: dict[str, str] = {}
+        if index_upkeep is not None:
+            if index_upkeep.add:
+                dynamic.append(indexes.build_add_request(list(index_upkeep.add)))
+            if index_upkeep.delete:
+                dynamic.append(indexes.build_delete_request(list(index_upkeep.delete)))
+            if index_upkeep.order:
+                index_range = partition_range(index_upkeep.order[0], index_upkeep.order[-1])
+        run_requests.append(RunRequest(run_key=f"maintenance:{d.maintenance}", job_name=maintenance_job,
+                                       tags={"memwal/table": cfg.name, **index_range}))
+    events = observations(cfg, obs, d)
+    state.regions = dict(d.memory)
+    cursor = replace(d.cursor, digest=state.save(obs.now)).dump()
+    if not (run_requests or events or dynamic) and cursor == (context.cursor or ""):
+        return SkipReason(f"{cfg.name}: {len(d.regions)} regions unchanged ({len(obs.recheck)} re-checked against "
+                          "their version hint)")
+    return SensorResult(run_requests=run_requests, dynamic_partitions_requests=dynamic, asset_events=events,
+                        cursor=cursor)

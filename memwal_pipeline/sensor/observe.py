@@ -1,0 +1,131 @@
+"""Everything one sensor tick reads, and nothing it decides: the object store, the table and the
+Dagster instance, into one frozen `Observation`.
+
+The reads are the cheap ones a tick on an unchanged table needs, and the others only when the
+rules say they matter (the predicates live in `decide`):
+1. the sensor's memory (`liveness.SensorState`, the instance's key-value rows);
+2. a listing of `_mem_wal/` (one request) to find the regions; with no region at all, a check
+   that the table exists (a missing table is an error, not an idle table);
+3. one HEAD per region at its remembered version + 1, or from its version hint for the
+   regions `decide.recheck` names (all after downtime, else a rotating slice: GC may have
+   collected a remembered version meanwhile); regions whose version moved are read;
+4. the MemWAL index's merge progress and the merge runs in flight, when a region changed or
+   still has something to merge or retire (`decide.needs_progress`); the readable region
+   values then, for the observations of changed regions;
+5. the gating indexes' recorded catch-up, when a sealed region merged to its end might retire;
+6. whether a maintenance run is queued, and the newest base_table materialization.
+The table's base-table indexes are read only on ticks that request maintenance
+(`index_partitions`, after the decision).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+
+from memwal_core.jobs.catchup import base_indexes
+from memwal_core.observe import status
+from memwal_core.options import SensorOptions
+from memwal_core.state import region
+from memwal_core.state.store import TableLocation
+from memwal_core.state.table import MemWalState, TableError, open_dataset, read_memwal_state
+
+from .. import liveness
+from ..partitions import RegionLabels
+from ..tags import PARTITION_RANGE_END, PARTITION_RANGE_START
+from . import decide
+from .observation import Cursor, Maintenance, Observation, Probe, RunCover
+
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+             DagsterRunStatus.STARTED]
+QUEUED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED]
+
+
+class SensorError(RuntimeError):
+    """The sensor cannot watch the table at all (shown as a failed tick)."""
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What one table's sensor watches: the table, its merge partitions, its two jobs and the
+    asset whose materializations are followed by maintenance."""
+
+    table: str
+    loc: TableLocation
+    partitions: str       # the merge partitions' definition name
+    merge_job: str
+    maintenance_job: str
+    base_table: AssetKey
+
+
+def observe(instance: DagsterInstance, w: Watched, cursor: Cursor, options: SensorOptions,
+            now: float) -> tuple[Observation, liveness.SensorState]:
+    """The tick's observation, and the sensor's memory it was read from (emit stores it back)."""
+    state = liveness.SensorState.load(instance, w.table, cursor.epoch)
+    listing = region.list_regions(w.loc.store)
+    if not listing.region_ids:
+        try:  # no region at all: make sure there is a table, or say that there is none
+            open_dataset(w.loc)
+        except TableError as e:
+            raise SensorError(f"{w.table}: {e}") from None
+    base = Observation(w.table, now, dict(state.regions), state.last_tick, state.ticks,
+                       tuple(listing.region_ids), tuple(listing.skipped))
+    active = base.active
+    recheck = decide.recheck(active, state.last_tick, state.ticks, now, float(options.interval_seconds))
+    memwal_state = functools.cache(lambda: read_memwal_state(w.loc))
+    merged_once = functools.cache(lambda: memwal_state().merged)  # a property that decodes: read once
+    seen = status.observe_regions(w.loc, {rid: (state.get(rid).version if state.get(rid) else None)
+                                          for rid in active}, merged_once, verify=recheck)
+    probes = {rid: _probe(o) for rid, o in seen.items()}
+    progress = decide.needs_progress(base.memory, probes)
+    changed = sorted(rid for rid, o in seen.items() if o.changed)
+    labels = RegionLabels.load(w.loc, memwal_state()) if changed else None  # one snapshot read
+    merged = dict(merged_once()) if progress else None
+    candidates = decide.retire_candidates(base.memory, probes, merged) if merged is not None else []
+    return Observation(
+        w.table, now, base.memory, state.last_tick, state.ticks, base.listed, base.skipped, recheck, probes,
+        partitions=tuple(instance.get_dynamic_partitions(w.partitions)),  # insertion order
+        merged=merged,
+        in_flight=in_flight_runs(instance, w.merge_job) if progress else (),
+        catchup=gating_catchup(w.loc, memwal_state()) if candidates else None,
+        maintenance=maintenance(instance, w),
+        statuses={rid: seen[rid].status for rid in changed},
+        labels={rid: labels.label(rid) for rid in changed} if labels else {},
+    ), state
+
+
+def _probe(o: status.RegionObservation) -> Probe:
+    if not o.ok:
+        return Probe(o.region_id, o.version, error=o.error)
+    if not o.changed:
+        return Probe(o.region_id, o.version)
+    return Probe(o.region_id, o.version, True, o.manifest.top_generation, o.manifest.sealed)
+
+
+def in_flight_runs(instance: DagsterInstance, merge_job: str) -> tuple[RunCover, ...]:
+    """The merge runs queued, starting or running, with the partition or range each covers."""
+    runs = instance.get_runs(filters=RunsFilter(job_name=merge_job, statuses=IN_FLIGHT))
+    return tuple(RunCover(run.tags.get("dagster/partition") or run.tags.get("memwal/region"),
+                          run.tags.get(PARTITION_RANGE_START), run.tags.get(PARTITION_RANGE_END)) for run in runs)
+
+
+def gating_catchup(loc: TableLocation, mstate: MemWalState) -> dict[str, dict[str, int]]:
+    """Per index gating GC, its recorded catch-up per region (an index without a record: empty)."""
+    names = [i["name"] for i in open_dataset(loc, mstate.table_version).list_indices()]
+    catchup = mstate.catchup
+    return {name: dict(catchup.get(name, {})) for name in mstate.gating_indexes(names)}
+
+
+def maintenance(instance: DagsterInstance, w: Watched) -> Maintenance:
+    queued = bool(instance.get_runs(filters=RunsFilter(job_name=w.maintenance_job, statuses=QUEUED), limit=1))
+    records = instance.fetch_materializations(w.base_table, limit=1).records
+    return Maintenance(queued, records[0].storage_id if records else 0)
+
+
+def index_partitions(instance: DagsterInstance, partitions: str, loc: TableLocation) -> decide.IndexPartitions:
+    """The index partitions a maintenance run spans, matched to the table's base-table indexes
+    (one dataset open: only on ticks that request maintenance)."""
+    current = base_indexes(open_dataset(loc))
+    return decide.index_partitions(current, list(instance.get_dynamic_partitions(partitions)))
