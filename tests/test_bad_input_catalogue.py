@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import lance
 import pyarrow as pa
 import pytest
-from helpers import plant_generation, tree
+from support.helpers import plant_generation, tree
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec
 
 from memwal_core.jobs import gc, snapshot

@@ -81,7 +81,7 @@ def test_range_run_materializes_only_regions_that_merged(table_loc, instance, sp
 def _wrong_schema(table_loc, rid: str, key: int) -> int:
     """A generation the merger refuses every time: its columns differ from the base table's."""
     import pyarrow as pa
-    from helpers import plant_generation
+    from support.helpers import plant_generation
 
     wrong = pa.table({"id": pa.array([key], pa.int64()), "n": pa.array([1], pa.int64()),
                       "other": pa.array(["x"]), "_tombstone": pa.array([False])})

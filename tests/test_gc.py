@@ -20,7 +20,7 @@ from dataclasses import replace
 import lance
 import pyarrow as pa
 import pytest
-from helpers import tree
+from support.helpers import tree
 
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.observe import reader

@@ -12,7 +12,7 @@ import time
 
 import lance
 import pytest
-from helpers import tree
+from support.helpers import tree
 
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.state.store import open_store

@@ -17,7 +17,7 @@ import uuid
 
 import lance
 import pyarrow as pa
-from s3proxy import S3Proxy
+from support.s3proxy import S3Proxy
 
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import reader, status

@@ -1,4 +1,4 @@
-"""The stateful randomized harness of issue #13 (tests/harness_machine.py says what it checks).
+"""The stateful randomized harness of issue #13 (tests/support/harness_machine.py says what it checks).
 
 `make test` runs a bounded, seeded profile (MEMWAL_HARNESS_STEPS steps, default 1,000);
 `make soak` (MEMWAL_SOAK=1, -m slow) a long one (default 100,000 steps). Shrunk failures
@@ -11,7 +11,7 @@ import os
 import shutil
 import time
 
-import harness_machine as hm
+from support import harness_machine as hm
 import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test

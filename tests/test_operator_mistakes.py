@@ -14,7 +14,7 @@ import time
 
 import lance
 import pytest
-from helpers import tree
+from support.helpers import tree
 
 from memwal_core.errors import OptionError
 from memwal_core.options import parse_size

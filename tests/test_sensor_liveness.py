@@ -13,7 +13,7 @@ import time
 
 import pytest
 from dagster import DagsterRunStatus, build_sensor_context
-from helpers import tree
+from support.helpers import tree
 from test_pipeline import cfg_for, make_table, run_requests, tick
 
 from memwal_core.jobs import catchup, gc, snapshot

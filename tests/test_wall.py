@@ -13,7 +13,7 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
-from helpers import plant_generation
+from support.helpers import plant_generation
 
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import checks, reader
