@@ -5,24 +5,15 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from support.s3_server import MotoServer
 
 from memwal_core.state.store import open_store
-from memwal_pipeline.s3_demo import LocalS3
 
 
 @pytest.fixture
 def table_loc(tmp_path):
     """A fresh local table location (nothing written yet)."""
     return open_store(str(tmp_path / "table"))
-
-
-class MotoServer(LocalS3):
-    """`moto_server` on 127.0.0.1 in a subprocess (memwal's own `LocalS3`), with the tests'
-    credentials; can be stopped and restarted on its port."""
-
-    def options(self, secret: str = "testing-secret") -> dict[str, str]:
-        return {"aws_endpoint": self.endpoint, "allow_http": "true", "aws_access_key_id": "testing",
-                "aws_secret_access_key": secret, "aws_region": "us-east-1"}
 
 
 @pytest.fixture(scope="session")

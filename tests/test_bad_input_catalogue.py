@@ -780,7 +780,7 @@ def test_hostile_manifests_and_layouts_through_the_cli(tmp_path):
 
 
 def test_unknown_feature_flag_refused_before_any_spark_work(tmp_path):
-    from test_bad_input_core import set_feature_flags
+    from support.lance_manifest import set_feature_flags
 
     root = str(tmp_path / "t")
     build_simple(root, "empty")

@@ -20,7 +20,8 @@ from dagster import (
     asset,
     build_schedule_context,
 )
-from test_pipeline import cfg_for, make_table, run_requests, tick
+from support.sensor_ticks import run_requests, tick
+from support.tables import cfg_for, make_table
 
 from memwal_core.options import SloOptions
 from memwal_core.state import table

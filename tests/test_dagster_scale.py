@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 from dagster import AssetCheckSeverity, AssetKey, AssetPartitionStatus, DagsterInstance, MetadataValue, materialize
-from test_pipeline import cfg_for, make_table, rows
+from support.tables import cfg_for, make_table, rows
 
 from memwal_core.jobs import catchup, gc
 from memwal_core.observe import status

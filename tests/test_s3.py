@@ -31,7 +31,7 @@ from dagster import (
     serialize_value,
 )
 from support.s3proxy import Request, S3Proxy
-from test_ui import LOCATIONS, WebServer
+from support.webserver import LOCATIONS, WebServer
 
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.jobs.snapshot import _hint_mutation

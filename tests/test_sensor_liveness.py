@@ -14,7 +14,8 @@ import time
 import pytest
 from dagster import DagsterRunStatus, build_sensor_context
 from support.helpers import tree
-from test_pipeline import cfg_for, make_table, run_requests, tick
+from support.sensor_ticks import run_requests, tick
+from support.tables import cfg_for, make_table
 
 from memwal_core.jobs import catchup, gc, snapshot
 from memwal_core.options import GcOptions, SensorOptions
