@@ -274,7 +274,7 @@ def build_table_a(root: str) -> TableA:
     latest = region.load_latest(loc.store, rid).version
     os.unlink(os.path.join(root, layout.manifest_key(rid, latest - 1)))
     # A stale hint naming a version below the gap (with no usable hint, loading lists the
-    # directory and finds the real latest: #18.16).
+    # directory and finds the real latest).
     loc.store.put(layout.version_hint_key(rid), json.dumps({"version": latest - 2}).encode())
     # Version hints: garbage, and stale (points at version 1).
     loc.store.put(layout.version_hint_key(rids["garbage_hint"]), b"{broken")
@@ -631,7 +631,7 @@ def test_version_gap_gc_alone_does_not_act_on_the_stale_view(tmp_path):
      .mark_sstables_as_compacted([CompactedSsTable(rid, 2)]).execute(src))
     os.unlink(os.path.join(root, layout.manifest_key(rid, 7)))
     os.unlink(os.path.join(root, layout.version_hint_key(rid)))
-    # No usable hint: the manifest directory is listed, which sees past the gap (#18.16) ...
+    # No usable hint: the manifest directory is listed, which sees past the gap ...
     assert region.load_latest(loc.store, rid).version == 8
     # ... but a stale hint below the gap is trusted, and probing from it stops at the gap.
     loc.store.put(layout.version_hint_key(rid), json.dumps({"version": 6}).encode())

@@ -153,7 +153,7 @@ def test_garbage_version_hint_is_ignored_with_a_warning(two_regions, caplog, gar
     with caplog.at_level(logging.WARNING, logger="memwal"):
         store = LocalStore(loc.store.root)
         assert region.load_latest(store, a).version == latest
-    assert store.stats["list"] == 1  # no usable hint: the manifest directory is listed (#18.16)
+    assert store.stats["list"] == 1  # no usable hint: the manifest directory is listed
     (rec,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert a in rec.getMessage() and hint in rec.getMessage()
     assert snapshot(loc.store.root) == before  # the hint is not rewritten by a reader

@@ -470,7 +470,7 @@ def test_snapshot_on_s3_inline_and_external(s3_table_loc):
 
 
 def test_unchanged_snapshot_commits_nothing(table_loc):
-    """Issue 18.4: a build whose snapshot equals the stored one commits no table version."""
+    """A build whose snapshot equals the stored one commits no table version."""
     loc = table_loc
     demo.create_table(loc, sharding="unsharded", base_rows=5)
     for i in range(3):
