@@ -42,10 +42,13 @@ def tick(defs, td, instance, cursor=None, through_dagster=None, now=None):
 
 
 class _Skip:
+    """A skipped tick, shaped like a result with no run requests."""
+
     def __init__(self, message):
         self.skip_message = message
         self.run_requests = []
 
 
 def run_requests(data):
+    """The run requests of a tick's result (none for a skipped tick)."""
     return list(data.run_requests or [])
