@@ -1,4 +1,4 @@
-"""End-to-end liveness proof (#14): a real `dagster-daemon`, writers that never stop, and chaos.
+"""End-to-end liveness proof: a real `dagster-daemon`, writers that never stop, and chaos.
 
 On a fresh bucket-sharded table, with the daemon running the manifest sensor every
 `--sensor-interval` s (runs are Spark Connect clients of one local server, as shipped) and a

@@ -597,7 +597,7 @@ def main() -> None:
                         "(default: the first five)")
     p.add_argument("--spark-master", default="local[*]", help="the master of (a), (a2) and (d)")
     p.add_argument("--start-cluster", action="store_true",
-                   help="start a standalone master and worker on 127.0.0.1 (tests/cluster.py, all cores) and "
+                   help="start a standalone master and worker on 127.0.0.1 (tests/support/cluster.py, all cores) and "
                         "use it as --spark-master; stopped at the end")
     p.add_argument("--max-generations", type=int, default=None,
                    help="memwal's max generations per batch (default: memwal's own, 256)")
@@ -631,7 +631,7 @@ def main() -> None:
     cluster = None
     if args.start_cluster:
         sys.path.insert(0, os.path.join(common.REPO, "tests"))
-        from cluster import StandaloneCluster
+        from support.cluster import StandaloneCluster
 
         t = time.perf_counter()
         cluster = StandaloneCluster(cores=os.cpu_count() or 2, memory="2g").start()

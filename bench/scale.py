@@ -1,6 +1,6 @@
 """Benchmark: a merge run over a 3,000-region table where 2 regions flushed, vs a one-region table.
 
-Issue 18.1: the Dagster run must not cost in proportion to the regions it spans. Setup (not
+The Dagster run must not cost in proportion to the regions it spans. Setup (not
 timed): table A, bucket-sharded, whose 2 real regions are written by pylance `ShardWriter`s
 (`demo.Workload`) plus `--regions - 2` idle regions (a manifest with no flushed generation,
 written like bench/sensor.py writes manifests); its partitions are ordered real, idle..., real,

@@ -26,7 +26,7 @@ counts per tick come from the store's counters (`loc.store.stats`, reset before 
 usage: python bench/sensor.py [--regions 1000] [--changed 10] [--ticks 5] [--stores local,s3] [--quick]
 Prints `RESULT sensor store=... case=... regions=N sensor_ms=... naive_par_ms=... naive_seq_ms=...
 ratio=min(naive)/sensor sensor_requests=... naive_requests=... tick_bytes=... kv_bytes=...` per store
-and case. Storage per tick (#18.2): `tick_bytes` is what Dagster keeps in the tick's history row
+and case. Storage per tick: `tick_bytes` is what Dagster keeps in the tick's history row
 beyond its fixed fields (cursor + skip reason + run keys, max over the ticks); `kv_bytes` is what
 the tick rewrites in place in the instance's key-value rows (per-region state; no growth);
 `old_cursor_bytes` is the previous design's cursor (one version per region, stored per tick).

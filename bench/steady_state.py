@@ -23,7 +23,7 @@ on a copy of each table: `merge_fresh_last_over_first_*` is the table's own shar
 At the end: a fresh copy of the "on" table fully compacted (`compact_files`) and the two
 copies are scanned `--final-reps` times each (median).
 
-Goals (issue #15), as ratios in one run: with compaction, the median merge time of the last
+Goals, as ratios in one run: with compaction, the median merge time of the last
 `--window` cycles <= 1.2x the first window's, and its scan time <= 1.2x the freshly compacted
 table's; without compaction, the growth is reported.
 

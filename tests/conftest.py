@@ -5,24 +5,15 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from support.s3_server import MotoServer
 
 from memwal_core.state.store import open_store
-from memwal_pipeline.s3_demo import LocalS3
 
 
 @pytest.fixture
 def table_loc(tmp_path):
     """A fresh local table location (nothing written yet)."""
     return open_store(str(tmp_path / "table"))
-
-
-class MotoServer(LocalS3):
-    """`moto_server` on 127.0.0.1 in a subprocess (memwal's own `LocalS3`), with the tests'
-    credentials; can be stopped and restarted on its port."""
-
-    def options(self, secret: str = "testing-secret") -> dict[str, str]:
-        return {"aws_endpoint": self.endpoint, "allow_http": "true", "aws_access_key_id": "testing",
-                "aws_secret_access_key": secret, "aws_region": "us-east-1"}
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +64,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     committed, GCs that deleted a generation, ...) at the end of every run, `-q` included."""
     import sys
 
-    hm = sys.modules.get("harness_machine")
+    hm = sys.modules.get("support.harness_machine")
     for line in getattr(getattr(hm, "Stats", None), "summary", []):
         terminalreporter.write_line(line)
 
@@ -81,7 +72,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 @pytest.fixture(scope="session")
 def azurite():
     """Azurite's blob service on 127.0.0.1 (installed into .tools/azurite by npm when missing)."""
-    from emulators import Azurite, install_azurite
+    from support.emulators import Azurite, install_azurite
 
     why = install_azurite()
     if why:
@@ -94,8 +85,8 @@ def azurite():
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """gcp-storage-emulator on 127.0.0.1 (a dev dependency); skips, naming the error, when it is
-    not installed or when object_store cannot write to it (see tests/emulators.py)."""
-    from emulators import GcsEmulator
+    not installed or when object_store cannot write to it (see tests/support/emulators.py)."""
+    from support.emulators import GcsEmulator
 
     if GcsEmulator.command() is None:
         pytest.skip("gcp-storage-emulator is not installed (pip install -e '.[dev]')")

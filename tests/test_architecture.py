@@ -1,6 +1,7 @@
 """The folder layout is the architecture: memwal_core's layers import only downwards, no module
-imports itself back through others (lazy imports inside functions count), and the core never
-imports Dagster. Read from the source with `ast`, so nothing here depends on what is installed.
+imports itself back through others (lazy imports inside functions count), the core never
+imports Dagster, and test modules share code only through tests/support/. Read from the source
+with `ast`, so nothing here depends on what is installed.
 """
 
 from __future__ import annotations
@@ -114,3 +115,18 @@ def test_layers_cover_every_core_module():
     """A new top-level module must be given a layer (or it would escape the checks above)."""
     loose = [m for m in _modules("memwal_core") if m != "memwal_core" and _layer(m) is None]
     assert not loose, f"put these in a layer (tests/test_architecture.py LAYERS): {loose}"
+
+
+def test_test_modules_import_only_the_support_package():
+    """A test module is never a library: what several tests share lives in tests/support/, and the
+    top of tests/ holds only test modules and conftest.py."""
+    tests = ROOT / "tests"
+    loose = [p.name for p in tests.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py"]
+    wrong = []
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            wrong += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith(("test_", "conftest"))]
+    assert not loose, f"move these into tests/support/: {loose}"
+    assert not wrong, "\n".join(wrong)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import lance
 import pyarrow as pa
 import pytest
-from helpers import plant_generation, tree
+from support.helpers import plant_generation, tree
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec
 
 from memwal_core.jobs import gc, snapshot
@@ -274,7 +274,7 @@ def build_table_a(root: str) -> TableA:
     latest = region.load_latest(loc.store, rid).version
     os.unlink(os.path.join(root, layout.manifest_key(rid, latest - 1)))
     # A stale hint naming a version below the gap (with no usable hint, loading lists the
-    # directory and finds the real latest: #18.16).
+    # directory and finds the real latest).
     loc.store.put(layout.version_hint_key(rid), json.dumps({"version": latest - 2}).encode())
     # Version hints: garbage, and stale (points at version 1).
     loc.store.put(layout.version_hint_key(rids["garbage_hint"]), b"{broken")
@@ -631,7 +631,7 @@ def test_version_gap_gc_alone_does_not_act_on_the_stale_view(tmp_path):
      .mark_sstables_as_compacted([CompactedSsTable(rid, 2)]).execute(src))
     os.unlink(os.path.join(root, layout.manifest_key(rid, 7)))
     os.unlink(os.path.join(root, layout.version_hint_key(rid)))
-    # No usable hint: the manifest directory is listed, which sees past the gap (#18.16) ...
+    # No usable hint: the manifest directory is listed, which sees past the gap ...
     assert region.load_latest(loc.store, rid).version == 8
     # ... but a stale hint below the gap is trusted, and probing from it stops at the gap.
     loc.store.put(layout.version_hint_key(rid), json.dumps({"version": 6}).encode())
@@ -780,7 +780,7 @@ def test_hostile_manifests_and_layouts_through_the_cli(tmp_path):
 
 
 def test_unknown_feature_flag_refused_before_any_spark_work(tmp_path):
-    from test_bad_input_core import set_feature_flags
+    from support.lance_manifest import set_feature_flags
 
     root = str(tmp_path / "t")
     build_simple(root, "empty")

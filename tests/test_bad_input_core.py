@@ -12,6 +12,7 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
+from support.lance_manifest import set_feature_flags
 
 from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
@@ -152,7 +153,7 @@ def test_garbage_version_hint_is_ignored_with_a_warning(two_regions, caplog, gar
     with caplog.at_level(logging.WARNING, logger="memwal"):
         store = LocalStore(loc.store.root)
         assert region.load_latest(store, a).version == latest
-    assert store.stats["list"] == 1  # no usable hint: the manifest directory is listed (#18.16)
+    assert store.stats["list"] == 1  # no usable hint: the manifest directory is listed
     (rec,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert a in rec.getMessage() and hint in rec.getMessage()
     assert snapshot(loc.store.root) == before  # the hint is not rewritten by a reader
@@ -565,34 +566,6 @@ def test_local_store_refuses_links_on_every_operation(tmp_path):
 
 
 # ============================================================ unknown Lance features / transforms
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def set_feature_flags(loc, *, writer: int | None = None, reader: int | None = None) -> str:
-    """Set feature flags in the latest table manifest, as a newer Lance would write them
-    (appended fields: the last occurrence of a scalar field wins)."""
-    import struct
-
-    version = lance.dataset(loc.lance_uri).version
-    key = table.manifest_keys(version)[0]
-    raw = loc.store.get(key)
-    (offset,) = struct.unpack_from("<Q", raw, len(raw) - 16)
-    (length,) = struct.unpack_from("<I", raw, offset)
-    msg = raw[offset + 4: offset + 4 + length]
-    assert offset + 4 + length == len(raw) - 16  # the message ends at the footer
-    for num, v in ((9, reader), (10, writer)):
-        if v is not None:
-            msg += _varint(num << 3) + _varint(v)
-    loc.store.put(key, raw[:offset] + struct.pack("<I", len(msg)) + msg + raw[-16:])
-    return key
-
-
 @pytest.mark.parametrize("bit", [64, 512, 1 << 40])  # unknown to memwal (and to pylance 14)
 def test_unknown_writer_feature_flag_is_refused_before_any_work(two_regions, bit):
     from memwal_core.jobs import gc, merge

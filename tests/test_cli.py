@@ -12,7 +12,7 @@ import json
 import textwrap
 
 import pytest
-from helpers import tree
+from support.helpers import tree
 
 from memwal_core.jobs import merge
 from memwal_core.jobs.progress import MergeProgress

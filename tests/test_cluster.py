@@ -17,7 +17,7 @@ from pathlib import Path
 
 import lance
 import pytest
-from cluster import StandaloneCluster
+from support.cluster import StandaloneCluster
 
 from memwal_core.state import table
 from memwal_core.state.store import make_s3_client, open_store

@@ -467,7 +467,7 @@ def test_a_merge_read_before_a_compaction_rebases_on_it(table_loc, spark):
     assert table.read_memwal_state(table_loc).merged == merged
 
 
-# ------------------------------------------------------------------ review: races, bounds, leftovers
+# -------------------------------------------------------------------------- races, bounds, leftovers
 
 def unreferenced_data_files(loc) -> set[str]:
     """Data files no retained table version references (what a lost rewrite would leave)."""

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
-import lance
 import pyarrow as pa
 import pytest
+from support.procs import PROCS, spawn
+from support.progress_monitor import ProgressMonitor
 
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.observe import checks, reader
@@ -30,7 +29,6 @@ from memwal_core.state import table
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 
-PROCS = os.path.join(os.path.dirname(__file__), "procs")
 SOAK = bool(os.environ.get("MEMWAL_SOAK"))
 soak = pytest.mark.skipif(not SOAK, reason="soak variant: run with MEMWAL_SOAK=1 (make soak)")
 LOOPS = ["merge", "merge", "index", "gc"]
@@ -38,77 +36,6 @@ LOOPS = ["merge", "merge", "index", "gc"]
 
 def as_dict(t: pa.Table) -> dict:
     return {r["id"]: r for r in t.to_pylist()}
-
-
-class ProgressMonitor:
-    """Merge progress and catch-up, sampled over time and read at every table version."""
-
-    def __init__(self, loc):
-        self.loc = loc
-        self.last_sample: table.MemWalState | None = None
-        self.samples = 0
-        self.next_version = 1
-        self.by_version: dict[int, tuple[dict, dict]] = {}
-        self.missed: list[int] = []  # versions cleaned up before they could be read
-        self.no_memwal: list[int] = []
-        self.problems: list[str] = []
-
-    @staticmethod
-    def _flat(state: table.MemWalState) -> tuple[dict, dict]:
-        catch = {(i, r): g for i, regions in state.catchup.items() for r, g in regions.items()}
-        return dict(state.merged), catch
-
-    def _compare(self, what: str, old: tuple[dict, dict], new: tuple[dict, dict]) -> None:
-        for name, a, b in (("merged", old[0], new[0]), ("catch-up", old[1], new[1])):
-            for key, g in a.items():
-                if b.get(key, 0) < g:
-                    self.problems.append(f"{what}: {name} {key} went from {g} to {b.get(key, 0)}")
-
-    def sample(self) -> None:
-        try:
-            latest = lance.dataset(self.loc.lance_uri).version
-            state = table.read_memwal_state(self.loc, latest)
-        except table.TableError:
-            return  # cleaned up between the two reads: the next sample sees a newer one
-        if self.last_sample is not None and state.table_version >= self.last_sample.table_version:
-            self._compare(f"latest state v{self.last_sample.table_version} -> v{state.table_version}",
-                          self._flat(self.last_sample), self._flat(state))
-        self.last_sample = state
-        self.samples += 1
-        self.read_versions(latest)
-
-    def read_versions(self, upto: int) -> None:
-        for v in range(self.next_version, upto + 1):
-            try:
-                self.by_version[v] = self._flat(table.read_memwal_state(self.loc, v))
-            except table.MemWalNotInitialized:
-                self.no_memwal.append(v)
-            except table.TableError as e:
-                if "not found" not in str(e):
-                    raise
-                self.missed.append(v)
-        self.next_version = max(self.next_version, upto + 1)
-
-    def final_check(self) -> None:
-        for info in lance.dataset(self.loc.lance_uri).versions():  # the retained ones, again
-            v = int(info["version"])
-            try:
-                again = self._flat(table.read_memwal_state(self.loc, v))
-            except table.MemWalNotInitialized:
-                continue
-            if v in self.by_version and again != self.by_version[v]:
-                self.problems.append(f"version {v} changed after it was committed")
-            self.by_version[v] = again
-        prev = None
-        for v in sorted(self.by_version):
-            if prev is not None:
-                self._compare(f"version {prev} -> {v}", self.by_version[prev], self.by_version[v])
-            prev = v
-
-
-def _spawn(args: list[str], log: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMWAL_")}
-    return subprocess.Popen([sys.executable, *args], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
 
 
 def _run(tmp_path, spark, seconds: float) -> None:
@@ -119,12 +46,12 @@ def _run(tmp_path, spark, seconds: float) -> None:
     ctl.mkdir()
     go, stop = str(ctl / "go"), str(ctl / "stop")
     writer_out = str(ctl / "writer.json")
-    writer = _spawn([os.path.join(PROCS, "reliability_writer.py"), loc.lance_uri, "7", go, writer_out],
+    writer = spawn([os.path.join(PROCS, "reliability_writer.py"), loc.lance_uri, "7", go, writer_out],
                     str(ctl / "writer.log"))
     loops = []
     for i, job in enumerate(LOOPS):
         ready, out = str(ctl / f"ready{i}"), str(ctl / f"{job}{i}.json")
-        p = _spawn([os.path.join(PROCS, "reliability_loop.py"), job, loc.lance_uri, ready, go, stop, out],
+        p = spawn([os.path.join(PROCS, "reliability_loop.py"), job, loc.lance_uri, ready, go, stop, out],
                    str(ctl / f"{job}{i}.log"))
         loops.append((job, p, ready, out, str(ctl / f"{job}{i}.log")))
     t_start = time.time()

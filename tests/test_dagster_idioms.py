@@ -1,4 +1,4 @@
-"""Dagster idioms of the asset graph (issue #16): the freshness policy on base_table, readable
+"""Dagster idioms of the asset graph: the freshness policy on base_table, readable
 region partitions (`region_value`), per-index catch-up state (`index_catchup` partitioned by
 base-table index, kept current by the sensor), the partition-range tags checked through
 Dagster's public API, and why resources stay per-table keys. Real tables, real Dagster."""
@@ -20,7 +20,8 @@ from dagster import (
     asset,
     build_schedule_context,
 )
-from test_pipeline import cfg_for, make_table, run_requests, tick
+from support.sensor_ticks import run_requests, tick
+from support.tables import cfg_for, make_table
 
 from memwal_core.options import SloOptions
 from memwal_core.state import table

@@ -1,5 +1,7 @@
-"""The Dagster layer at scale and when things go wrong (issue 18 items 1, 3, 4, 5, 9; issue 14
-"stuck is visible", "GC holds are visible"): real tables, real `materialize` / jobs in process."""
+"""The Dagster layer at scale and when things go wrong: per-region materializations, bounded
+metadata at 3,000 regions, idle maintenance that commits nothing, a stuck region that is visible,
+GC holds that say what they keep, tables sharing a Connect server. Real tables, real
+`materialize` / jobs in process."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 from dagster import AssetCheckSeverity, AssetKey, AssetPartitionStatus, DagsterInstance, MetadataValue, materialize
-from test_pipeline import cfg_for, make_table, rows
+from support.tables import cfg_for, make_table, rows
 
 from memwal_core.jobs import catchup, gc
 from memwal_core.observe import status
@@ -39,7 +41,7 @@ def _failed_partitions(instance, td, key):
 
 
 def test_range_run_materializes_only_regions_that_merged(table_loc, instance, spark):
-    """Issue 18.1: a run over 5 regions where 2 flushed records 2 materializations, each with
+    """A run over 5 regions where 2 flushed records 2 materializations, each with
     that region's own numbers (not the run's totals)."""
     demo.create_table(table_loc, sharding="bucket", num_buckets=5, base_rows=10)
     w = demo.Workload(table_loc, seed=3, key_space=300, max_memtable_rows=50)
@@ -81,7 +83,7 @@ def test_range_run_materializes_only_regions_that_merged(table_loc, instance, sp
 def _wrong_schema(table_loc, rid: str, key: int) -> int:
     """A generation the merger refuses every time: its columns differ from the base table's."""
     import pyarrow as pa
-    from helpers import plant_generation
+    from support.helpers import plant_generation
 
     wrong = pa.table({"id": pa.array([key], pa.int64()), "n": pa.array([1], pa.int64()),
                       "other": pa.array(["x"]), "_tombstone": pa.array([False])})
@@ -89,7 +91,7 @@ def _wrong_schema(table_loc, rid: str, key: int) -> int:
 
 
 def test_stuck_region_fails_its_partition_and_merge_lag(table_loc, tmp_path, spark, monkeypatch):
-    """Issue 18.5 / 14: a region the merger refuses fails the merge run (naming region,
+    """A region the merger refuses fails the merge run (naming region,
     generation, reason) and only its partition; `merge_lag` fails with ERROR once it is stuck,
     and `memwal status` exits non-zero."""
     # Per-partition planned events: Dagster marks a failed run's unmaterialized partitions failed.
@@ -151,7 +153,7 @@ def test_stuck_region_fails_its_partition_and_merge_lag(table_loc, tmp_path, spa
 
 
 def test_metadata_per_event_is_bounded_at_3000_regions():
-    """Issue 18.3: every check's and asset's metadata stays under 4 KB at 3,000 regions."""
+    """Every check's and asset's metadata stays under 4 KB at 3,000 regions."""
     n = 3000
     ids = [str(uuid.UUID(int=i + 1)) for i in range(n)]
     regs = [status.RegionStatus(rid, 5, 1, 9, [7, 8], 6, [7, 8] if i % 2 else [], 100, 1000,
@@ -181,7 +183,7 @@ def test_metadata_per_event_is_bounded_at_3000_regions():
 
 
 def test_idle_maintenance_commits_nothing(table_loc, instance, spark):
-    """Issue 18.4: once merged and maintained, further maintenance runs on an idle table add no
+    """Once merged and maintained, further maintenance runs on an idle table add no
     table version and no region manifest version."""
     w = make_table(table_loc, regions=3, rounds=1)
     cfg = cfg_for(table_loc)
@@ -218,7 +220,7 @@ def test_idle_maintenance_commits_nothing(table_loc, instance, spark):
 
 
 def test_checks_job_runs_exclusivity_and_gc_consistency_reports_unreadable(table_loc, instance):
-    """Issue 18.5: region_exclusivity belongs to a job (and a schedule); gc_consistency fails on
+    """`region_exclusivity` belongs to a job (and a schedule); gc_consistency fails on
     a region whose manifest does not load instead of skipping it."""
     w = make_table(table_loc, regions=3, rounds=1)
     cfg = cfg_for(table_loc)
@@ -243,7 +245,7 @@ def test_checks_job_runs_exclusivity_and_gc_consistency_reports_unreadable(table
 
 
 def test_gc_holds_say_what_is_kept_and_until_when(table_loc, spark):
-    """Issue 14.3: the plan says which generations GC keeps for time travel (until when), for a
+    """The plan says which generations GC keeps for time travel (until when), for a
     lagging index, and unmerged."""
     w = make_table(table_loc, regions=2, rounds=2)
     from memwal_core.jobs import merge
@@ -283,7 +285,7 @@ def test_orphan_grace_default_is_a_day():
 
 
 def test_spark_connect_settings_apply_per_session_or_are_refused(tmp_path, monkeypatch):
-    """Issue 18.9: tables sharing one Connect server each get their own `memwal.*` settings
+    """Tables sharing one Connect server each get their own `memwal.*` settings
     (the server drops non-Spark keys at start); a different master or a fixed setting the
     server lacks is refused loudly, at load time where possible.
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import lance
 import pytest
-from helpers import tree
+from support.helpers import tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 import lance
 import pyarrow as pa
 import pytest
-from helpers import tree
+from support.helpers import tree
 
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.observe import reader
@@ -493,7 +493,7 @@ def test_manifest_retention_and_version_hint(table_loc):
     assert region.read_version_hint(loc.store, rid) == latest
     assert region.load_latest(loc.store, rid).version == latest
     # A second run finds the prefix already gone (HEAD probes stop at the first missing one; the
-    # directory is listed below that hole only after a delete that did not finish: #18.15).
+    # directory is listed below that hole only after a delete that did not finish).
     loc.store.stats.clear()
     assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_seconds=0)).items
     # regions, the region directory (orphans), GC's intent markers; and the leaked-file scan

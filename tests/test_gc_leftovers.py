@@ -1,4 +1,4 @@
-"""GC leftovers and mismatches (#18.15, #18.17, #18.18), on real pylance tables.
+"""GC leftovers and mismatches, on real pylance tables.
 
 - Survivors of a partly failed S3 DeleteObjects batch (WAL entries, old manifest versions) sit
   below a hole in the positions GC walks; a later run must still collect them.
@@ -17,7 +17,7 @@ import uuid
 
 import lance
 import pyarrow as pa
-from s3proxy import S3Proxy
+from support.s3proxy import S3Proxy
 
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import reader, status

@@ -1,4 +1,4 @@
-"""The stateful randomized harness of issue #13 (tests/harness_machine.py says what it checks).
+"""The stateful randomized harness (tests/support/harness_machine.py says what it checks).
 
 `make test` runs a bounded, seeded profile (MEMWAL_HARNESS_STEPS steps, default 1,000);
 `make soak` (MEMWAL_SOAK=1, -m slow) a long one (default 100,000 steps). Shrunk failures
@@ -11,7 +11,7 @@ import os
 import shutil
 import time
 
-import harness_machine as hm
+from support import harness_machine as hm
 import pytest
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -78,7 +78,6 @@ def test_harness_soak(spark, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Regression tests: shrunk (then hand-trimmed) failing examples, replayed step by step.
 # Each runs the invariants after every step and the final "repair everything and merge".
-# FINDINGS.md records what each broke on main when it was found.
 
 
 @pytest.fixture
@@ -107,7 +106,7 @@ def steps(m: hm.MemWalMachine, *calls) -> None:
 
 
 def test_regression_unreadable_generation_in_a_later_batch_is_a_wall(machine):
-    """F1: generation 2 unreadable during a merge whose batches hold one generation each: batch 3
+    """Generation 2 unreadable during a merge whose batches hold one generation each: batch 3
     merged generation 3 and recorded progress 3, past the unmerged generation 2."""
     m = machine("unsharded")
     steps(m, ("put", {"keys": [1]}), ("flush", {"r": 0}), ("put", {"keys": [2]}), ("flush", {"r": 0}),
@@ -116,7 +115,7 @@ def test_regression_unreadable_generation_in_a_later_batch_is_a_wall(machine):
 
 
 def test_regression_wrong_typed_generation_fails_its_region_only(machine):
-    """F2: a generation whose `n` column is a string (not castable) made the whole merge raise
+    """A generation whose `n` column is a string (not castable) made the whole merge raise
     (pyarrow concat / cast in the Spark task) instead of refusing that region."""
     m = machine("bucket_key")
     steps(m, ("put", {"keys": [1, 2, 3]}), ("flush", {"r": 0}), ("flush", {"r": 1}), ("flush", {"r": 2}),
@@ -126,7 +125,7 @@ def test_regression_wrong_typed_generation_fails_its_region_only(machine):
 
 
 def test_regression_tombstones_on_a_non_key_bucket_column(machine):
-    """#13 item 2: deletes on a table bucketed on a non-key column carry NULL there; their
+    """Deletes on a table bucketed on a non-key column carry NULL there; their
     generations must merge (routing applies to live rows only)."""
     m = machine("bucket_nonkey")
     steps(m, ("put", {"keys": [1, 2, 3]}), ("delete", {"keys": [1, 2], "whole_rows": False}), ("flush", {"r": 0}),
@@ -136,9 +135,9 @@ def test_regression_tombstones_on_a_non_key_bucket_column(machine):
 
 
 def test_regression_unlisted_generation_behind_a_gap_survives_gc(machine):
-    """F5: a manifest skips generation g whose directory exists unlisted (a writer died between
+    """A manifest skips generation g whose directory exists unlisted (a writer died between
     writing and listing it); GC with no grace took it as an orphan, so listing it later (the
-    repair) pointed at nothing and its rows were gone. (Found by the lead's review as F6 too.)"""
+    repair) pointed at nothing and its rows were gone."""
     m = machine("bucket_key")
     steps(m, ("put", {"keys": [1, 2, 3]}), ("flush", {"r": 0}), ("flush", {"r": 1}), ("flush", {"r": 2}),
           ("plant_bad", {"r": 0, "kind": "gap", "n": 2}),

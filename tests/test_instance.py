@@ -1,8 +1,8 @@
 """The Dagster instance of `make ui` (dagster_home/dagster.yaml), loaded as Dagster loads it.
 
-#18.7: all state under DAGSTER_HOME whatever the working directory, tick retention set.
-#18.8: a fresh instance holds runs of one table in the queue from the very first dequeue pass
-(the queued-run daemon's own selection logic, on a real SQLite instance).
+All state under DAGSTER_HOME whatever the working directory, tick retention set; a fresh
+instance holds runs of one table in the queue from the very first dequeue pass (the queued-run
+daemon's own selection logic, on a real SQLite instance).
 """
 
 from __future__ import annotations

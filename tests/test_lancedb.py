@@ -310,7 +310,7 @@ def test_mixed_writers_are_flagged(tmp_path):
     assert "MERGE BLOCKED (shared_value)" in out.stdout and foreign in out.stdout
 
     from dagster import DagsterInstance
-    from test_pipeline import cfg_for
+    from support.tables import cfg_for
 
     from memwal_pipeline.definitions import build_definitions
 
@@ -338,7 +338,7 @@ def test_no_usable_key_is_flagged(tmp_path):
 def test_unknown_feature_is_flagged(tmp_path):
     """A table a newer Lance marked with a feature flag memwal does not know: status reports the
     refusal (the same `read_memwal_state` check the merger runs) instead of a healthy table."""
-    from test_bad_input_core import set_feature_flags
+    from support.lance_manifest import set_feature_flags
 
     t = LdbTable(str(tmp_path / "db"), "unsharded")
     t.upsert([1, 2], "x")

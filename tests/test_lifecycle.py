@@ -18,7 +18,7 @@ import uuid
 import lance
 import pytest
 from dagster import DagsterInstance, materialize
-from helpers import tree
+from support.helpers import tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

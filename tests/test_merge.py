@@ -11,7 +11,7 @@ import time
 import lance
 import pyarrow as pa
 import pytest
-from helpers import plant_generation
+from support.helpers import plant_generation
 
 from memwal_core.jobs import merge
 from memwal_core.observe import reader

@@ -1,4 +1,4 @@
-"""`az://` and `gs://` tables on local emulators started by the tests (tests/emulators.py):
+"""`az://` and `gs://` tables on local emulators started by the tests (tests/support/emulators.py):
 the store contract memwal relies on (atomic conditional create, paginated listings, batched
 deletes, HEAD, errors that name the object and never a secret), then a table written by
 pylance ShardWriters and maintained by the `memwal` command with its credentials in the
@@ -303,12 +303,12 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
 # ------------------------------------------------------------------ faults between client and server
 
 def test_azure_body_cut_and_lost_answer_through_a_proxy(azurite):
-    """tests/s3proxy.py forwards any path-style HTTP, so it stands between the store and Azurite:
+    """tests/support/s3proxy.py forwards any path-style HTTP, so it stands between the store and Azurite:
     a GET whose body breaks off mid-read is resumed (and, cut every time, fails naming the
     object after memwal's own GETs); a conditional create whose answer is lost after the server stored it is retried by
     object_store, refused by our own object, read back and counted as written; another writer's
     object still wins."""
-    from s3proxy import S3Proxy
+    from support.s3proxy import S3Proxy
 
     backend = Backend("az", azurite)
     uri = backend.new_uri()

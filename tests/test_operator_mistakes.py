@@ -1,4 +1,5 @@
-"""Operator mistakes get one clear line and change nothing (#18.10, #18.11, #18.12, #18.14).
+"""Operator mistakes get one clear line and change nothing: Ctrl-C, `demo --path`, config
+mistakes, one line and one JVM per failing command.
 
 The CLI runs as a real subprocess where signals or process output matter, in process otherwise.
 """
@@ -14,7 +15,7 @@ import time
 
 import lance
 import pytest
-from helpers import tree
+from support.helpers import tree
 
 from memwal_core.errors import OptionError
 from memwal_core.options import parse_size
@@ -52,7 +53,7 @@ def _clean(line: str) -> None:
         assert noise not in line, line
 
 
-# ------------------------------------------------------------------------------ #18.10 Ctrl-C
+# ------------------------------------------------------------------------------------- Ctrl-C
 
 def test_ctrl_c_stops_maintain_runs_nothing_more_and_exits_130(tmp_path):
     """SIGINT while the merge step is under way (paused right before its commit): the merge
@@ -92,7 +93,7 @@ def test_ctrl_c_stops_maintain_runs_nothing_more_and_exits_130(tmp_path):
     assert tree(os.path.join(root, "_mem_wal")) == before
 
 
-# ------------------------------------------------------------------------- #18.11 demo --path
+# -------------------------------------------------------------------------------- demo --path
 
 def test_demo_refuses_a_directory_it_did_not_write(tmp_path, capsys):
     precious = tmp_path / "mine"
@@ -148,7 +149,7 @@ def test_demo_path_replaces_only_previous_demo_tables(tmp_path):
     assert empty.exists()
 
 
-# ---------------------------------------------------------------------------- #18.12 config
+# ----------------------------------------------------------------------------------- config
 
 def _write(tmp_path, text: str):
     p = tmp_path / "memwal.yaml"
@@ -251,7 +252,7 @@ def test_cli_refuses_bad_base_versions_older_than(tmp_path, capsys, value):
                         base_versions_floor=0).gc.cleanup_base_versions_older_than_seconds == 0
 
 
-# ---------------------------------------------------------------- #18.14 one line, one JVM
+# ----------------------------------------------------------------------- one line, one JVM
 
 def test_bad_spark_master_is_one_line_and_starts_no_jvm(tmp_path):
     root = str(tmp_path / "t")

@@ -19,13 +19,14 @@ from dagster import (
     SkipReason,
     build_sensor_context,
     materialize,
-    partition_loading_context,
 )
+from support.sensor_ticks import run_requests, tick
+from support.tables import cfg_for, make_table, rows
 
-from memwal_core.options import GcOptions, SparkOptions
+from memwal_core.options import GcOptions
 from memwal_core.state import layout, region, table
 from memwal_core.tools import demo
-from memwal_pipeline.config import TableConfig, load_config
+from memwal_pipeline.config import load_config
 from memwal_pipeline.definitions import build_definitions, table_definitions
 from memwal_pipeline.sensors import evaluate_tick
 from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
@@ -33,71 +34,10 @@ from memwal_pipeline.tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def rows(loc) -> dict:
-    return {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()}
-
-
 @pytest.fixture
 def instance():
     with DagsterInstance.ephemeral() as inst:
         yield inst
-
-
-def make_table(loc, seed=1, regions=3, rounds=2):
-    demo.create_table(loc, sharding="bucket", num_buckets=regions, base_rows=20, btree_index=True)
-    w = demo.Workload(loc, seed=seed, key_space=200, max_memtable_rows=50)
-    for _ in range(rounds):
-        w.write_round(90, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    return w
-
-
-def cfg_for(loc, name="t", **kw) -> TableConfig:
-    kw.setdefault("spark", SparkOptions(master="local[2]"))
-    kw.setdefault("gc", GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                                  cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
-    return TableConfig(name=name, uri=loc.lance_uri, storage_options=dict(loc.storage_options), **kw)
-
-
-def tick(defs, td, instance, cursor=None, through_dagster=None, now=None):
-    """One sensor evaluation, applied to the instance the way the sensor daemon applies it.
-
-    Ticks that add or delete partitions call the sensor's body directly (Dagster's test-time
-    `evaluate_tick` resolves partition keys before applying the partitions the same result
-    adds, which the daemon does not); so do ticks at a given time `now`; other ticks go
-    through the sensor definition.
-    """
-    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=td.resources)
-    known = set(instance.get_dynamic_partitions(td.partitions.name))
-    listed = set(region.list_regions(td.resources[f"{td.cfg.name}_table"].location().store).region_ids)
-    if through_dagster is None:
-        through_dagster = listed <= known and now is None
-    if through_dagster:
-        with partition_loading_context(dynamic_partitions_store=instance):
-            data = defs.get_sensor_def(td.sensor.name).evaluate_tick(ctx)
-    else:
-        loc = td.resources[f"{td.cfg.name}_table"].location()
-        data = evaluate_tick(ctx, td.cfg, td.partitions, td.merge_job.name, td.maintenance_job.name, loc, now=now)
-        if isinstance(data, SkipReason):
-            return _Skip(data.skip_message), cursor
-    for req in data.dynamic_partitions_requests or []:
-        if hasattr(req, "partition_keys") and type(req).__name__.startswith("Delete"):
-            for key in req.partition_keys:
-                instance.delete_dynamic_partition(req.partitions_def_name, key)
-        else:
-            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-    for ev in data.asset_events or []:
-        instance.report_runless_asset_event(ev)
-    return data, (data.cursor if data.cursor is not None else cursor)
-
-
-class _Skip:
-    def __init__(self, message):
-        self.skip_message = message
-        self.run_requests = []
-
-
-def run_requests(data):
-    return list(data.run_requests or [])
 
 
 def test_config_file_two_tables_and_secret_env(tmp_path, monkeypatch):

@@ -100,7 +100,7 @@ def test_load_latest_normal_path_does_not_list(pylance_region):
 
 def test_load_latest_without_hint_lists(pylance_region, caplog):
     """No hint: one listing of the manifest directory, not probes from version 1, which would
-    stop at the first gap (#18.16)."""
+    stop at the first gap."""
     loc, rid, _ = pylance_region
     latest = max(manifest_versions_on_disk(loc, rid))
     os.unlink(os.path.join(loc.store.root, layout.version_hint_key(rid)))
@@ -113,7 +113,7 @@ def test_load_latest_without_hint_lists(pylance_region, caplog):
 
 
 def test_load_latest_without_hint_sees_past_a_gap(pylance_region):
-    """#18.16: hint missing, version 1 left behind by a torn GC delete, 2..k-1 gone: probing
+    """Hint missing, version 1 left behind by a torn GC delete, 2..k-1 gone: probing
     from 1 would read version 1 as the latest (a silently stale read); listing finds k."""
     loc, rid, _ = pylance_region
     latest = max(manifest_versions_on_disk(loc, rid))

@@ -10,7 +10,7 @@ from datetime import timedelta
 import lance
 import pyarrow as pa
 import pytest
-from helpers import tree
+from support.helpers import tree
 from hypothesis import given
 from hypothesis import strategies as st
 

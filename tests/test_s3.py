@@ -1,5 +1,5 @@
 """The whole pipeline on `s3://bucket/table` against a real S3-protocol server (moto), with
-faults injected by a proxy in front of it (`tests/s3proxy.py`) and a secret key that must
+faults injected by a proxy in front of it (`tests/support/s3proxy.py`) and a secret key that must
 never show up anywhere.
 
 Both S3 clients talk to the proxy as their endpoint: memwal's boto3 store (region manifests,
@@ -30,8 +30,8 @@ from dagster import (
     partition_loading_context,
     serialize_value,
 )
-from s3proxy import Request, S3Proxy
-from test_ui import LOCATIONS, WebServer
+from support.s3proxy import Request, S3Proxy
+from support.webserver import LOCATIONS, WebServer
 
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.jobs.snapshot import _hint_mutation

@@ -1,4 +1,4 @@
-"""Liveness of the manifest sensor (#14, #18.2/6/8/13): nothing flushed waits forever.
+"""Liveness of the manifest sensor: nothing flushed waits forever.
 
 Real pylance tables (`ShardWriter` via `demo.Workload`), real GC, real Dagster instances and
 `build_sensor_context`; runs the sensor would have launched are created on the instance with
@@ -13,8 +13,9 @@ import time
 
 import pytest
 from dagster import DagsterRunStatus, build_sensor_context
-from helpers import tree
-from test_pipeline import cfg_for, make_table, run_requests, tick
+from support.helpers import tree
+from support.sensor_ticks import run_requests, tick
+from support.tables import cfg_for, make_table
 
 from memwal_core.jobs import catchup, gc, snapshot
 from memwal_core.options import GcOptions, SensorOptions
@@ -64,7 +65,7 @@ def setup(table_loc, regions=2, **cfg_kw):
     return w, cfg, table_definitions(cfg), build_definitions([cfg])
 
 
-# ------------------------------------------------------------------------------ #14.1
+# ------------------------------------------- after GC collected the cursor's versions
 def collect_cursor_versions(w, table_loc, cfg, rid: str, cursor_version: int) -> int:
     """Writers go on, then GC (keeping 2 manifest versions) collects the cursor's next one."""
     for _ in range(3):
@@ -131,7 +132,7 @@ def test_damaged_state_rows_cost_a_recheck_not_the_sensor(table_loc, instance):
     assert after.last_tick == pytest.approx(t + 1, abs=0.01)
 
 
-# ------------------------------------------------------------------------------ #14.2
+# ------------------------------------- runs that did not complete are requested again
 def test_cancelled_and_failed_merge_runs_are_requested_again_until_the_cap(table_loc, instance):
     w, cfg, td, defs = setup(table_loc, regions=2, sensor=SensorOptions(merge_attempts=3))
     t = time.time()
@@ -150,7 +151,7 @@ def test_cancelled_and_failed_merge_runs_are_requested_again_until_the_cap(table
     (req2,) = merge_requests(data)
     assert sorted(requested_regions(req2, order)) == rids and "#2/" in req2.run_key
     assert req2.run_key != req1.run_key and req2.tags["memwal/attempt"] == "2"
-    # Started (#18.8): a running run covers its regions too.
+    # Started: a running run covers its regions too.
     run2 = launch(instance, defs, req2, status=DagsterRunStatus.STARTED)
     data, cursor = tick(defs, td, instance, cursor, now=t + 300)
     assert merge_requests(data) == []
@@ -198,7 +199,7 @@ def test_progress_resets_attempts_and_unsticks_a_region(table_loc, instance, spa
     assert "#1/" in req.run_key
 
 
-# ------------------------------------------------------------------------------ #18.6 / #18.13
+# --------------------------------------------------------- a missing table, deleted partitions
 def test_sensor_errors_when_the_table_does_not_exist(tmp_path, instance):
     loc = open_store(str(tmp_path / "nope"))
     cfg = cfg_for(loc)
@@ -210,7 +211,7 @@ def test_sensor_errors_when_the_table_does_not_exist(tmp_path, instance):
 
 @pytest.mark.parametrize("which", ["first", "middle", "last"])
 def test_deleting_a_partition_under_a_queued_range_run_strands_nothing(table_loc, instance, which):
-    """#18.13: a deleted partition comes back at the end of the partition order; every region
+    """A deleted partition comes back at the end of the partition order; every region
     the queued range run can no longer merge is requested again, the others are left to it."""
     w, cfg, td, defs = setup(table_loc, regions=3)
     t = time.time()
@@ -242,7 +243,7 @@ def test_deleting_a_partition_under_a_queued_range_run_strands_nothing(table_loc
     assert sorted(requested_regions(last, order)) == sorted(order)
 
 
-# ------------------------------------------------------------------------------ #14.4
+# --------------------------------------------------------------------- sealed regions
 def seal(loc, rid: str) -> int:
     def mutate(m: pb.RegionManifest) -> bool:
         m.status = pb.SEALED
@@ -296,7 +297,7 @@ def test_sealed_region_merged_to_the_end_never_rewritten_then_retired(table_loc,
     assert loc.store.stats["head"] == (2 if checked else 1)
 
 
-# ------------------------------------------------------------------------------ #14 end to end
+# -------------------------------------------------------------- end to end, with a real daemon
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("MEMWAL_SOAK"), reason="a real dagster-daemon for minutes: make soak")
 def test_daemon_end_to_end_drains_after_cancel_kill_and_downtime(tmp_path):

@@ -40,7 +40,8 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from test_concurrency import PROCS, ProgressMonitor, _spawn
+from support.procs import PROCS, spawn
+from support.progress_monitor import ProgressMonitor
 
 from memwal_core.jobs import catchup, merge, snapshot
 from memwal_core.observe import reader
@@ -159,12 +160,12 @@ def _race(tmp_path, spark, *, floor: float, min_hits: int, max_seconds: float) -
     writer_out, merge_out, maint_out = str(ctl / "writer.json"), str(ctl / "merge.json"), str(ctl / "maint.json")
     merge_ready, maint_ready = str(ctl / "merge.ready"), str(ctl / "maint.ready")
     merge_log = str(ctl / "merge.log")
-    writer = _spawn([os.path.join(PROCS, "reliability_writer.py"), loc.lance_uri, "5", go, writer_out, stop_writer],
+    writer = spawn([os.path.join(PROCS, "reliability_writer.py"), loc.lance_uri, "5", go, writer_out, stop_writer],
                     str(ctl / "writer.log"))
     merger = _spawn_env([os.path.join(PROCS, "reliability_loop.py"), "merge", loc.lance_uri, merge_ready, go, stop,
                          merge_out], str(ctl / "merge.log"),
                         {"MEMWAL_PAUSE_AT": "merge.before_commit", "MEMWAL_PAUSE_SECONDS": str(PAUSE_S)})
-    maint = _spawn([os.path.join(PROCS, "shared_maintainer.py"), loc.lance_uri, str(floor), maint_ready, go, stop,
+    maint = spawn([os.path.join(PROCS, "shared_maintainer.py"), loc.lance_uri, str(floor), maint_ready, go, stop,
                     maint_out],
                    str(ctl / "maint.log"))
     procs = [("writer", writer, ctl / "writer.log"), ("merge", merger, ctl / "merge.log"),

@@ -1,6 +1,6 @@
 """Storage errors and retries of memwal's own store (`state/store.py`).
 
-S3: a real moto_server behind the fault-injecting proxy (`tests/s3proxy.py`). botocore retries
+S3: a real moto_server behind the fault-injecting proxy (`tests/support/s3proxy.py`). botocore retries
 a request, not the body it streams afterwards: a connection reset mid-body must be retried by
 the store (`S3Store.get`), and every error the store raises names the operation and the
 object, so a failed step says which object failed. Local disk: OS errors name the path.
@@ -12,7 +12,7 @@ import os
 import uuid
 
 import pytest
-from s3proxy import S3Proxy
+from support.s3proxy import S3Proxy
 
 from memwal_core.state import layout, region
 from memwal_core.state.store import LocalStore, NotFound, StoreError, make_s3_client, open_store

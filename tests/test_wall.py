@@ -1,8 +1,8 @@
-"""Issue #13 regressions: a refused or unreadable generation is a wall its region never merges
-past, on every path (batches, retries, routing, snapshot, bad keys, malformed manifests).
+"""A refused or unreadable generation is a wall its region never merges past, on every path
+(batches, retries, routing, snapshot, bad keys, malformed manifests).
 
-Each test is a case that lost or resurrected writes before the fix, on a real pylance table
-written by `ShardWriter`s and merged by the real Spark path.
+Each test is a case that would lose or resurrect writes without the wall, on a real pylance
+table written by `ShardWriter`s and merged by the real Spark path.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
-from helpers import plant_generation
+from support.helpers import plant_generation
 
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import checks, reader
@@ -91,7 +91,7 @@ def gen_dir(loc, rid: str, g: region.Generation) -> str:
 
 
 def test_non_key_bucket_column_with_deletes_merges_over_many_batches(table_loc, spark):
-    """#13.2 (+1): tombstones have NULL in the bucket column; they must not be routed by it."""
+    """Tombstones have NULL in the bucket column; they must not be routed by it."""
     w = GroupWorkload(table_loc)
     w.write(list(range(60)))
     w.write(list(range(0, 60, 3)), deletes=list(range(1, 60, 5)) + [1000])
@@ -103,7 +103,7 @@ def test_non_key_bucket_column_with_deletes_merges_over_many_batches(table_loc, 
 
 
 def test_an_unreadable_generation_is_a_wall_for_the_whole_run(table_loc, spark):
-    """#13.1: a generation unreadable during one pass; later batches must not merge past it,
+    """A generation unreadable during one pass; later batches must not merge past it,
     and GC must not collect anything at or above it."""
     w = GroupWorkload(table_loc, num_buckets=1)
     w.write(list(range(40)))
@@ -132,7 +132,7 @@ def test_an_unreadable_generation_is_a_wall_for_the_whole_run(table_loc, spark):
 
 
 def test_a_refused_generation_stops_its_region_in_every_later_batch(table_loc, spark):
-    """#13.1 with a permanent refusal (wrong columns) in the middle of a multi-batch backlog."""
+    """As above, with a permanent refusal (wrong columns) in the middle of a multi-batch backlog."""
     w = GroupWorkload(table_loc, num_buckets=1)
     w.write(list(range(10)))
     (rid,) = w.regions.values()
@@ -148,7 +148,7 @@ def test_a_refused_generation_stops_its_region_in_every_later_batch(table_loc, s
 
 
 def test_a_generation_routed_wholly_to_another_region_is_refused(table_loc, spark):
-    """#13.3: the region's own value comes from authoritative state, not the batch's majority."""
+    """The region's own value comes from authoritative state, not the batch's majority."""
     w = GroupWorkload(table_loc, num_buckets=4)
     keys = list(range(28))
     w.write(keys)
@@ -170,7 +170,7 @@ def test_a_generation_routed_wholly_to_another_region_is_refused(table_loc, spar
 
 
 def test_snapshot_keeps_a_region_it_cannot_load(table_loc, spark):
-    """#13.4: a region whose manifest fails to load keeps its previous snapshot row."""
+    """A region whose manifest fails to load keeps its previous snapshot row."""
     w = GroupWorkload(table_loc, num_buckets=2)
     w.write(list(range(20)))
     first = snapshot.build_snapshot(table_loc)
@@ -195,7 +195,7 @@ def test_snapshot_keeps_a_region_it_cannot_load(table_loc, spark):
 
 
 def test_a_null_key_fails_only_its_region(table_loc, spark):
-    """#13.5: a NULL key in one region's generation must not stop the other regions."""
+    """A NULL key in one region's generation must not stop the other regions."""
     w = GroupWorkload(table_loc, num_buckets=3)
     w.write(list(range(21)))
     rids = sorted(w.regions.values())
@@ -215,7 +215,7 @@ def test_a_null_key_fails_only_its_region(table_loc, spark):
 
 
 def test_a_key_column_name_that_is_not_an_identifier_is_quoted(table_loc, spark):
-    """#13.5: deletes on a key column named `my key` used to fail the whole commit."""
+    """Deletes on a key column named `my key` are quoted: they must not fail the whole commit."""
     w = GroupWorkload(table_loc, key="my key", num_buckets=2)
     w.write(list(range(20)))
     w.write([], deletes=[2, 4, 6])
@@ -236,8 +236,8 @@ def _relist(loc, rid: str, change) -> None:
 
 @pytest.mark.parametrize("damage", ["gap", "duplicate", "progress_ahead"])
 def test_malformed_generation_lists_are_refused_per_region(table_loc, spark, damage):
-    """#13.6: generations not contiguous above progress, or listed twice, are refused for that
-    region only (and progress past the region's current generation, #18.18)."""
+    """Generations not contiguous above progress, or listed twice, are refused for that
+    region only (and so is progress past the region's current generation)."""
     w = GroupWorkload(table_loc, num_buckets=2, max_memtable_rows=4)
     w.write(list(range(28)))
     bad_rid, good_rid = sorted(w.regions.values())
@@ -293,7 +293,7 @@ def test_a_generation_with_a_wrong_column_type_fails_its_region_only(table_loc, 
 
 
 def test_a_region_may_not_adopt_a_value_another_region_owns(table_loc, spark):
-    """Review finding F2, in the pipeline's order (snapshot before GC): region A's merged
+    """A region's value after GC, in the pipeline's order (snapshot before GC): region A's merged
     generations are collected, then A flushes rows that all route to region B's value. A has no
     recorded value of its own here (its snapshot row was built when it had no routable rows),
     so the first routed generation would decide; B owns that value in the snapshot: refused."""
@@ -318,7 +318,7 @@ def test_a_region_may_not_adopt_a_value_another_region_owns(table_loc, spark):
 
 
 def test_a_generation_written_before_add_columns_merges_with_nulls(table_loc, spark):
-    """Review finding F4: pylance allows `add_columns` on a MemWAL table; a generation flushed
+    """Pylance allows `add_columns` on a MemWAL table; a generation flushed
     before it lacks the new column and reads as NULL there, not a permanent refusal."""
     w = GroupWorkload(table_loc, num_buckets=1)
     w.write([1, 2])

@@ -41,7 +41,6 @@ from typing import Any
 
 import lance
 import pyarrow as pa
-from helpers import tree
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from lance.mem_wal import evaluate_sharding_spec
@@ -52,6 +51,8 @@ from memwal_core.options import GcOptions
 from memwal_core.state import layout, region, table, wal
 from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
+
+from .helpers import tree
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 SCHEMA = pa.schema([
@@ -71,8 +72,9 @@ BAD_KINDS = ["extra_column", "wrong_type", "misrouted_some", "misrouted_all", "n
 LSM_MAY_FAIL = {"extra_column", "wrong_type", "null_key"}  # pylance's own LSM read cannot read these either
 TRANSIENT = not os.environ.get("MEMWAL_HARNESS_NO_TRANSIENT")
 ENABLED_BAD = [k for k in os.environ.get("MEMWAL_HARNESS_BAD_KINDS", ",".join(BAD_KINDS)).split(",") if k]
-JOB = os.path.join(os.path.dirname(__file__), "procs", "reliability_job.py")
-WORKTREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(TESTS, "procs", "reliability_job.py")
+WORKTREE = os.path.dirname(TESTS)
 
 
 def c_of(kind: str, key: int) -> int:

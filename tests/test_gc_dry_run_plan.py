@@ -1,8 +1,8 @@
-"""Adversarial review of GC's dry run: its plan is made as if the base-table cleanup had run.
+"""GC's dry-run plan is made as if the base-table cleanup had run, so it is never executed.
 
 `run_gc(dry_run=True)` exposes `result.plan`, a `GcPlan` built "as if" Lance's cleanup had
 removed the old base-table versions. Those versions are still there: executing that plan
-deleted generations a retained base version can still time-travel to; `execute_gc` now
+would delete generations a retained base version can still time-travel to, so `execute_gc`
 refuses a plan made for a dry run.
 """
 
@@ -12,7 +12,7 @@ import time
 
 import lance
 import pytest
-from helpers import tree
+from support.helpers import tree
 
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.state.store import open_store

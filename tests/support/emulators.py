@@ -22,7 +22,7 @@ import urllib.parse
 from email.utils import formatdate
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 AZURITE_DIR = REPO / ".tools" / "azurite"
 AZURITE_BIN = AZURITE_DIR / "node_modules" / ".bin" / "azurite-blob"
 AZURITE_VERSION = "3.35.0"

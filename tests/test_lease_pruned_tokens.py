@@ -1,10 +1,10 @@
-"""Adversarial review of the table lease (memwal_core/state/lease.py).
+"""The table lease (memwal_core/state/lease.py) after its old records are pruned.
 
 Pruning deletes old lease records. A token that was written and then pruned is absent again: a
 holder that was paused past its TTL while the new holder renewed a few times (or ran a few short
 steps) could write that pruned token as its "renewal", and a fence that only HEADs `token + 1`
-finds a pruned token absent too: both maintainers passed their fences and committed at once,
-neither noticing (ABA on the token). The lease now lists for any later token instead.
+finds a pruned token absent too: both maintainers would pass their fences and commit at once,
+neither noticing (ABA on the token). So the lease lists for any later token instead.
 """
 
 from __future__ import annotations

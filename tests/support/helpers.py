@@ -1,4 +1,4 @@
-"""Helpers shared by several test modules (imported as `helpers`, like `s3proxy`)."""
+"""Helpers shared by several test modules: a file tree to compare, a generation planted by hand."""
 
 from __future__ import annotations
 

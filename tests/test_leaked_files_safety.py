@@ -1,4 +1,5 @@
-"""Adversarial review of leaked-file GC (memwal_core/jobs/leaks.py, gc.py `_plan_leaks`).
+"""Leaked-file GC (memwal_core/jobs/leaks.py, planned with the rest of GC) never deletes what a
+table needs.
 
 Real pylance tables, no mocks. Each test names the promise it checks: GC never deletes what a
 retained version or an in-flight commit needs.

@@ -1,10 +1,10 @@
-"""Adversarial review of merge-commit verification: is its permanent stop crash-safe?
+"""A failed merge-commit verification stops its regions, and the stop survives a crash.
 
 A commit that fails verification has already recorded its regions' progress; the merger then
-stops them with a permanent wall. That wall lived only in the run's memory until the run
-ended (`merge._record_walls` after the last batch): a merger killed in a later batch (SIGKILL,
-OOM, a node lost, or any exception escaping `_merge_batch`) never wrote it, and the next run
-merged the region on over the wrong rows, the evidence lost. The record is now written at once.
+stops them with a permanent wall, whose record it writes at once, not at the end of the run: a
+merger killed in a later batch (SIGKILL, OOM, a node lost, or any exception escaping the batch)
+must leave those regions stopped, or the next run would merge on over the wrong rows, the
+evidence lost.
 """
 
 from __future__ import annotations

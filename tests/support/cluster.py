@@ -148,7 +148,7 @@ class StandaloneCluster:
         self.stop()
 
 
-if __name__ == "__main__":  # python tests/cluster.py: start one, print its URL, stop on Ctrl-C
+if __name__ == "__main__":  # python tests/support/cluster.py: start one, print its URL, stop on Ctrl-C
     with StandaloneCluster() as c:
         print(c.master_url, c.root, flush=True)
         try:

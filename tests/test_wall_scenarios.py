@@ -1,5 +1,6 @@
-"""Adversarial review of the #13 fix (the wall): each test is a scenario that should hold and,
-at the time of writing, did not (see REVIEW.md). Real pylance tables, the real Spark path."""
+"""The wall under adversarial workloads: a region's value across batches, runs, GC and
+snapshots; a key in two regions; schema changes; what GC keeps behind a wall. Each test is a
+scenario that must hold (a known gap is a strict xfail). Real pylance tables, the real Spark path."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata=PK),
 # pylance's bucket(grp, 2) on int64: grp 0, 1, 2, 4 -> bucket 0; grp 3, 5, 6, 7 -> bucket 1
 
 
-def OPEN(finding: str):
-    """An open finding of REVIEW.md: fails today (strict xfail, so the suite stays green and a fix
-    shows up as XPASS -> remove the marker). See the failure itself with `--runxfail`."""
-    return pytest.mark.xfail(strict=True, reason=f"REVIEW.md {finding}: open")
+def KNOWN_GAP(what: str):
+    """A behaviour memwal does not have yet: fails today (strict xfail, so the suite stays green
+    and a fix shows up as XPASS -> remove the marker). See the failure itself with `--runxfail`."""
+    return pytest.mark.xfail(strict=True, reason=f"known gap: {what}")
 
 
 def bucket_table(loc, column: str = "grp", num_buckets: int = 2):
@@ -74,7 +75,7 @@ AGGRESSIVE_GC = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, o
 
 
 def test_after_gc_trims_the_first_generation_the_region_value_comes_from_an_unchecked_one(table_loc, spark):
-    """F2 (fixed): no MemWAL snapshot yet. Region A (bucket 0) merges gen 1, and GC used to
+    """No MemWAL snapshot yet. Region A (bucket 0) merges gen 1, and GC used to
     unlist and delete it; A's gen 2 routes ALL its rows to bucket 1 (region B's value), and with
     gen 1 gone `region_values` had nothing authoritative left, so gen 2 was accepted: A and B
     both owned bucket 1. GC now keeps a region's merged generations until a snapshot records
@@ -94,7 +95,7 @@ def test_after_gc_trims_the_first_generation_the_region_value_comes_from_an_unch
 
 
 def test_after_a_snapshot_records_the_value_gc_trims_all_merged_generations(table_loc, spark):
-    """F2's control (holds): once the MemWAL snapshot records the region's value (the pipeline
+    """Control for the test above: once the MemWAL snapshot records the region's value (the pipeline
     builds it before GC), GC collects every merged generation and the misrouted generation is
     still refused, by the recorded value."""
     bucket_table(table_loc)
@@ -165,7 +166,8 @@ def test_shared_key_detection_depends_on_batching(table_loc, spark):
     assert set(res.region_errors) == {a, b}, (res.region_errors, base(table_loc))
 
 
-@OPEN("F3b")
+@KNOWN_GAP("which region last wrote a key is recorded nowhere, so a key moving between regions "
+           "across runs is resolved by merge order")
 def test_a_wall_reorders_regions_and_an_older_row_overwrites_a_newer_one(table_loc, spark):
     """Region A's generation is unreadable during run 1 (a transient wall), B merges; run 2 merges
     A: key 1's older version (A) overwrites the newer one (B). In one batch this is refused."""
@@ -238,7 +240,7 @@ def test_generation_written_before_add_columns_is_not_refused(table_loc, spark):
 
 
 def test_unreadable_snapshot_is_taken_as_no_snapshot(table_loc, spark):
-    """F2 with a snapshot: A's value (bucket 0) is recorded in an external snapshot; GC unlists
+    """A region's value after GC, with a snapshot: A's value (bucket 0) is recorded in an external snapshot; GC unlists
     A's merged generation; the snapshot file is then unreadable (truncated: a torn copy, an
     object-store hiccup). `region_values` swallows the `SnapshotError` as 'no snapshot yet' and
     derives A's value from its pending, misrouted generation, which is then merged."""
@@ -375,7 +377,7 @@ def test_a_wall_another_merger_merged_past_is_not_reported_as_a_failure(table_lo
 
 def test_a_misrouted_tombstone_deletes_another_regions_newer_put(table_loc, spark):
     """Bucket on a non-key column: a tombstone is not routed (it carries only its key), 'it is
-    checked by its key' (#13), but only inside one batch. The application deletes key 9 through
+    checked by its key', but only inside one batch. The application deletes key 9 through
     region A (wrong region), then puts key 9 (grp 3) through region B, its owner. One generation
     per batch: B's put merges first (B sorts first), then A's older delete removes it."""
     bucket_table(table_loc)
@@ -392,7 +394,7 @@ def test_a_misrouted_tombstone_deletes_another_regions_newer_put(table_loc, spar
 
 
 def test_a_repaired_region_leaves_status_and_its_wall_record_goes(table_loc, spark):
-    """F10's other half: the record of a permanent wall is deleted once the region merges past
+    """The record of a permanent wall is deleted once the region merges past
     it (here the operator lists a good generation in place of the refused one), and status no
     longer reports the region."""
     from memwal_core.observe import status
@@ -435,7 +437,7 @@ def test_generation_written_before_drop_columns_is_not_refused(table_loc, spark)
 
 
 def test_a_column_dropped_and_re_added_does_not_take_the_old_generations_values(table_loc, spark):
-    """F8's caveat: `grp` dropped and added again (a new Lance field id) is a new column; a
+    """Columns are told apart by Lance field id: `grp` dropped and added again (a new Lance field id) is a new column; a
     generation flushed before the drop holds the old `grp` (the old field id): its values are
     projected away and the new column reads NULL, as for a generation older than `add_columns`."""
     bucket_table(table_loc, column="id", num_buckets=1)
@@ -449,7 +451,7 @@ def test_a_column_dropped_and_re_added_does_not_take_the_old_generations_values(
 
 
 def test_a_column_the_base_table_never_had_is_still_refused(table_loc, spark):
-    """F8's control: an extra column no version of the base table had is not projected away
+    """Control for the dropped-column tests: an extra column no version of the base table had is not projected away
     (silently dropping data is worse than a stuck region)."""
     bucket_table(table_loc, column="id", num_buckets=1)
     rid = str(uuid.uuid4())
@@ -490,11 +492,10 @@ def test_control_without_snapshot_the_second_claim_on_a_value_is_refused(table_l
 
 
 def test_a_stuck_region_is_visible_to_the_merge_lag_check(table_loc, spark):
-    """#13: a permanent refusal makes 'the merge_lag check go to ERROR'. The check
-    (memwal_pipeline/checks.py) passes when the oldest pending age is within the SLO and
-    `status.table_status(...).region_errors` is empty, with severity WARN; the status reads
-    manifests only, so a region behind a permanent wall (misrouted generation, refused as such
-    by the merge that just ran) is not failed there: the check stays green until the SLO age."""
+    """A permanent refusal turns the merge_lag check to ERROR: the check
+    (memwal_pipeline/checks.py) fails when `status.table_status(...).region_errors` is not empty,
+    and a region behind a permanent wall (a misrouted generation, refused as such by the merge
+    that just ran) is a region error there, from its wall record, before the SLO age."""
     from memwal_core.observe import status
 
     bucket_table(table_loc)
@@ -553,8 +554,7 @@ def test_gc_does_not_collect_a_reset_regions_new_generations(table_loc, spark):
 
 
 def test_value_behind_delete_only_merged_generations_still_refuses_a_misrouted_generation(table_loc, spark):
-    """The candidate cause of soak seed 2000's "misrouted_all merged" (its replay was flaky, see
-    docs/review-13.md): a region's first MAX_DERIVE_GENERATIONS merged generations hold deletes
+    """The candidate cause of soak seed 2000's "misrouted_all merged" (its replay was flaky): a region's first MAX_DERIVE_GENERATIONS merged generations hold deletes
     only, its value (bucket 0) is in a later merged one; the merge that established it is over,
     no snapshot exists, and the region owning bucket 1 has nothing pending. Deriving from the
     first 3 merged generations found no value, so the next generation, all bucket 1, was taken
