@@ -22,7 +22,7 @@ import lance
 import pyarrow as pa
 
 sys.path.insert(0, ".")
-from memwal_core.jobs import leaks  # noqa: E402
+from memwal_core.jobs.gc import leaks  # noqa: E402
 from memwal_core.state.store import open_store  # noqa: E402
 
 

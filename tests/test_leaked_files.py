@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 from lance.optimize import Compaction
 
-from memwal_core.jobs import gc, leaks
+from memwal_core.jobs import gc
+from memwal_core.jobs.gc import leaks
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 

@@ -14,7 +14,8 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core.jobs import gc, leaks
+from memwal_core.jobs import gc
+from memwal_core.jobs.gc import leaks
 from memwal_core.state import table
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo

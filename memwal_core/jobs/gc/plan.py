@@ -92,7 +92,7 @@ from memwal_core import faults
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.jobs import leaks
+from memwal_core.jobs.gc import leaks
 from memwal_core.state import layout, lease, lifecycle, region, routing, table, wal
 from memwal_core.state.store import ObjectInfo, TableLocation
 
