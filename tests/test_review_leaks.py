@@ -1,4 +1,4 @@
-"""Adversarial review of leaked-file GC (memwal_core/jobs/leaks.py, gc.py `_plan_leaks`).
+"""Adversarial review of leaked-file GC (memwal_core/jobs/gc/leaks.py, gc/plan.py `_plan_leaks`).
 
 Real pylance tables, no mocks. Each test names the promise it checks: GC never deletes what a
 retained version or an in-flight commit needs.
