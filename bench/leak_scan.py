@@ -1,4 +1,4 @@
-"""Benchmark: what the leaked-file scan (memwal_core/jobs/leaks.py) costs per GC pass.
+"""Benchmark: what the leaked-file scan (memwal_core/jobs/gc/leaks.py) costs per GC pass.
 
 A real pylance table of `--files` data files (one write with `max_rows_per_file`), `--versions`
 versions (deletes: a deletion file each) and a few leaked files (abandoned commits), local disk
