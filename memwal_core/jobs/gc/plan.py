@@ -33,6 +33,10 @@ log = logging.getLogger("memwal.gc")
 
 @dataclass
 class RegionGcPlan:
+    """One region's part of a plan: what to delete (`items`, and `trim`: the generations the
+    committed manifest stops listing), what is kept and why (`kept`, `holds`), and the manifest
+    facts execution checks against."""
+
     region_id: str
     manifest_version: int = 0
     writer_epoch: int = 0
@@ -59,6 +63,8 @@ class RegionGcPlan:
 
 @dataclass
 class GcPlan:
+    """What one GC pass would delete, over the table, from the committed state it read."""
+
     table_uri: str
     table_version: int
     config: GcOptions
@@ -147,7 +153,6 @@ def _stale_limit(ctx: _Context, rid: str) -> int:
     init = ctx.stale.init.table_version if ctx.stale and ctx.stale.init else 0
     older = [m.get(rid, 0) for v, m in ctx.retention.states.items() if v < init]
     return min([ctx.merged.get(rid, 0)] + older)
-
 
 
 def _bounds(ctx: _Context, rid: str) -> list[Bound]:
