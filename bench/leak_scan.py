@@ -1,4 +1,4 @@
-"""Benchmark: what the leaked-file scan (memwal_core/jobs/leaks.py) costs per GC pass.
+"""Benchmark: what the leaked-file scan (memwal_core/jobs/gc/leaks.py) costs per GC pass.
 
 A real pylance table of `--files` data files (one write with `max_rows_per_file`), `--versions`
 versions (deletes: a deletion file each) and a few leaked files (abandoned commits), local disk
@@ -22,7 +22,7 @@ import lance
 import pyarrow as pa
 
 sys.path.insert(0, ".")
-from memwal_core.jobs import leaks  # noqa: E402
+from memwal_core.jobs.gc import leaks  # noqa: E402
 from memwal_core.state.store import open_store  # noqa: E402
 
 

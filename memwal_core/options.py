@@ -260,7 +260,7 @@ class GcOptions(_Checked):
     # `memwal regions discard`). A week, as the shipped base-version retention.
     discard_stale_after_seconds: float | None = field(default=7 * 86400.0, metadata=_min(0))
     # Base-table files no retained version references (commits that lost a race or crashed),
-    # older than `leaked_file_grace_seconds` (`jobs/leaks.py`; costs a listing of data/,
+    # older than `leaked_file_grace_seconds` (`jobs/gc/leaks.py`; costs a listing of data/,
     # _deletions/, _transactions/ and _indices/ per pass).
     collect_leaked_files: bool = True
     # Not the orphan grace: any writer of the base table (an application's distributed append,

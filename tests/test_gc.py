@@ -224,7 +224,15 @@ def test_time_travel_keeps_generations_until_version_cleanup(tmp_path, spark):
     retained = len(lance.dataset(loc.lance_uri).versions())
     res = gc.run_gc(loc, keep_old)
     assert res.counts()["generation"] == 0 and res.retained_versions == retained > 1
-    assert res.kept.get(f"generation:retained_version:{old_version}", 0) >= len(needed)
+    assert res.kept.get(gc.KeepReason.GENERATION_TIME_TRAVEL, 0) >= len(needed)
+    # Each region's time-travel hold names the retained version that reads its generations, up to
+    # the highest of them; no cleanup is configured, so the hold has no end.
+    travel = {rid: h for rid, rp in res.plan.regions.items() for h in rp.holds
+              if h.reason is gc.KeepReason.GENERATION_TIME_TRAVEL}
+    assert {h.bound.table_version for h in travel.values()} == {old_version}
+    for rid in {r for r, _ in needed}:
+        assert travel[rid].highest >= max(g for r, g in needed if r == rid) and travel[rid].until is None
+        assert travel[rid].bound.generation == old_state.merged.get(rid, 0)
     old_ds = lance.dataset(loc.lance_uri, version=old_version)
     assert as_dict(lsm_read(old_ds, reader.pending_snapshots(old_state, old_manifests))) == old_model
     assert lsm_rows(loc) == w.expected()
@@ -249,7 +257,8 @@ def test_index_catchup_gates_generations(tmp_path, spark):
     merged1 = table.read_memwal_state(loc).merged
     res = gc.run_gc(loc, FAST)  # the index has not caught up: nothing merged may go
     assert res.counts()["generation"] == 0
-    assert res.kept["generation:index_behind:id_btree"] == sum(merged1.values())
+    assert res.kept[gc.KeepReason.GENERATION_INDEX_BEHIND] == sum(merged1.values())
+    assert {h.reason: h.generations for h in res.holds}["index_behind:id_btree"] == sum(merged1.values())
 
     catchup.run_catchup(loc)
     w.write_round(80, overwrite=0.3, puts_per_batch=10)
@@ -263,7 +272,10 @@ def test_index_catchup_gates_generations(tmp_path, spark):
         if i.kind == gc.GENERATION:
             gone[i.region_id].add(i.number)
     assert dict(gone) == {rid: set(range(1, g + 1)) for rid, g in merged1.items()}
-    assert res.kept["generation:index_behind:id_btree"] == sum(state.merged[r] - merged1[r] for r in merged1)
+    assert res.kept[gc.KeepReason.GENERATION_INDEX_BEHIND] == sum(state.merged[r] - merged1[r] for r in merged1)
+    behind = [h for rp in res.plan.regions.values() for h in rp.holds if h.bound.index == "id_btree"]
+    assert {(h.region_id, h.bound.generation) for h in behind} == {(r, g) for r, g in merged1.items()
+                                                                   if state.merged[r] > g}
     assert lsm_rows(loc) == w.expected()
     assert_listed_exist(loc)
 
@@ -291,7 +303,7 @@ def test_orphans_grace_and_flush_in_progress(merged_template, tmp_path):
     plan = gc.plan_gc(loc, cfg)
     orphans = {i.path for i in plan.items if i.kind == gc.ORPHAN}
     assert orphans == {stale, bogus}
-    assert plan.kept["orphan:young"] == 1 and plan.kept["orphan:flush_in_progress"] == 1
+    assert plan.kept[gc.KeepReason.ORPHAN_YOUNG] == 1 and plan.kept[gc.KeepReason.ORPHAN_FLUSH_IN_PROGRESS] == 1
     gc.execute_gc(loc, plan)
     exists = lambda d: os.path.isdir(os.path.join(loc.store.root, d))  # noqa: E731
     assert exists(young) and exists(flushing) and not exists(stale) and not exists(bogus)
@@ -335,6 +347,9 @@ def test_unsafe_generation_paths_delete_nothing_outside(merged_template, tmp_pat
         err = res.region_errors[rid]
         assert rid in err and "corrupt manifest" in err and repr(path) in err
         assert tree(os.path.join(loc.store.root, layout.region_dir(rid))) == before[rid]
+    # A corrupt manifest stays so until repaired: the failure says it is permanent.
+    assert {f.region_id: (f.permanent, f.step, f.generation) for f in res.failures} == {
+        rid: (True, "gc", None) for rid in bad}
     others = {i.region_id for i in res.deleted if i.kind == gc.GENERATION}
     assert others == set(rids[2:])
 
@@ -350,8 +365,56 @@ def test_unreadable_manifest_is_reported_and_untouched(merged_template, tmp_path
     before = tree(vdir)
     res = gc.run_gc(loc, FAST)
     assert victim in res.region_errors[victim] and "cannot be decoded" in res.region_errors[victim]
+    assert [(f.region_id, f.permanent) for f in res.failures] == [(victim, True)]
+    assert res.metrics()["regions_failed"] == 1 and "1 regions failed" in res.summary()
     assert tree(vdir) == before
     assert {i.region_id for i in res.deleted if i.kind == gc.GENERATION} == set(rids[1:])
+
+
+def test_result_metrics_and_summary_say_what_was_deleted_and_kept(merged_template, tmp_path):
+    """`metrics()` counts what the result lists as deleted and held; `summary()` is one line."""
+    loc, _, _ = copy_template(merged_template, tmp_path)
+    res = gc.run_gc(loc, FAST)
+    m, c = res.metrics(), res.counts()
+    assert m["objects_deleted"] == res.deleted_objects == sum(len(i.keys) for i in res.deleted)
+    assert m["generations_deleted"] == c[gc.GENERATION] > 0 and m["manifests_deleted"] == c[gc.MANIFEST] > 0
+    assert (m["wal_entries_deleted"], m["orphans_deleted"]) == (c[gc.WAL], c[gc.ORPHAN])
+    assert m["bytes_reclaimed"] == sum(i.bytes for i in res.deleted) and m["regions_failed"] == len(res.failures) == 0
+    assert m["kept"] == sum(res.kept.values()) > 0 and all(isinstance(v, (int, float)) for v in m.values())
+    assert res.holds, "the template's last round is pending: its generations are held"
+    assert {k.removeprefix("held_bytes/"): v for k, v in m.items() if k.startswith("held_bytes/")} == {
+        h.reason: h.bytes for h in res.holds}
+    text = res.summary()
+    assert "\n" not in text and f"deleted {res.deleted_objects} objects" in text
+    assert f"keeps {sum(h.generations for h in res.holds)} generations" in text
+    dry = gc.run_gc(loc, FAST, dry_run=True)
+    assert dry.metrics()["objects_planned"] == dry.plan.objects and "would delete" in dry.summary()
+
+
+def test_keep_reasons_and_holds_are_typed_and_sum_per_name():
+    """A keep reason is `kind:why` (its own string in JSON); holds of several regions sum per
+    name (a gating index's name is part of it) and a time-travel hold ends when the last one does."""
+    K = gc.KeepReason
+    assert {k.kind for k in K} == set(gc.KINDS) | {"region"} and len({k.value for k in K}) == len(K)
+    assert json.dumps({K.WAL_TAIL: 1}) == '{"wal:tail": 1}'
+
+    def travel(rid, version, until):
+        return gc.Hold(rid, gc.Bound(K.GENERATION_TIME_TRAVEL, 3, table_version=version), 2, 100, 5, until)
+
+    holds = [travel("a", 7, 1000.0), travel("b", 8, 2000.0), travel("c", 8, None),
+             gc.Hold("a", gc.Bound(K.GENERATION_INDEX_BEHIND, 1, index="i1"), 1, 10, 2),
+             gc.Hold("b", gc.Bound(K.GENERATION_INDEX_BEHIND, 1, index="i2"), 4, 40, 5),
+             gc.Hold("b", gc.Bound(K.GENERATION_NOT_MERGED, 5), 1, 1, 6)]
+    got = {h.reason: h for h in gc.summarize_holds(holds)}
+    assert list(got) == ["index_behind:i1", "index_behind:i2", "not_merged", "time_travel"]
+    assert got["time_travel"] == gc.GcHold("time_travel", 6, 300, 3, 2000.0)
+    assert got["index_behind:i2"] == gc.GcHold("index_behind:i2", 4, 40, 1, None)
+    assert got["index_behind:i1"].keep_reason is K.GENERATION_INDEX_BEHIND
+    assert "until 1970-01-01 00:33 UTC" in got["time_travel"].describe() and "until" not in got["not_merged"].describe()
+    h = gc.Hold("a", gc.Bound(K.GENERATION_NOT_MERGED, 0))
+    h.add(3, 10)
+    h.add(2, 5)
+    assert (h.generations, h.bytes, h.highest, h.name) == (2, 15, 3, "not_merged")
 
 
 def test_crash_between_manifest_commit_and_delete(merged_template, tmp_path):
@@ -484,7 +547,7 @@ def test_manifest_retention_and_version_hint(table_loc):
     assert latest >= 10
     cfg = gc.GcOptions(manifest_retention=4, manifest_min_age_seconds=3600)
     plan = gc.plan_gc(loc, cfg)
-    assert not plan.items and plan.kept["manifest:young"] == latest - 4
+    assert not plan.items and plan.kept[gc.KeepReason.MANIFEST_YOUNG] == latest - 4
     # A stale hint pointing at a version about to be deleted gets rewritten first.
     region.write_version_hint(loc.store, rid, 2)
     res = gc.run_gc(loc, replace(cfg, manifest_min_age_seconds=0))
@@ -497,7 +560,7 @@ def test_manifest_retention_and_version_hint(table_loc):
     loc.store.stats.clear()
     assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_seconds=0)).items
     # regions, the region directory (orphans), GC's intent markers; and the leaked-file scan
-    # (jobs/leaks.py): _versions/ twice, data/, _deletions/, _transactions/, _indices/
+    # (jobs/gc/leaks.py): _versions/ twice, data/, _deletions/, _transactions/, _indices/
     assert loc.store.stats["list"] == 3 + 6
     # Without the hint: memwal lists, pylance still opens, writes and flushes.
     os.unlink(os.path.join(loc.store.root, layout.version_hint_key(rid)))
@@ -513,7 +576,8 @@ def test_plan_to_dict_is_json(merged_template, tmp_path):
     loc, _, _ = copy_template(merged_template, tmp_path)
     plan = gc.plan_gc(loc, FAST)
     d = json.loads(json.dumps(plan.to_dict()))
-    assert d["counts"]["manifest"] > 0 and d["retained_versions"] and not d["region_errors"]
+    assert d["counts"]["manifest"] > 0 and d["retained_versions"] and not d["region_errors"] and not d["failures"]
+    assert d["kept"] == {k.value: n for k, n in plan.kept.items()} and "manifest:latest" in d["kept"]
     before = tree(loc.store.root)
     res = gc.run_gc(loc, FAST, dry_run=True)
     # A dry run plans the base-version cleanup (Lance explains it) instead of running it.
@@ -561,7 +625,7 @@ def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_p
     merged = table.read_memwal_state(loc).merged
     res = gc.run_gc(loc, FAST)
     assert res.counts()["generation"] == 0
-    assert res.kept["generation:value_unrecorded"] == sum(merged.values())
+    assert res.kept[gc.KeepReason.GENERATION_VALUE_UNRECORDED] == sum(merged.values())
     assert [h.reason for h in res.holds] == ["value_unrecorded"]
     snapshot.build_snapshot(loc)
     res = gc.run_gc(loc, FAST)

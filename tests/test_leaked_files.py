@@ -1,4 +1,4 @@
-"""Leaked base-table files of lost commits (memwal_core/jobs/leaks.py), on real pylance tables,
+"""Leaked base-table files of lost commits (memwal_core/jobs/gc/leaks.py), on real pylance tables,
 local and on S3 (moto).
 
 The lost commits are real: a compaction Rewrite preempted by a delete that landed between its
@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 from lance.optimize import Compaction
 
-from memwal_core.jobs import gc, leaks
+from memwal_core.jobs import gc
+from memwal_core.jobs.gc import leaks
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 
@@ -103,7 +104,7 @@ def test_lost_commits_leave_files_that_gc_collects_exactly(loc):
     assert committed_before <= referenced | before
 
     young = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=3600, cleanup_base_versions_floor_seconds=0))
-    assert not young.leaked and young.kept.get("leaked:young", 0) >= len(expected) + len(expected_index)
+    assert not young.leaked and young.kept.get(gc.KeepReason.LEAKED_YOUNG, 0) >= len(expected) + len(expected_index)
 
     plan = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0))
     assert not plan.region_errors
@@ -131,5 +132,9 @@ def test_an_unplaceable_manifest_stops_the_leak_scan(tmp_path):
     loc.store.put("_versions/d1.manifest", b"not a manifest memwal can place")
     plan = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0))
     assert not plan.leaked and "d1.manifest" in plan.region_errors[gc.LEAKS_KEY]
+    # The scan's failure fails the step like a region's (a failure under LEAKS_KEY), and says so.
+    assert [(f.region_id, f.step) for f in plan.failures] == [(gc.LEAKS_KEY, "gc")]
+    res = gc.run_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0))
+    assert res.metrics()["regions_failed"] == 1 and "leaked files not collected" in res.summary()
     off = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0, collect_leaked_files=False))
     assert not off.leaked and gc.LEAKS_KEY not in off.region_errors

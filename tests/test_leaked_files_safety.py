@@ -1,4 +1,4 @@
-"""Leaked-file GC (memwal_core/jobs/leaks.py, planned with the rest of GC) never deletes what a
+"""Leaked-file GC (memwal_core/jobs/gc/leaks.py, planned with the rest of GC) never deletes what a
 table needs.
 
 Real pylance tables, no mocks. Each test names the promise it checks: GC never deletes what a
@@ -15,7 +15,8 @@ import lance
 import pyarrow as pa
 import pytest
 
-from memwal_core.jobs import gc, leaks
+from memwal_core.jobs import gc
+from memwal_core.jobs.gc import leaks
 from memwal_core.state import table
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo

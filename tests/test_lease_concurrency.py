@@ -18,7 +18,8 @@ import time
 
 import lance
 
-from memwal_core.jobs import catchup, gc, leaks, merge
+from memwal_core.jobs import catchup, gc, merge
+from memwal_core.jobs.gc import leaks
 from memwal_core.observe import checks, reader
 from memwal_core.state import table
 from memwal_core.state.store import open_store

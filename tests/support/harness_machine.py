@@ -46,6 +46,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from lance.mem_wal import evaluate_sharding_spec
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+from memwal_core.jobs.gc import run as gc_run
 from memwal_core.observe import checks, reader
 from memwal_core.options import GcOptions
 from memwal_core.state import layout, region, table, wal
@@ -842,18 +843,18 @@ class MemWalMachine(RuleBasedStateMachine):
         keep checked after."""
         before = self.wal_facts()
         checked = []
-        real_execute = gc.execute_gc
+        real_execute = gc_run.execute_gc  # the name `run_gc` calls
 
         def execute_checked(where, plan: gc.GcPlan) -> gc.GcResult:
             self.check_gc_plan(plan)
             checked.append(plan)
             return real_execute(where, plan)
 
-        gc.execute_gc = execute_checked
+        gc_run.execute_gc = execute_checked
         try:
             res = gc.run_gc(loc, config)
         finally:
-            gc.execute_gc = real_execute
+            gc_run.execute_gc = real_execute
         assert checked, "GC executed no plan"
         unexpected = set(res.region_errors) - {rid for rid, _ in self.bad}
         assert not unexpected, f"GC: region errors in regions with nothing bad planted: {res.region_errors}"

@@ -38,6 +38,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from memwal_core.errors import MemwalError
+from memwal_core.jobs.gc.holds import KeepReason
 from memwal_core.state import table
 from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
 
@@ -81,7 +82,7 @@ class Leak:
 @dataclass
 class LeakScan:
     leaks: list[Leak] = field(default_factory=list)
-    kept: collections.Counter = field(default_factory=collections.Counter)
+    kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
     versions: int = 0
     files_listed: int = 0
     list_seconds: float = 0.0  # the four directory listings
@@ -230,28 +231,28 @@ def plan_leaks(loc: TableLocation, now: float, grace_seconds: float) -> LeakScan
             if d == INDICES_DIR:
                 uid = rel.split("/", 1)[0]
                 if uid in uuids:
-                    scan.kept["leaked:index_referenced"] += 1
+                    scan.kept[KeepReason.LEAKED_INDEX_REFERENCED] += 1
                 else:
                     index_dirs[uid].append(o)
                 continue
             if o.key in files:
                 continue
             if "/" in rel or rel.startswith(".") or rel == "":
-                scan.kept["leaked:unknown_name"] += 1  # nothing Lance writes there: not ours to judge
+                scan.kept[KeepReason.LEAKED_UNKNOWN_NAME] += 1  # nothing Lance writes there: not ours to judge
                 continue
             age = now - o.mtime
             if age < grace_seconds:
-                scan.kept["leaked:young"] += 1
+                scan.kept[KeepReason.LEAKED_YOUNG] += 1
                 continue
             what = {DATA_DIR: "data file", DELETIONS_DIR: "deletion file", TRANSACTIONS_DIR: "transaction file"}[d]
             scan.leaks.append(Leak(o.key, (o.key,), o.size, age, what))
     for uid, objs in sorted(index_dirs.items()):
         if "/" not in objs[0].key[len(INDICES_DIR) + 1:]:
-            scan.kept["leaked:unknown_name"] += len(objs)  # a file directly in _indices/
+            scan.kept[KeepReason.LEAKED_UNKNOWN_NAME] += len(objs)  # a file directly in _indices/
             continue
         age = now - max(o.mtime for o in objs)
         if age < grace_seconds:
-            scan.kept["leaked:young"] += len(objs)
+            scan.kept[KeepReason.LEAKED_YOUNG] += len(objs)
             continue
         scan.leaks.append(Leak(f"{INDICES_DIR}/{uid}", tuple(sorted(o.key for o in objs)),
                                sum(o.size for o in objs), age, "index directory"))

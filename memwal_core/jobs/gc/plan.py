@@ -1,0 +1,402 @@
+"""Planning (`plan_gc`): what GC would delete, and why, from committed state only; reads only.
+
+Every region is planned in parallel (`_plan_region`): its manifest is validated first (a corrupt
+one deletes nothing and is reported), a stale region keeps everything, then come its generations
+(`_plan_generations`, the holds on the others), WAL entries (`wal.py`), old manifest versions
+(`manifests.py`) and orphan directories (`_plan_orphans`). The table's leaked files (`leaks.py`)
+come last, when the plan covers every region."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memwal_core.failures import RegionFailure
+from memwal_core.jobs.gc import leaks
+from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan
+from memwal_core.jobs.gc.holds import Bound, GcHold, Hold, KeepReason, readable, summarize_holds
+from memwal_core.jobs.gc.items import GENERATION, KINDS, LEAKED, LEAKS_KEY, ORPHAN, GcError, GcItem
+from memwal_core.jobs.gc.listing import list_dir
+from memwal_core.jobs.gc.manifests import plan_manifests
+from memwal_core.jobs.gc.retention import Retention, read_retention
+from memwal_core.jobs.gc.wal import plan_wal
+from memwal_core.options import GcOptions
+from memwal_core.state import layout, lifecycle, region, region_values, table
+from memwal_core.state.store import TableLocation
+
+log = logging.getLogger("memwal.gc")
+
+
+@dataclass
+class RegionGcPlan:
+    """One region's part of a plan: what to delete (`items`, and `trim`: the generations the
+    committed manifest stops listing), what is kept and why (`kept`, `holds`), and the manifest
+    facts execution checks against."""
+
+    region_id: str
+    manifest_version: int = 0
+    writer_epoch: int = 0
+    current_generation: int = 0
+    replay_after: int = 0
+    wal_tail: int = 0
+    limit: int = 0  # generations <= limit are collectable
+    items: list[GcItem] = field(default_factory=list)
+    kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
+    trim: list[tuple[int, str]] = field(default_factory=list)  # (generation, path) to unlist
+    hint: int | None = None  # version_hint.json as read
+    lowest_kept_version: int = 0
+    leftover_scan: bool = False  # a marker said an earlier delete may have left survivors
+    failure: RegionFailure | None = None  # the region cannot be planned: nothing is collected in it
+    holds: list[Hold] = field(default_factory=list)  # its generations kept above a bound, per bound
+
+    @property
+    def error(self) -> str | None:
+        return self.failure.reason if self.failure is not None else None
+
+    def by_kind(self, kind: str) -> list[GcItem]:
+        return [i for i in self.items if i.kind == kind]
+
+
+@dataclass
+class GcPlan:
+    """What one GC pass would delete, over the table, from the committed state it read."""
+
+    table_uri: str
+    table_version: int
+    config: GcOptions
+    planned_at: float
+    retained_versions: list[int]
+    gating_indexes: list[str]
+    regions: dict[str, RegionGcPlan]
+    # Regions skipped (nothing collected in them), and a failed leak scan under `LEAKS_KEY`.
+    failures: list[RegionFailure] = field(default_factory=list)
+    # Planned with these base versions taken as removed (a dry run's cleanup); None: as they are.
+    base_cleanup: BaseCleanupPlan | None = None
+    leaked: list[GcItem] = field(default_factory=list)  # base-table files of lost commits
+    leak_scan: dict[str, Any] = field(default_factory=dict)  # its cost and what it kept (readable keys)
+    leak_kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
+    lifecycle: lifecycle.Lifecycle | None = None  # stale-region verdicts the plan used
+
+    @property
+    def region_errors(self) -> dict[str, str]:
+        """Region id (or `LEAKS_KEY`) -> why it is skipped, as the failures say it."""
+        return {f.region_id: f.reason for f in self.failures}
+
+    @property
+    def items(self) -> list[GcItem]:
+        return [i for r in self.regions.values() for i in r.items] + self.leaked
+
+    @property
+    def bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def objects(self) -> int:
+        return sum(len(i.keys) for i in self.items)
+
+    @property
+    def kept(self) -> dict[KeepReason, int]:
+        total: collections.Counter[KeepReason] = collections.Counter()
+        for r in self.regions.values():
+            total.update(r.kept)
+        total.update(self.leak_kept)
+        return dict(sorted(total.items()))
+
+    def counts(self) -> dict[str, int]:
+        c = collections.Counter(i.kind for i in self.items)
+        return {k: c.get(k, 0) for k in KINDS}
+
+    @property
+    def holds(self) -> list[GcHold]:
+        return summarize_holds(h for r in self.regions.values() for h in r.holds)
+
+    def to_dict(self) -> dict[str, Any]:
+        cfg = asdict(self.config)
+        return {
+            "table": self.table_uri, "table_version": self.table_version, "config": cfg,
+            "retained_versions": self.retained_versions, "gating_indexes": self.gating_indexes,
+            "items": [i.to_dict() for i in self.items], "counts": self.counts(),
+            "objects": self.objects, "bytes": self.bytes, "kept": readable(self.kept),
+            "limits": {rid: r.limit for rid, r in sorted(self.regions.items()) if not r.error},
+            "region_errors": self.region_errors, "failures": [f.to_dict() for f in self.failures],
+            "holds": [asdict(h) | {"text": h.describe()} for h in self.holds],
+            "base_cleanup": self.base_cleanup.to_dict() if self.base_cleanup is not None else None,
+            "leak_scan": dict(self.leak_scan),
+        }
+
+
+@dataclass
+class _Context:
+    loc: TableLocation
+    config: GcOptions
+    now: float
+    merged: dict[str, int]
+    catchup: dict[str, dict[str, int]]
+    gating: list[str]
+    retention: Retention
+    pending: set[str] = field(default_factory=set)  # regions with a GC intent marker
+    # Sharded regions whose routing value no MemWAL index snapshot records authoritatively:
+    # their merged generations are the merger's only authority for it (see `unrecorded_regions`).
+    unrecorded: set[str] = field(default_factory=set)
+    spec_ids: list[int] = field(default_factory=list)  # region specs of the MemWAL index
+    stale: lifecycle.Lifecycle | None = None  # regions with data from before the MemWAL initialization
+
+
+def _stale_limit(ctx: _Context, rid: str) -> int:
+    """The highest collectable *stale* generation of a discarded region: merge progress (the
+    discard) and what versions from before the initialization still read. This lifetime's
+    versions, gating indexes and region values never depended on them (they were never merged)."""
+    init = ctx.stale.init.table_version if ctx.stale and ctx.stale.init else 0
+    older = [m.get(rid, 0) for v, m in ctx.retention.states.items() if v < init]
+    return min([ctx.merged.get(rid, 0)] + older)
+
+
+def _bounds(ctx: _Context, rid: str) -> list[Bound]:
+    """The bounds the highest collectable generation is the minimum of: merge progress, every
+    gating index's catch-up (absent: 0), the retained versions' lowest merge progress."""
+    bounds = [Bound(KeepReason.GENERATION_NOT_MERGED, ctx.merged.get(rid, 0))]
+    for name in ctx.gating:
+        bounds.append(Bound(KeepReason.GENERATION_INDEX_BEHIND, ctx.catchup.get(name, {}).get(rid, 0), index=name))
+    time_travel = ctx.retention.bound(rid)
+    if time_travel is not None:
+        bounds.append(time_travel)
+    return bounds
+
+
+def unrecorded_regions(loc: TableLocation, state: table.MemWalState,
+                       manifests: dict[str, region.RegionManifest]) -> set[str]:
+    """Sharded regions whose routing value the MemWAL index snapshot does not record as
+    authoritative (derived from merged rows).
+
+    The merger checks every pending generation against the region's value, taken from the
+    snapshot or else from the region's merged generations. Trimming those before a snapshot
+    recorded the value would leave it nothing to check against but the pending rows themselves,
+    so a generation whose rows all belong to another region would be accepted (found by the
+    harness soak: a misrouted generation merged after GC). These regions keep their merged
+    generations until the next snapshot records the value. An unreadable snapshot counts as
+    recording nothing."""
+    return region_values.unrecorded_regions(loc, state, manifests)
+
+
+def _failure(rid: str, reason: str, *, permanent: bool) -> RegionFailure:
+    return RegionFailure(rid, None, reason, permanent, step="gc")
+
+
+def _corrupt(m: region.RegionManifest, why: str) -> RegionFailure:
+    """The region's manifest is wrong (a repair is needed): nothing is collected there."""
+    return _failure(m.region_id, f"region {m.region_id}: corrupt manifest version {m.version}: {why}; "
+                    "nothing collected here", permanent=True)
+
+
+def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcPlan:
+    """One region's plan, by the rules of the package docstring in their order."""
+    rp = RegionGcPlan(rid, m.version, m.writer_epoch, m.current_generation,
+                      m.message.replay_after_wal_entry_position, leftover_scan=rid in ctx.pending)
+    # Validate every listed path before anything else: a corrupt manifest deletes nothing.
+    try:
+        listed = [(g, layout.generation_dir(rid, g.path, g.generation)) for g in m.generations]
+    except layout.UnsafePath as e:
+        rp.failure = _corrupt(m, str(e).removeprefix(f"region {rid}: "))  # layout names the region already
+        return rp
+    verdict = ctx.stale.verdict(rid) if ctx.stale else None
+    if ctx.stale and rid in ctx.stale.errors:
+        rp.failure = _failure(rid, f"{ctx.stale.errors[rid]}; nothing collected here", permanent=False)
+        return rp
+    if verdict is not None and ctx.stale.blocks(rid, ctx.merged.get(rid, 0)):
+        # Stale and not discarded: the merger refuses it; its files are the evidence of the verdict.
+        _hold_stale(rp, [g for g, _ in listed])
+        return rp
+    try:  # what the merger refuses, GC leaves alone: progress says nothing true about it
+        region.check_spec(m, ctx.spec_ids)
+        region.pending_generations(m, ctx.merged.get(rid, 0))
+    except region.CorruptManifest as e:
+        rp.failure = _corrupt(m, e.detail)
+        return rp
+    bounds = _bounds(ctx, rid)
+    rp.limit = min(b.generation for b in bounds)
+
+    # 1. generations
+    _plan_generations(ctx, rp, m, listed, bounds, verdict)
+    kept_listed = {g.generation for g, _ in listed} - {g for g, _ in rp.trim}
+
+    # 2. WAL entries
+    wal_plan = plan_wal(ctx.loc, m, rp.limit, kept_listed, keep_current_epoch=ctx.config.keep_current_epoch_wal,
+                        leftover_scan=rp.leftover_scan)
+    rp.wal_tail = wal_plan.tail
+    rp.items += wal_plan.items
+    rp.kept.update(wal_plan.kept)
+
+    # 3. old manifest versions
+    manifest_plan = plan_manifests(ctx.loc, m, ctx.config, ctx.now, leftover_scan=rp.leftover_scan)
+    rp.hint, rp.lowest_kept_version = manifest_plan.hint, manifest_plan.lowest_kept_version
+    rp.items += manifest_plan.items
+    rp.kept.update(manifest_plan.kept)
+
+    # 4. orphan directories
+    _plan_orphans(ctx, rp, m, {g.path for g, _ in listed})
+    return rp
+
+
+def _hold_stale(rp: RegionGcPlan, generations: list[region.Generation]) -> None:
+    """A stale region keeps every generation (one hold)."""
+    rp.kept[KeepReason.REGION_STALE] += 1
+    hold = Hold(rp.region_id, Bound(KeepReason.GENERATION_STALE, 0))
+    for g in generations:
+        rp.kept[KeepReason.GENERATION_STALE] += 1
+        hold.add(g.generation, int(g.in_memory_bytes or 0))
+    rp.holds = [hold] if hold.generations else []
+
+
+def _plan_generations(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
+                      listed: list[tuple[region.Generation, str]], bounds: list[Bound],
+                      verdict: lifecycle.RegionVerdict | None) -> None:
+    """The generations to delete (and unlist: `rp.trim`), and a hold per bound on the others.
+    A generation above a bound is held by the first one it exceeds. Generations only are bound
+    by an unrecorded region value: WAL entries and manifest versions do not carry it."""
+    rid = rp.region_id
+    rdir = layout.region_dir(rid)
+    gen_bounds = bounds + ([Bound(KeepReason.GENERATION_VALUE_UNRECORDED, 0)] if rid in ctx.unrecorded else [])
+    gen_limit = min(b.generation for b in gen_bounds)
+    stale_limit = _stale_limit(ctx, rid) if verdict is not None else 0
+    holds: dict[Bound, Hold] = {}
+    for g, gdir in listed:
+        if m.sealed:  # no manifest version may be written on a sealed region, so no trim either
+            rp.kept[KeepReason.GENERATION_SEALED] += 1
+            continue
+        if verdict is not None and verdict.is_stale(g.generation) and g.generation <= stale_limit:
+            why = f"generation {g.generation} predates the MemWAL initialization, discarded"
+        elif g.generation <= gen_limit and g.generation < m.current_generation:
+            why = f"generation {g.generation} <= merged and caught-up limit {gen_limit}"
+        else:
+            bound = next((b for b in gen_bounds if g.generation > b.generation),
+                         Bound(KeepReason.GENERATION_NOT_FLUSHED, m.current_generation - 1))
+            rp.kept[bound.reason] += 1
+            holds.setdefault(bound, Hold(rid, bound)).add(g.generation, int(g.in_memory_bytes or 0))
+            continue
+        objs = list_dir(ctx.loc, gdir, rdir)
+        rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs), why,
+                               tuple(o.key for o in objs), g.generation))
+        rp.trim.append((g.generation, g.path))
+    for h in holds.values():  # the highest generation a retained version reads decides until when
+        if h.reason is KeepReason.GENERATION_TIME_TRAVEL:
+            h.until = ctx.retention.held_until(rid, h.highest, ctx.config.base_cleanup_older_than)
+    rp.holds = list(holds.values())
+
+
+def _plan_orphans(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, listed_names: set[str]) -> None:
+    """`*_gen_*` directories the manifest does not list, below its `current_generation` (a
+    flush in progress writes its directory before the manifest), whose newest object is older
+    than `orphan_grace_seconds`."""
+    rid = rp.region_id
+    rdir = layout.region_dir(rid)
+    for name in ctx.loc.store.list_dirs(rdir):
+        gen = layout.generation_of_dir(name)
+        if gen is None or name in listed_names:
+            continue
+        if "/" in name or name in (".", ".."):
+            continue
+        odir = f"{rdir}/{name}"
+        if not layout.is_inside(odir + "/x", rdir):
+            continue
+        if gen >= m.current_generation:
+            rp.kept[KeepReason.ORPHAN_FLUSH_IN_PROGRESS] += 1
+            continue
+        objs = list_dir(ctx.loc, odir, rdir)
+        if not objs:
+            rp.kept[KeepReason.ORPHAN_EMPTY] += 1
+            continue
+        age = ctx.now - max(o.mtime for o in objs)
+        if age < ctx.config.orphan_grace_seconds:
+            rp.kept[KeepReason.ORPHAN_YOUNG] += 1
+            continue
+        rp.items.append(GcItem(ORPHAN, rid, odir, sum(o.size for o in objs),
+                               f"unlisted generation {gen} directory, newest object {age:.0f}s old",
+                               tuple(o.key for o in objs), gen))
+
+
+def _pending(loc: TableLocation) -> set[str]:
+    """Regions whose last WAL/manifest delete did not finish (one listing for the table)."""
+    out = set()
+    for o in loc.store.list(layout.GC_PENDING_DIR):
+        name = o.key.rsplit("/", 1)[-1]
+        if layout.is_region_id(name) and o.key == layout.gc_pending_key(name):
+            out.add(name)
+    return out
+
+
+def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
+            now: float | None = None, base_cleanup: BaseCleanupPlan | None = None) -> GcPlan:
+    """What GC would delete, and why; reads only. `base_cleanup`: plan as if its base-table
+    versions were removed already (what the real run's cleanup does before it plans)."""
+    config = config or GcOptions()
+    now = time.time() if now is None else now
+    ds = table.open_dataset(loc)
+    state = table.read_memwal_state(loc, ds.version)
+    from memwal_core.jobs.catchup import base_indexes  # local import: catchup imports lance at module level too
+
+    gating = state.gating_indexes(list(base_indexes(ds)))
+    gone = frozenset(base_cleanup.versions) if base_cleanup is not None else frozenset()
+    if ds.version in gone:  # Lance never removes the latest version; a plan saying so is wrong
+        raise GcError(f"base cleanup plan removes the latest table version {ds.version}")
+    retention = read_retention(loc, ds, gone)
+    # Manifests are read after the table state: merge progress only grows, so a merge landing
+    # in between can only make the limits computed above conservative.
+    ids = regions if regions is not None else region.list_regions(loc.store).region_ids
+    loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
+    ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
+                   unrecorded_regions(loc, state, loaded.manifests),
+                   [s.spec_id for s in state.details.region_specs],
+                   lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False))
+    plans = _plan_regions(ctx, loaded)
+    failures = [rp.failure for rp in plans.values() if rp.failure is not None]
+    plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, failures, base_cleanup,
+                  lifecycle=ctx.stale)
+    if config.collect_leaked_files and regions is None:
+        _plan_leaks(loc, plan, now)
+    return plan
+
+
+def _plan_regions(ctx: _Context, loaded: region.RegionReads) -> dict[str, RegionGcPlan]:
+    """Every region's plan, in parallel; a region that cannot be read or planned is skipped
+    (its failure says why, nothing is collected in it) and the others proceed."""
+
+    def one(rid: str) -> RegionGcPlan:
+        got = loaded[rid]
+        if not got.ok:
+            return RegionGcPlan(rid, failure=_failure(rid, f"{got.message}; region skipped", permanent=got.permanent))
+        m = got.manifest
+        try:
+            return _plan_region(ctx, rid, m)
+        except Exception as e:  # noqa: BLE001 - one broken region must not stop the others
+            return RegionGcPlan(rid, m.version, failure=_failure(
+                rid, f"region {rid}: {type(e).__name__}: {e}; region skipped", permanent=False))
+
+    plans: dict[str, RegionGcPlan] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(ctx.config.max_workers, len(loaded) or 1))) as pool:
+        for rp in pool.map(one, sorted(loaded)):
+            plans[rp.region_id] = rp
+            if rp.failure is not None:
+                rp.items.clear()
+                rp.trim.clear()
+                log.error("%s", rp.error)
+    return plans
+
+
+def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float) -> None:
+    scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace)
+    plan.leak_scan = {"versions_read": scan.versions, "files_listed": scan.files_listed,
+                      "list_seconds": round(scan.list_seconds, 3), "refs_seconds": round(scan.refs_seconds, 3),
+                      "kept": readable(scan.kept)}
+    plan.leak_kept = collections.Counter(scan.kept)
+    if scan.error:
+        plan.failures.append(_failure(LEAKS_KEY, scan.error, permanent=False))
+        log.error("%s", scan.error)
+        return
+    for lk in scan.leaks:
+        plan.leaked.append(GcItem(LEAKED, "", lk.key, lk.bytes,
+                                  f"{lk.what} no retained version references ({scan.versions} manifests read), "
+                                  f"{lk.age:.0f}s old", lk.keys))

@@ -1,0 +1,107 @@
+"""`run_gc`: one GC pass. Expired stale regions are discarded, the base table's old versions
+cleaned up (when configured), then GC plans and executes. A dry run is the same path with
+execution off."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from memwal_core.errors import one_line
+from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan, cleanup_base_versions, plan_base_cleanup
+from memwal_core.jobs.gc.execute import execute_gc
+from memwal_core.jobs.gc.plan import plan_gc
+from memwal_core.jobs.gc.result import GcResult
+from memwal_core.options import GcOptions
+from memwal_core.state import lease, lifecycle
+from memwal_core.state.store import TableLocation
+
+log = logging.getLogger("memwal.gc")
+
+
+@lease.step("gc")
+def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
+           dry_run: bool = False, progress: Callable[[str], None] | None = None) -> GcResult:
+    """Base-version cleanup (when configured), plan, execute. A dry run is the same path with
+    execution off: the cleanup is planned instead (Lance's explanation) and GC planned as if
+    those versions were gone; `result.plan` lists what would be deleted."""
+    config = config or GcOptions()
+    discarded = _discard_expired(loc, config, dry_run)
+    base, base_plan = _clean_base(loc, config, dry_run, progress)
+    t0 = time.monotonic()
+    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan)
+    plan_s = time.monotonic() - t0
+    if progress:
+        progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.failures)} region errors")
+    if dry_run:
+        result = GcResult(plan.table_uri, kept=plan.kept, failures=list(plan.failures), dry_run=True,
+                          leak_scan=dict(plan.leak_scan))
+    else:
+        result = execute_gc(loc, plan)
+        if plan.lifecycle is not None:  # regions classified for the first time: not again next pass
+            lifecycle.save(loc, plan.lifecycle, verdicts_only=True)
+    if base is not None and "error" not in base:  # as the plan read them, right after the cleanup
+        base["versions_after"] = len(plan.retained_versions)
+        base["versions_before"] = base["versions_after"] + base["old_versions"]
+    result.base_cleanup = base
+    result.plan = plan
+    result.retained_versions = len(plan.retained_versions)
+    result.plan_seconds = plan_s
+    result.holds = plan.holds
+    result.stale_discarded = discarded
+    return result
+
+
+def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: Callable[[str], None] | None
+                ) -> tuple[dict[str, Any] | None, BaseCleanupPlan | None]:
+    """The base-version cleanup (a dry run: its plan, for GC to plan as if it had run): what it
+    did for the result (None: not configured, or skipped; `error`: it failed, and GC plans on
+    every version as retained, which stays safe)."""
+    if not (config.base_cleanup and (dry_run or _record_stale(loc))):
+        return None, None
+    base_plan: BaseCleanupPlan | None = None
+    try:
+        if dry_run:
+            base_plan = plan_base_cleanup(loc, config)
+            base = {"dry_run": True, "old_versions": len(base_plan.versions), "bytes_removed": base_plan.bytes}
+        else:
+            base = cleanup_base_versions(loc, config)
+        if progress:
+            progress(f"base table: {base['old_versions']} old versions "
+                     f"{'would be cleaned up' if dry_run else 'cleaned up'}")
+    except Exception as e:  # noqa: BLE001 - planning below stays safe: it reads what is retained
+        base = {"error": one_line(e)}
+        log.warning("base table version cleanup failed, collecting without it: %s", base["error"])
+    return base, base_plan
+
+
+def _record_stale(loc: TableLocation) -> bool:
+    """Record stale-region verdicts before the base-version cleanup: the versions around the
+    MemWAL initialization are its only evidence, and once cleaned up an unrecorded
+    initialization is unknown (nothing would be judged stale). Nothing to record on a table
+    without stale regions (then an unknown initialization judges nothing wrongly). False: the
+    verdicts could not be established or recorded, so the cleanup waits for the next run."""
+    try:
+        lc, _ = lifecycle.assess_table(loc)
+        if lc.stale:
+            lifecycle.save(loc, lc, strict=True)
+        return True
+    except Exception as e:  # noqa: BLE001 - the cleanup must not erase the only evidence
+        log.warning("base-version cleanup skipped: the stale-region verdicts could not be recorded first: %s",
+                    one_line(e))
+        return False
+
+
+def _discard_expired(loc: TableLocation, config: GcOptions, dry_run: bool) -> dict[str, int]:
+    """Discard the stale regions reported for longer than `discard_stale_after_seconds`
+    (region -> generations discarded through; a dry run says which it would)."""
+    if config.discard_stale_after_seconds is None:
+        return {}
+    try:
+        out = lifecycle.discard(loc, None, dry_run=dry_run, by="grace",
+                                only_older_than=config.discard_stale_after_seconds)
+    except Exception as e:  # noqa: BLE001 - GC proceeds; the stale regions stay held
+        log.warning("discarding expired stale regions failed: %s", one_line(e))
+        return {}
+    return out.discarded
