@@ -94,6 +94,13 @@ def commit_lock(name: str):
     return lock
 
 
+def raw_store(store):
+    """The store under a `CrashingStore` (else `store`): for the writes memwal makes on Lance's
+    behalf (a commit's transaction and manifest files), which count as the one Lance commit
+    point (`op`) the job names, as Lance's own writes do."""
+    return store._inner if isinstance(store, CrashingStore) else store
+
+
 class CrashingStore:
     """An object store that counts its writes and exits before the k-th (see module docstring).
 
