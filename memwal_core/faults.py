@@ -79,7 +79,9 @@ def op(kind: str, torn: Callable[[], None] | None = None) -> None:
 def commit_lock(name: str):
     """A Lance commit lock whose body is a crash point: data files written, manifest not yet.
 
-    Also a counted write when writes are counted. None (no lock) when nothing is armed.
+    Also a counted write when writes are counted. None (no lock) when nothing is armed, and
+    it must stay so outside crash tests: Lance commits through a lock as HEAD-then-put of the
+    manifest, which overwrites a concurrent commit made without one (`state/exclusive_commit.py`).
     """
     crash_here = os.environ.get("MEMWAL_CRASH_AT") == name
     if not (crash_here or counting()):
