@@ -1,7 +1,8 @@
 """memwal_core.state.table: reading the full MemWAL index details and replacing them safely.
 
-The guarded replacement is tested against the hazard it exists for: a CreateIndex built from a
-stale read silently erases merge progress that pylance recorded in between.
+The guarded replacement is tested against the hazards it exists for: a CreateIndex built from a
+stale read silently erases merge progress that pylance recorded in between, and a commit that
+overwrites the version a concurrent merge took loses that merge altogether.
 """
 
 from __future__ import annotations

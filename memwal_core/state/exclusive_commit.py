@@ -60,7 +60,7 @@ def commit_next_version(loc: TableLocation, read_version: int, operation, what: 
     point (`faults.op`). Returns the version committed."""
     found = read_manifest(loc, read_version)
     if found is None:
-        raise NotFound(f"table {loc.lance_uri}: manifest of version {read_version} not found")
+        raise MemwalError(f"table {loc.lance_uri}: manifest of version {read_version} not found")
     scheme, raw = found
     version = read_version + 1
     with tempfile.TemporaryDirectory(prefix="memwal-commit-") as scratch:
