@@ -79,7 +79,9 @@ def op(kind: str, torn: Callable[[], None] | None = None) -> None:
 def commit_lock(name: str):
     """A Lance commit lock whose body is a crash point: data files written, manifest not yet.
 
-    Also a counted write when writes are counted. None (no lock) when nothing is armed.
+    Also a counted write when writes are counted. None (no lock) when nothing is armed, and
+    it must stay so outside crash tests: Lance commits through a lock as HEAD-then-put of the
+    manifest, which overwrites a concurrent commit made without one (`state/exclusive_commit.py`).
     """
     crash_here = os.environ.get("MEMWAL_CRASH_AT") == name
     if not (crash_here or counting()):
@@ -92,6 +94,13 @@ def commit_lock(name: str):
         yield
 
     return lock
+
+
+def raw_store(store):
+    """The store under a `CrashingStore` (else `store`): for the writes memwal makes on Lance's
+    behalf (a commit's transaction and manifest files), which count as the one Lance commit
+    point (`op`) the job names, as Lance's own writes do."""
+    return store._inner if isinstance(store, CrashingStore) else store
 
 
 class CrashingStore:

@@ -467,6 +467,7 @@ def test_race_builder_vs_merger_processes(table_loc, tmp_path):
     assert table.read_memwal_state(loc).merged == {rid: per_merger for rid in regions}
     # every version of the history: progress equals the data, never decreases
     prev: dict[str, int] = {}
+    recorded: dict[str, set[int]] = {rid: set() for rid in regions}
     for v in range(1, final + 1):
         try:
             merged = _check_version(loc, v, regions)
@@ -474,7 +475,12 @@ def test_race_builder_vs_merger_processes(table_loc, tmp_path):
             continue
         for rid, g in merged.items():
             assert g >= prev.get(rid, 0), f"version {v}: progress of {rid} decreased"
+            recorded[rid].add(g)
         prev = merged
+    # Each generation's merge_insert returned (or was refused as already recorded): the version
+    # it committed records exactly that generation. One missing was overwritten by another commit.
+    lost = {rid: sorted(set(range(1, per_merger + 1)) - gens) for rid, gens in recorded.items()}
+    assert not any(lost.values()), f"merges in no table version: {lost}"
     print(f"race: {len(commits)} snapshot commits, {lost} lost races retried, {gave_up} give-ups, "
           f"{final} table versions")
 

@@ -1,12 +1,17 @@
 """memwal_core.state.table: reading the full MemWAL index details and replacing them safely.
 
-The guarded replacement is tested against the hazard it exists for: a CreateIndex built from a
-stale read silently erases merge progress that pylance recorded in between.
+The guarded replacement is tested against the hazards it exists for: a CreateIndex built from a
+stale read silently erases merge progress that pylance recorded in between, and a commit that
+overwrites the version a concurrent merge took loses that merge altogether.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
 import uuid
 
 import lance
@@ -17,9 +22,12 @@ from lance.mem_wal import CompactedSsTable
 
 from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, table
+from memwal_core.state import exclusive_commit, layout, region, table
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROCS = os.path.join(ROOT, "tests", "procs")
 
 
 def rows(first: int, n: int, version: int):
@@ -225,3 +233,84 @@ def test_merge_after_replacement_still_checks_staleness(written):
     with pytest.raises(Exception, match="Stale SSTable compaction"):
         merge(loc, rid, gens[0])
     assert table.read_memwal_state(loc).merged == {rid: 2}
+
+
+# =========================================================================== never overwrites a commit
+def test_guarded_replace_never_overwrites_a_concurrent_merge(table_loc, tmp_path):
+    """A merger in another process records generations 1..N while the details are replaced over
+    and over from fresh reads: every generation it recorded is in some table version.
+
+    Through a `commit_lock` (Lance: HEAD the manifest path, then a plain put) a merge whose
+    manifest landed between the two was overwritten, its rows and its progress in no version
+    (tests/procs/lance_commit_lock_overwrite.py); large details make that window wide, so this
+    failed in most runs then. The replacement now takes its version with put-if-absent."""
+    loc = table_loc
+    first = demo.create_table(loc, sharding="unsharded", base_rows=5).version
+    rid, key, count = str(uuid.uuid4()), 10_000, 60
+    go = tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, os.path.join(PROCS, "snapshot_merger.py"), loc.lance_uri, rid,
+                             str(key), "1", str(count), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    replaced, lost = 0, 0
+    try:
+        go.touch()
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline:
+            read = table.read_memwal_state(loc)
+            details = pb.MemWalIndexDetails()
+            details.CopyFrom(read.details)
+            details.inline_snapshots = b"\0" * 16_000  # a slower manifest write: a wider window
+            details.snapshot_ts_millis = replaced + 1
+            try:
+                table.guarded_replace_details(loc, read, details)
+                replaced += 1
+            except table.LostRace:
+                lost += 1
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["merged"] == list(range(1, count + 1))
+    recorded, rows_seen = set(), set()
+    for v in range(first, lance.dataset(loc.lance_uri).version + 1):
+        recorded.add(table.read_memwal_state(loc, v).merged.get(rid, 0))
+        marker = lance.dataset(loc.lance_uri, version=v).to_table(columns=["n"], filter=f"id = {key}")
+        rows_seen.update(marker.column("n").to_pylist())
+    assert replaced >= 10 and lost >= 1, (replaced, lost)
+    overwritten = sorted(set(range(1, count + 1)) - recorded)
+    assert not overwritten, f"merges of generations {overwritten} are in no table version"
+    assert rows_seen == set(range(1, count + 1))
+    assert table.read_memwal_state(loc).merged == {rid: count}
+
+
+def test_guarded_replace_refuses_a_version_taken_while_it_built(written, monkeypatch):
+    """A merge committed after the replacement's manifest was built, before it is published:
+    the replacement is refused (LostRace), the merge's version stays as the merge wrote it, and
+    no transaction file of the refused commit is left."""
+    loc, rid, model = written
+    read = table.read_memwal_state(loc)
+    gens = region.load_latest(loc.store, rid).generations
+    details = pb.MemWalIndexDetails()
+    details.CopyFrom(read.details)
+    details.snapshot_ts_millis = 7
+    txns_before = set(os.listdir(os.path.join(loc.lance_uri, "_transactions")))
+    real_op = exclusive_commit.faults.op
+
+    def merge_first(kind: str, torn=None) -> None:
+        if kind.startswith("lance_commit memwal_index"):
+            merge(loc, rid, gens[0])  # takes version read + 1 first
+        real_op(kind, torn)
+
+    monkeypatch.setattr(exclusive_commit.faults, "op", merge_first)
+    with pytest.raises(table.LostRace):
+        table.guarded_replace_details(loc, read, details)
+    monkeypatch.undo()
+    after = table.read_memwal_state(loc)
+    assert after.table_version == read.table_version + 1 and after.merged == {rid: 1}
+    assert after.details.snapshot_ts_millis == read.details.snapshot_ts_millis
+    txns = set(os.listdir(os.path.join(loc.lance_uri, "_transactions"))) - txns_before
+    assert len(txns) == 1  # the merge's own
+    model.update({r["id"]: r for r in generation_rows(loc, rid, gens[0]).to_pylist()})
+    assert lsm(loc) == model

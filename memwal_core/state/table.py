@@ -3,13 +3,12 @@
 pylance only shows a summary of the `__lance_mem_wal` index, so the complete
 `MemWalIndexDetails` bytes are read from the table manifest itself (footer -> Manifest ->
 IndexSection -> IndexMetadata.index_details). Replacing those details is **guarded**: a commit
-built from a stale read would silently erase merge progress recorded in between, so the commit
-lock aborts unless the version being committed is exactly `read_version + 1`.
+built from a stale read would silently erase merge progress recorded in between, so it is
+committed as exactly `read_version + 1` or not at all (`state/exclusive_commit.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import struct
 import uuid
@@ -18,11 +17,11 @@ from dataclasses import dataclass
 import lance
 from google.protobuf.message import DecodeError
 
-from memwal_core import faults
 from memwal_core.errors import MemwalError
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state.lance_mem_wal import is_commit_conflict
-from memwal_core.state.store import NotFound, TableLocation
+from memwal_core.state import exclusive_commit
+from memwal_core.state.exclusive_commit import manifest_keys  # noqa: F401 - where callers look for it
+from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.table")
 
@@ -30,7 +29,6 @@ MEMWAL_INDEX_NAME = "__lance_mem_wal"
 MEMWAL_TYPE_URL = "/lance.table.MemWalIndexDetails"
 PK_METADATA_KEY = b"lance-schema:unenforced-primary-key"
 PK_POSITION_METADATA_KEY = b"lance-schema:unenforced-primary-key:position"
-_U64_MAX = 2**64 - 1
 
 
 class TableError(MemwalError):
@@ -205,11 +203,6 @@ def refuse_stable_row_ids(ds: lance.LanceDataset) -> None:
             "to merge this table (nothing was changed)")
 
 
-def manifest_keys(version: int) -> list[str]:
-    """Candidate manifest keys of a table version: V2 naming first, then V1."""
-    return [f"_versions/{_U64_MAX - version:020d}.manifest", f"_versions/{version}.manifest"]
-
-
 @dataclass
 class MemWalState:
     """The MemWAL index as of one table version."""
@@ -239,12 +232,10 @@ class MemWalState:
 
 
 def read_manifest_bytes(loc: TableLocation, version: int) -> bytes:
-    for key in manifest_keys(version):
-        try:
-            return loc.store.get(key)
-        except NotFound:
-            continue
-    raise TableError(f"table {loc.lance_uri}: manifest of version {version} not found")
+    found = exclusive_commit.read_manifest(loc, version)
+    if found is None:
+        raise TableError(f"table {loc.lance_uri}: manifest of version {version} not found")
+    return found[1]
 
 
 def parse_index_section(raw: bytes, where: str) -> tuple[int, list[pb.IndexMetadata]]:
@@ -288,24 +279,12 @@ def read_memwal_state(loc: TableLocation, version: int | None = None) -> MemWalS
         "table (call LanceDataset.initialize_mem_wal first)")
 
 
-def _guard(read_version: int):
-    """Commit lock that aborts unless nothing was committed since `read_version`."""
-
-    @contextlib.contextmanager
-    def lock(version: int):
-        if version != read_version + 1:
-            raise LostRace(f"lost race: version {read_version + 1} was committed by someone else "
-                           f"(now committing {version}); re-read and rebuild")
-        faults.op(f"lance_commit memwal_index v{version}")  # reliability tests: a crash point
-        yield
-
-    return lock
-
-
 def guarded_replace_details(loc: TableLocation, read: MemWalState,
                             details: pb.MemWalIndexDetails, *, index_uuid: str | None = None,
                             files: list[tuple[str, int]] | None = None) -> int:
-    """Replace the `__lance_mem_wal` details, or raise LostRace if any commit landed since `read`.
+    """Replace the `__lance_mem_wal` details as version `read.table_version + 1`, or raise
+    LostRace if any commit landed since `read` (`exclusive_commit`: neither a rebase over that
+    commit nor an overwrite of it).
 
     Returns the new table version. Never retried inside: the caller must rebuild from a fresh
     read, because the details it built may carry stale merge progress.
@@ -327,12 +306,7 @@ def guarded_replace_details(loc: TableLocation, read: MemWalState,
                 index_details=(MEMWAL_TYPE_URL, details.SerializeToString()))
     op = LanceOperation.CreateIndex(new_indices=[new], removed_indices=[old])
     try:
-        ds = lance.LanceDataset.commit(loc.lance_uri, op, read_version=read.table_version,
-                                       commit_lock=_guard(read.table_version),
-                                       storage_options=loc.storage_options or None, max_retries=0)
-    except OSError as e:
-        if "lost race" in str(e) or is_commit_conflict(e):  # "lost race": our own guard (`_guard`)
-            raise LostRace(f"table {loc.lance_uri}: a commit landed after version "
-                           f"{read.table_version}; MemWAL index not replaced") from None
-        raise
-    return ds.version
+        return exclusive_commit.commit_next_version(loc, read.table_version, op, "memwal_index")
+    except exclusive_commit.CommitRefused:
+        raise LostRace(f"table {loc.lance_uri}: a commit landed after version "
+                       f"{read.table_version}; MemWAL index not replaced") from None
