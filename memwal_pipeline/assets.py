@@ -140,16 +140,17 @@ def merge_region_metadata(outcome: StepOutcome, rid: str, value: str | None = No
         "pending_generations": MetadataValue.int(sum(1 for g in plan.pending.get(rid, []) if g > after)),
         "rows_read": MetadataValue.int(r.rows_read if r else 0),
         "bytes_read": MetadataValue.int(r.bytes_read if r else 0),
-        "run/regions": MetadataValue.int(outcome.metrics["regions"]),
+        "run/regions": MetadataValue.int(outcome.metrics["regions_planned"]),
         "run/commits": MetadataValue.int(result.commits),
         "run/duration_s": MetadataValue.float(round(result.duration_s, 2)),
         "table_version": MetadataValue.int(result.table_version),
     }
 
 
-def run_metadata(outcome: StepOutcome) -> dict[str, Any]:
-    """One merge run's totals (bounded: errors cut to the worst few)."""
-    return metric_values(outcome) | {"region_errors": MetadataValue.json(bounded.fit(_reasons(outcome.failures)))}
+def run_metadata(outcome: StepOutcome, regions: list[str]) -> dict[str, Any]:
+    """One merge run's totals (bounded: errors cut to the worst few); `regions`: the run's."""
+    return {"regions": MetadataValue.int(len(regions))} | metric_values(outcome) | {
+        "region_errors": MetadataValue.json(bounded.fit(_reasons(outcome.failures)))}
 
 
 def _known(f: RegionFailure, history: failures.RegionHistory | None) -> bool:
@@ -234,7 +235,7 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iter
     context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
                      f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
                      f"table version {result.table_version}")
-    yield AssetObservation(asset_key=context.asset_key, metadata=run_metadata(outcome))
+    yield AssetObservation(asset_key=context.asset_key, metadata=run_metadata(outcome, regions))
     failing = {f.region_id for f in outcome.failures}
     for rid in merged:
         if rid not in failing:

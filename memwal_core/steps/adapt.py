@@ -58,7 +58,7 @@ def merge_failures(plan: merge.MergePlan, result: merge.MergeResult | None) -> l
 def merge_outcome(plan: merge.MergePlan, result: merge.MergeResult | None) -> StepOutcome:
     failures = merge_failures(plan, result)
     if result is None:
-        metrics = {"regions": len(plan.pending), "batches": len(plan.batches),
+        metrics = {"regions_planned": len(plan.pending), "batches": len(plan.batches),
                    "generations_planned": sum(len(b.generations) for b in plan.batches),
                    "bytes_planned": sum(b.bytes for b in plan.batches), "regions_failed": len(failures),
                    "table_version": plan.table_version}
@@ -66,9 +66,8 @@ def merge_outcome(plan: merge.MergePlan, result: merge.MergeResult | None) -> St
                    f"(table version {plan.table_version})")
         status = StepStatus.PLANNED if plan.batches else StepStatus.NOTHING_TO_DO
         return StepOutcome("merge", status, False, failures, metrics=metrics, summary=summary, plan=plan)
-    regions = set(plan.pending) | set(result.regions)
     metrics = {
-        "regions": len(regions),
+        "regions_planned": len(set(plan.pending) | set(result.regions)),  # with generations to merge, or failed
         "regions_merged": sum(1 for r in result.regions.values() if r.generations_merged),
         "generations_merged": result.generations_merged,
         "generations_pending": sum(len(g) for g in pending_after(plan, result).values()),
