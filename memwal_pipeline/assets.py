@@ -268,6 +268,8 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iter
 
 def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
                  indexes: DynamicPartitionsDefinition | None = None) -> list:
+    """The table's assets. Long because it is their definitions (decorators, descriptions), each a
+    closure over the table's keys and settings; what they do is in the functions above."""
     keys = TableKeys(cfg.name)
     indexes = indexes or index_partitions(cfg.name)
     group = cfg.name

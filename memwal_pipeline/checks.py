@@ -99,6 +99,8 @@ def sensor_gave_up(instance, table: str, known: set[str], merged: dict[str, int]
 
 
 def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
+    """The table's asset checks. Long because it is their definitions, each a closure over the
+    table's keys and settings; the verdicts are in `lag_report`, `catchup_report` and the core."""
     keys = TableKeys(cfg.name)
     res = {keys.table_resource}
     merge_job_name = merge_job_name or f"{cfg.name}_merge"

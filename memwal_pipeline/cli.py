@@ -4,8 +4,11 @@ A command works on one table: a URI (default settings), or `--config FILE --tabl
 table's settings); flags override settings and are checked by the same rules as the file.
 Progress of long jobs goes to stderr (one updating line on a terminal), so `--json` keeps
 stdout for the report.
-Errors are one clear line naming the region (a traceback only with --verbose); the exit
-status is non-zero when any step failed. Ctrl-C (SIGINT) or SIGTERM stops the pass: the step
+Errors are one clear line naming the region (a traceback only with --verbose). What a step did
+is its `StepOutcome` (`memwal_core.steps`): the lines printed, the `--json` report (versioned by
+`schema_version`) and the exit status (non-zero when a step failed, was refused, left regions
+behind, or a check failed) all come from outcomes, never from Dagster metadata; `--dry-run`
+is the same runner with `execute=False`. Ctrl-C (SIGINT) or SIGTERM stops the pass: the step
 under way is abandoned (its commits are atomic: either in or not), no later step runs, and the
 exit status is 128 + the signal number (130 for Ctrl-C).
 """
@@ -864,6 +867,8 @@ def _table_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`memwal`: parse the command line and run the command (one clear line per error, the exit
+    status of the command). Long because it is the argument parser's declaration."""
     p = argparse.ArgumentParser(prog="memwal", description="Maintenance plane for MemWAL Lance tables.")
     p.add_argument("--verbose", "-v", action="store_true", help="full tracebacks and Dagster logs")
     sub = p.add_subparsers(dest="cmd", required=True)
