@@ -324,8 +324,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         # and GC after it in the maintenance job are not skipped run after run.
         outcome = _run(context, keys, cfg, "compact", spark=True)
         if outcome.status is StepStatus.SKIPPED:
-            return MaterializeResult(metadata=_skipped(context, outcome), check_results=[AssetCheckResult(
-                check_name="compaction_ok", passed=True, metadata={"skipped": MetadataValue.text(str(outcome.exception))})])
+            skipped = {"skipped": MetadataValue.text(str(outcome.exception))}
+            return MaterializeResult(metadata=_skipped(context, outcome), check_results=[
+                AssetCheckResult(check_name="compaction_ok", passed=True, metadata=skipped)])
         if outcome.status is StepStatus.FAILED:
             context.log.error(f"compaction failed; the steps after it still run: {outcome.error}")
             return MaterializeResult(

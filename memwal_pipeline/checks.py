@@ -160,8 +160,9 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
     def gc_consistency(context) -> AssetCheckResult:
         region_errors: dict[str, str] = {}
         missing = checks.missing_generations(loc_of(context), region_errors)
-        said = [f"listed generations missing on disk, by region: {dict(sorted(missing.items())[:5])}"] if missing else []
-        said += sorted(region_errors.values())[:2]
+        said = sorted(region_errors.values())[:2]
+        if missing:
+            said.insert(0, f"listed generations missing on disk, by region: {dict(sorted(missing.items())[:5])}")
         return AssetCheckResult(passed=not missing and not region_errors, severity=AssetCheckSeverity.ERROR,
                                 description=bounded.short("; ".join(said)) if said else None, metadata={
             "missing_generations": MetadataValue.int(sum(len(v) for v in missing.values())),

@@ -185,7 +185,8 @@ def gc_dry_metrics(r: gc.GcResult) -> dict[str, int]:
                            "regions_failed": len(plan.region_errors)}
     for kind in gc.KINDS:
         items = [i for i in plan.items if i.kind == kind]
-        out |= {f"would_delete/{kind}/items": len(items), f"would_delete/{kind}/objects": sum(len(i.keys) for i in items),
+        out |= {f"would_delete/{kind}/items": len(items),
+                f"would_delete/{kind}/objects": sum(len(i.keys) for i in items),
                 f"would_delete/{kind}/bytes": sum(i.bytes for i in items)}
     base = plan.base_cleanup
     out |= {f"would_delete/{gc.BASE_VERSION}/items": len(base.versions) if base else 0,
@@ -211,8 +212,9 @@ def gc_notes(r: gc.GcResult) -> list[str]:
     """What GC did or kept that a person should know and that is not a failure."""
     notes = []
     if r.base_cleanup and "error" in r.base_cleanup:
-        notes.append(f"base table: cleanup {'cannot be planned' if r.dry_run else 'failed'} ({r.base_cleanup['error']}); "
-                     f"GC {'plans' if r.dry_run else 'collected'} as if every version were retained")
+        what, then = ("cannot be planned", "plans") if r.dry_run else ("failed", "collected")
+        notes.append(f"base table: cleanup {what} ({r.base_cleanup['error']}); "
+                     f"GC {then} as if every version were retained")
     for rid, through in sorted(r.stale_discarded.items()):
         notes.append(f"region {rid}: generations through {through}, written before the MemWAL initialization, "
                      "discarded after the grace (gc.discard_stale_after_seconds)")
