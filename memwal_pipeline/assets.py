@@ -2,13 +2,16 @@
 memwal_index -> garbage (the issue's order: compaction right after the merge, the snapshot right
 before GC, whose `value_unrecorded` hold it releases).
 
-Each asset is a thin call into memwal_core (plan + execute) that turns the result into
-numeric metadata the UI plots. Every asset that commits to the table runs in the table's
-pool (limit 1 in dagster_home/dagster.yaml), so commits to one table are serialized within one
-Dagster instance; each also holds the table's lease (`memwal_core/state/lease.py`) around its
-plan and commits, which serializes it with every other maintainer (another instance, `memwal
-maintain`, a library caller). A lease held past `lease.wait_seconds` skips the step: `status`
-says "skipped: ... held by <holder> until <time>" and the steps after it still run.
+Each step asset is a thin adapter: it runs its step through the core runner
+(`memwal_core.steps.run_step`: plan + execute under the table's lease) and turns the
+`StepOutcome` into events: numeric metadata the UI plots (the outcome's metrics, plus a few
+texts and bounded maps), check results, and a Dagster `Failure` for what failed. Every asset
+that commits to the table runs in the table's pool (limit 1 in dagster_home/dagster.yaml), so
+commits to one table are serialized within one Dagster instance; the lease the runner holds
+around plan and commits (`memwal_core/state/lease.py`) serializes it with every other
+maintainer (another instance, `memwal maintain`, a library caller). A lease held past
+`lease.wait_seconds` skips the step: `status` says "skipped: ... held by <holder> until <time>"
+and the steps after it still run.
 
 Partitions (`partitions.py`): region_generations and base_table by region, index_catchup by
 base-table index; the other assets are table-wide.
@@ -25,10 +28,11 @@ on 1.13.27). `_table` / `_spark` give the typed resource back.
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 from dagster import (
     AssetCheckResult,
+    Failure,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
@@ -43,12 +47,12 @@ from dagster import (
     asset,
 )
 
-from memwal_core.errors import MemwalError, one_line
-from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+from memwal_core.failures import RegionFailure
+from memwal_core.jobs import catchup
 from memwal_core.observe import status
-from memwal_core.state import lease, region
-from memwal_core.state.keys import refuse_unsupported_keys
-from memwal_core.state.table import open_dataset, primary_key, read_memwal_state
+from memwal_core.state import region
+from memwal_core.state.table import read_memwal_state
+from memwal_core.steps import StepOptions, StepOutcome, StepStatus, adapt, run_step
 
 from . import failures
 from . import metadata as bounded
@@ -110,80 +114,71 @@ def merge_freshness(cfg: TableConfig) -> FreshnessPolicy:
     return FreshnessPolicy.time_window(fail_window=timedelta(seconds=max(60.0, float(cfg.slo.merge_lag_seconds))))
 
 
-class MergeFailed(Exception):
+class MergeFailed(Failure):
     """A merge run left regions unmerged; the message names each region, generation and reason."""
 
 
-@dataclass
-class MergeOutcome:
-    """What one merge run did per region: which regions merged, which failed and why."""
-
-    plan_merged: dict[str, int]  # merged generation per region when the run planned
-    planned: dict[str, list[int]]  # pending generations per region when the run planned
-    merged: list[str]  # regions that merged at least one generation in this run
-    failures: list[failures.RegionFailure]
-    regions: int = 0
-
-    def merged_after(self, rid: str, result: merge.MergeResult | None = None) -> int:
-        r = result.regions.get(rid) if result else None
-        return max(self.plan_merged.get(rid, 0), r.merged_generation if r else 0)
-
-    def region_metadata(self, rid: str, result: merge.MergeResult, value: str | None = None) -> dict[str, Any]:
-        """The region's own numbers (plotted per partition) and a few facts of the run, labelled as such."""
-        r = result.regions.get(rid)
-        after = self.merged_after(rid, result)
-        md = {} if value is None else {"region_value": MetadataValue.text(value)}
-        return md | {
-            "generations_merged": MetadataValue.int(len(r.generations_merged) if r else 0),
-            "merged_generation": MetadataValue.int(after),
-            "pending_generations": MetadataValue.int(sum(1 for g in self.planned.get(rid, []) if g > after)),
-            "rows_read": MetadataValue.int(r.rows_read if r else 0),
-            "bytes_read": MetadataValue.int(r.bytes_read if r else 0),
-            "run/regions": MetadataValue.int(self.regions),
-            "run/commits": MetadataValue.int(result.commits),
-            "run/duration_s": MetadataValue.float(round(result.duration_s, 2)),
-            "table_version": MetadataValue.int(result.table_version),
-        }
+def metric_values(outcome: StepOutcome) -> dict[str, Any]:
+    """The outcome's numbers as metadata the UI plots (ints stay ints)."""
+    return {k: MetadataValue.int(v) if isinstance(v, int) else MetadataValue.float(float(v))
+            for k, v in outcome.metrics.items()}
 
 
-def run_metadata(regions: list[str], result: merge.MergeResult, outcome: MergeOutcome) -> dict[str, Any]:
-    """One merge run's totals (bounded: errors cut to the worst few)."""
-    return {
-        "regions": MetadataValue.int(len(regions)),
-        "regions_merged": MetadataValue.int(len(outcome.merged)),
-        "generations_merged": MetadataValue.int(result.generations_merged),
-        "generations_pending": MetadataValue.int(sum(
-            1 for rid, gens in outcome.planned.items() for g in gens if g > outcome.merged_after(rid, result))),
-        "commits": MetadataValue.int(result.commits),
-        "conflicts": MetadataValue.int(result.conflicts),
-        "rows_upserted": MetadataValue.int(result.rows_upserted),
-        "rows_deleted": MetadataValue.int(result.rows_deleted),
-        "bytes_read": MetadataValue.int(result.bytes_read),
-        "bytes_written": MetadataValue.int(result.bytes_written),
-        "duration_s": MetadataValue.float(round(result.duration_s, 2)),
-        "regions_failed": MetadataValue.int(len(outcome.failures)),
-        "region_errors": MetadataValue.json(bounded.fit({f.region_id: f.error for f in outcome.failures})),
+def _reasons(failures: list[RegionFailure]) -> dict[str, str]:
+    return {f.region_id: f.reason for f in failures}
+
+
+def merge_region_metadata(outcome: StepOutcome, rid: str, value: str | None = None) -> dict[str, Any]:
+    """A region's own numbers (plotted per partition) and a few facts of the run, labelled as such."""
+    plan, result = outcome.plan, outcome.result
+    r = result.regions.get(rid)
+    after = adapt.merged_after(plan, result, rid)
+    md = {} if value is None else {"region_value": MetadataValue.text(value)}
+    return md | {
+        "generations_merged": MetadataValue.int(len(r.generations_merged) if r else 0),
+        "merged_generation": MetadataValue.int(after),
+        "pending_generations": MetadataValue.int(sum(1 for g in plan.pending.get(rid, []) if g > after)),
+        "rows_read": MetadataValue.int(r.rows_read if r else 0),
+        "bytes_read": MetadataValue.int(r.bytes_read if r else 0),
+        "run/regions": MetadataValue.int(outcome.metrics["regions_planned"]),
+        "run/commits": MetadataValue.int(result.commits),
+        "run/duration_s": MetadataValue.float(round(result.duration_s, 2)),
         "table_version": MetadataValue.int(result.table_version),
     }
 
 
-def merge_outcome(plan: merge.MergePlan, result: merge.MergeResult) -> MergeOutcome:
-    planned = plan.pending
-    merged_after = {rid: max(plan.merged.get(rid, 0), r.merged_generation) for rid, r in result.regions.items()}
-    pending_after = {rid: [g for g in gens if g > merged_after.get(rid, plan.merged.get(rid, 0))]
-                     for rid, gens in planned.items()}
-    merged = sorted(rid for rid, r in result.regions.items() if r.generations_merged)
-    regions = len(set(planned) | set(result.regions))
-    return MergeOutcome(dict(plan.merged), planned, merged, failures.from_merge_result(result, pending_after), regions)
+def run_metadata(outcome: StepOutcome, regions: list[str]) -> dict[str, Any]:
+    """One merge run's totals (bounded: errors cut to the worst few); `regions`: the run's."""
+    return {"regions": MetadataValue.int(len(regions))} | metric_values(outcome) | {
+        "region_errors": MetadataValue.json(bounded.fit(_reasons(outcome.failures)))}
 
 
-def _known(f: failures.RegionFailure, history: failures.RegionHistory | None) -> bool:
+def _known(f: RegionFailure, history: failures.RegionHistory | None) -> bool:
     """A failure already reported: a wall at the same generation, or the same failure recorded
     in `STUCK_AFTER` failed runs (the region is stuck; `merge_lag` says so)."""
     if history is None:
         return False
     same = [h for h in history.failures if h.generation == f.generation]
-    return (bool(f.permanent) and any(h.permanent for h in same)) or len(same) >= failures.STUCK_AFTER
+    return (f.permanent and any(h.permanent for h in same)) or len(same) >= failures.STUCK_AFTER
+
+
+def merge_failed(new: list[RegionFailure]) -> MergeFailed:
+    """The run's failure: the regions not merged, each with generation, permanence and reason;
+    retried by a run retry policy only when one of them is transient."""
+    shown = "; ".join(f.describe() for f in new[:5])
+    more = f" (and {len(new) - 5} more)" if len(new) > 5 else ""
+    return MergeFailed(description=f"{len(new)} region(s) not merged: {shown}{more}",
+                       metadata={"regions_failed": MetadataValue.int(len(new)),
+                                 "region_errors": MetadataValue.json(bounded.fit(_reasons(new)))},
+                       allow_retries=not all(f.permanent for f in new))
+
+
+def raise_if_failed(outcome: StepOutcome) -> None:
+    """A step that failed or was refused fails its asset with the error as raised."""
+    if outcome.status in (StepStatus.FAILED, StepStatus.REFUSED):
+        if outcome.exception is not None:
+            raise outcome.exception
+        raise Failure(description=outcome.error or f"{outcome.step} failed")
 
 
 def _table(context, keys: TableKeys) -> TableResource:
@@ -199,11 +194,21 @@ def _location(context, keys: TableKeys):
     return _table(context, keys).location()
 
 
-def _skipped(context, e: lease.LeaseHeld) -> dict[str, Any]:
+def _run(context, keys: TableKeys, cfg: TableConfig, step: str, *, spark: bool = False,
+         regions: list[str] | None = None) -> StepOutcome:
+    """Step `step` through the core runner, for this run (its id names the lease holder; the
+    jobs' progress and the outcome go to the run's log). The Spark session starts only when
+    the step has Spark work (a JVM start is ~10 s)."""
+    provider = (lambda: _spark(context, keys).spark_session) if spark else None
+    return run_step(step, _location(context, keys), StepOptions.of(cfg), provider, regions=regions,
+                    run_id=context.run_id, progress=context.log.info)
+
+
+def _skipped(context, outcome: StepOutcome) -> dict[str, Any]:
     """A step another maintainer's lease kept from running: a warning and a `status` that says
     by whom and until when (not a failure: the next run does the work)."""
-    context.log.warning(str(e))
-    return {"status": MetadataValue.text(f"skipped: lease held by {e.record.describe()}")}
+    context.log.warning(str(outcome.exception or outcome.error))
+    return {"status": MetadataValue.text(f"skipped: {outcome.error}")}
 
 
 def _labels(loc) -> RegionLabels:
@@ -213,8 +218,58 @@ def _labels(loc) -> RegionLabels:
         return RegionLabels()
 
 
+def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iterator[Any]:
+    """A merge run's events: the run's totals (one observation), one materialization per region
+    it merged, and, when regions are left unmerged and not already known to be, the run's
+    failure (tagged with the failures, so checks and `memwal status` find them).
+
+    The totals are an observation of the asset (no partition), not copied onto every region's
+    materialization. A failing region gets no materialization even when it merged generations
+    before its wall: Dagster then shows its partition as failed."""
+    result = outcome.result
+    merged = sorted(rid for rid, r in result.regions.items() if r.generations_merged)
+    labels = _labels(loc) if merged or outcome.failures else RegionLabels()
+    for rid in merged:
+        context.log.info(f"region {rid}: merged generations {result.regions[rid].generations_merged} "
+                         f"(now at {adapt.merged_after(outcome.plan, result, rid)})")
+    context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
+                     f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
+                     f"table version {result.table_version}")
+    yield AssetObservation(asset_key=context.asset_key, metadata=run_metadata(outcome, regions))
+    failing = {f.region_id for f in outcome.failures}
+    for rid in merged:
+        if rid not in failing:
+            yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
+                                       metadata=merge_region_metadata(outcome, rid, labels.label(rid)))
+    if not outcome.failures:
+        return
+    for f in outcome.failures:
+        context.log.error(f.describe())
+    history = failures.recent_failures(context.instance, context.job_name, regions=sorted(failing))
+    new = [f for f in outcome.failures if not _known(f, history.get(f.region_id))]
+    if not new:
+        # Every failure is a known one (a wall, or recorded STUCK_AFTER times already): the
+        # partitions stay failed from before and `merge_lag` reports them; failing again
+        # would only fail the other regions' runs.
+        context.log.warning(f"{len(outcome.failures)} regions still cannot be merged (known, see merge_lag)")
+        return
+    # With one planned event per partition, Dagster marks failed the partitions this run
+    # planned and did not materialize: record every region that is fine (merged, or nothing
+    # to merge) so only the failing ones are. (With one planned event per run, see
+    # definitions.PLANNED_EVENTS_ENV, no partition is marked and this costs nothing.)
+    per_partition = not context.instance.event_log_storage.supports_partition_subset_in_asset_materialization_planned_events
+    for rid in regions if per_partition else []:
+        if rid not in failing and rid not in merged:
+            yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
+                                       metadata=merge_region_metadata(outcome, rid, labels.label(rid)))
+    context.instance.add_run_tags(context.run_id, failures.run_tags(outcome.failures))
+    raise merge_failed(new)
+
+
 def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
                  indexes: DynamicPartitionsDefinition | None = None) -> list:
+    """The table's assets. Long because it is their definitions (decorators, descriptions), each a
+    closure over the table's keys and settings; what they do is in the functions above."""
     keys = TableKeys(cfg.name)
     indexes = indexes or index_partitions(cfg.name)
     group = cfg.name
@@ -245,65 +300,13 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
                        "only for the regions it merged; it fails, naming region, generation and "
                        "reason, when a region could not be merged.")
     def base_table(context: AssetExecutionContext):
-        loc = _location(context, keys)
         regions = list(context.partition_keys)
-        ds = open_dataset(loc)  # a table without a primary key, or of a key type memwal cannot merge:
-        refuse_unsupported_keys(ds.schema, primary_key(ds), loc.lance_uri)  # a clear error before any Spark
-        try:
-            with lease.hold(loc, "merge", cfg.lease, run_id=context.run_id):
-                plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes,
-                                        max_generations=cfg.merge.max_generations, regions=regions)
-                # The lazy session starts only when there is something to merge (a JVM start is ~10 s).
-                spark = _spark(context, keys).spark_session if plan.batches else None
-                result = merge.execute_merge(loc, plan, spark, progress=context.log.info, lease=cfg.lease)
-        except lease.LeaseHeld as e:  # no materialization: the sensor requests the regions again
-            yield AssetObservation(asset_key=context.asset_key, metadata=_skipped(context, e))
+        outcome = _run(context, keys, cfg, "merge", spark=True, regions=regions)
+        if outcome.status is StepStatus.SKIPPED:  # no materialization: the sensor requests the regions again
+            yield AssetObservation(asset_key=context.asset_key, metadata=_skipped(context, outcome))
             return
-        outcome = merge_outcome(plan, result)
-        labels = _labels(loc) if outcome.merged or outcome.failures else RegionLabels()
-        for rid in outcome.merged:
-            r = result.regions[rid]
-            context.log.info(f"region {rid}: merged generations {r.generations_merged} "
-                             f"(now at {outcome.merged_after(rid, result)})")
-        context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
-                         f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
-                         f"table version {result.table_version}")
-        # The run's totals: one observation of the asset (no partition), not copied onto every
-        # region's materialization (what `memwal maintain` reports for the merge step).
-        yield AssetObservation(asset_key=context.asset_key, metadata=run_metadata(regions, result, outcome))
-        failing = {f.region_id for f in outcome.failures}
-        # A failing region gets no materialization even when it merged generations before its
-        # wall (logged above): Dagster then shows its partition as failed.
-        for rid in outcome.merged:
-            if rid not in failing:
-                yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
-                                           metadata=outcome.region_metadata(rid, result, labels.label(rid)))
-        if not outcome.failures:
-            return
-        for f in outcome.failures:
-            context.log.error(f.describe())
-        history = failures.recent_failures(context.instance, context.job_name,
-                                           regions=[f.region_id for f in outcome.failures])
-        new = [f for f in outcome.failures if not _known(f, history.get(f.region_id))]
-        if not new:
-            # Every failure is a known one (a wall, or recorded STUCK_AFTER times already): the
-            # partitions stay failed from before and `merge_lag` reports them; failing again
-            # would only fail the other regions' runs.
-            context.log.warning(f"{len(outcome.failures)} regions still cannot be merged (known, see merge_lag)")
-            return
-        # With one planned event per partition, Dagster marks failed the partitions this run
-        # planned and did not materialize: record every region that is fine (merged, or nothing
-        # to merge) so only the failing ones are. (With one planned event per run, see
-        # definitions.PLANNED_EVENTS_ENV, no partition is marked and this costs nothing.)
-        per_partition = not context.instance.event_log_storage.supports_partition_subset_in_asset_materialization_planned_events
-        for rid in regions if per_partition else []:
-            if rid not in failing and rid not in outcome.merged:
-                yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
-                                           metadata=outcome.region_metadata(rid, result, labels.label(rid)))
-        context.instance.add_run_tags(context.run_id, failures.run_tags(outcome.failures))
-        shown = "; ".join(f.describe() for f in new[:5])
-        more = f" (and {len(new) - 5} more)" if len(new) > 5 else ""
-        raise MergeFailed(f"{len(new)} region(s) not merged: {shown}{more}")
+        raise_if_failed(outcome)
+        yield from merge_events(context, _location(context, keys), outcome, regions)
 
     @asset(key=keys.asset("base_compaction"), kinds={"lance", "spark"}, deps=[base_table], group_name=group,
            pool=cfg.pool, required_resource_keys=table_res | {keys.spark_resource},
@@ -319,35 +322,29 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         # Compaction is the table's long-run health, not its correctness: when it fails, the
         # asset still materializes (its check fails) so that the MemWAL index, index catch-up
         # and GC after it in the maintenance job are not skipped run after run.
-        loc = _location(context, keys)
-        try:
-            with lease.hold(loc, "compact", cfg.lease, run_id=context.run_id):
-                plan = compaction.plan_compaction(loc, cfg.compaction)
-                context.log.info(f"compaction plan: {plan.summary}")
-                # The lazy session starts only when there are fragments to rewrite.
-                spark = _spark(context, keys).spark_session if plan.needs_spark else None
-                r = compaction.execute_compaction(loc, plan, spark, progress=context.log.info, lease=cfg.lease)
-        except lease.LeaseHeld as e:
-            return MaterializeResult(metadata=_skipped(context, e), check_results=[AssetCheckResult(
-                check_name="compaction_ok", passed=True, metadata={"skipped": MetadataValue.text(str(e))})])
-        except Exception as e:  # noqa: BLE001 - reported by the check, never stalls the rest
-            # memwal's own refusals say what is wrong without their class name, as when they raised
-            err = str(e).splitlines()[0] if isinstance(e, MemwalError) and str(e) else one_line(e)
-            context.log.exception(f"compaction failed; the steps after it still run: {err}")
+        outcome = _run(context, keys, cfg, "compact", spark=True)
+        if outcome.status is StepStatus.SKIPPED:
+            skipped = {"skipped": MetadataValue.text(str(outcome.exception))}
+            return MaterializeResult(metadata=_skipped(context, outcome), check_results=[
+                AssetCheckResult(check_name="compaction_ok", passed=True, metadata=skipped)])
+        if outcome.status is StepStatus.FAILED:
+            context.log.error(f"compaction failed; the steps after it still run: {outcome.error}")
             return MaterializeResult(
-                metadata={"status": MetadataValue.text(f"failed: {err}")},
+                metadata={"status": MetadataValue.text(f"failed: {outcome.error}")},
                 check_results=[AssetCheckResult(check_name="compaction_ok", passed=False,
-                                                severity=AssetCheckSeverity.ERROR,
-                                                metadata={"error": MetadataValue.text(err)})])
-        for name, err in r.errors.items():
-            context.log.error(f"index {name}: {err}")
-        for name, why in plan.retrain_refused.items():
-            context.log.warning(f"index {name}: not retrained: {why}")
+                                                severity=AssetCheckSeverity.ERROR, description=outcome.error,
+                                                metadata={"error": MetadataValue.text(outcome.error or "")})])
+        for line in outcome.errors:
+            context.log.error(line)
+        for note in outcome.notes:
+            context.log.warning(note)
+        errors = outcome.result.errors
         return MaterializeResult(
-            metadata=compaction_metadata(plan, r),
-            check_results=[AssetCheckResult(check_name="compaction_ok", passed=not r.errors,
+            metadata=compaction_metadata(outcome),
+            check_results=[AssetCheckResult(check_name="compaction_ok", passed=not errors,
                                             severity=AssetCheckSeverity.WARN,
-                                            metadata={"errors": MetadataValue.json(r.errors)})])
+                                            description=bounded.short("; ".join(outcome.errors)) if errors else None,
+                                            metadata={"errors": MetadataValue.json(errors)})])
 
     @asset(key=keys.asset("index_catchup"), kinds={"lance"}, deps=[base_compaction], group_name=group, pool=cfg.pool,
            partitions_def=indexes, backfill_policy=BackfillPolicy.single_run(),
@@ -358,22 +355,21 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
                        "index partition; it catches up every index of the table, so GC downstream sees "
                        "all of them current.")
     def index_catchup(context: AssetExecutionContext) -> MaterializeResult:
-        loc = _location(context, keys)
         # Every index, not only the run's partitions: an index created since the sensor's last
         # tick has no partition yet but gates GC all the same.
-        try:
-            with lease.hold(loc, "catchup", cfg.lease, run_id=context.run_id):
-                r = catchup.run_catchup(loc, lease=cfg.lease)
-        except lease.LeaseHeld as e:
-            return MaterializeResult(metadata=_skipped(context, e))
-        for name, err in r.errors.items():
-            context.log.error(f"index {name}: {err}")
+        outcome = _run(context, keys, cfg, "catchup")
+        if outcome.status is StepStatus.SKIPPED:
+            return MaterializeResult(metadata=_skipped(context, outcome))
+        raise_if_failed(outcome)
+        for line in outcome.errors:
+            context.log.error(line)
+        r = outcome.result
         if not (context.has_partition_key or context.has_partition_key_range):
             # A run without an index range (no index partition yet, or launched by hand): one
             # table-wide record, as before indexes had partitions.
-            return MaterializeResult(metadata=catchup_summary(r))
+            return MaterializeResult(metadata=catchup_summary(outcome))
         outcomes = {o.name: o for o in r.indexes}
-        labels = _labels(loc)
+        labels = _labels(_location(context, keys))
         for name in context.partition_keys:
             o = outcomes.get(name)
             if o is None:
@@ -384,8 +380,8 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         if unpartitioned:
             context.log.info(f"caught up indexes without a partition yet (the sensor adds them): {unpartitioned}")
         return MaterializeResult(metadata={
-            "run/indexes": MetadataValue.int(len(r.indexes)),
-            "run/max_gap": MetadataValue.int(max([row.gap for row in r.rows] or [0])),
+            "run/indexes": MetadataValue.int(outcome.metrics["indexes"]),
+            "run/max_gap": MetadataValue.int(outcome.metrics["max_gap"]),
             "table_version": MetadataValue.int(r.table_version),
         })
 
@@ -394,24 +390,17 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
            description="Snapshot of every region manifest in the MemWAL index (inline up to the "
                        "threshold, else an external Lance file); refreshes each region's WAL hint.")
     def memwal_index(context: AssetExecutionContext) -> MaterializeResult:
-        loc = _location(context, keys)
-        try:
-            with lease.hold(loc, "index", cfg.lease, run_id=context.run_id):
-                r = snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold, lease=cfg.lease)
-        except lease.LeaseHeld as e:
-            return MaterializeResult(metadata=_skipped(context, e))
-        for rid, err in r.region_errors.items():
-            context.log.error(f"region {rid}: {err}")
-        return MaterializeResult(metadata={
-            "num_regions": MetadataValue.int(r.num_regions),
+        outcome = _run(context, keys, cfg, "index")
+        if outcome.status is StepStatus.SKIPPED:
+            return MaterializeResult(metadata=_skipped(context, outcome))
+        raise_if_failed(outcome)
+        for line in outcome.problems:
+            context.log.error(line)
+        r = outcome.result
+        return MaterializeResult(metadata=metric_values(outcome) | {
             "storage": MetadataValue.text(r.storage),
-            "hints_updated": MetadataValue.int(len(r.hints_updated)),
-            "regions_failed": MetadataValue.int(len(r.region_errors)),
-            "region_errors": MetadataValue.json(bounded.fit(r.region_errors)),
-            "committed": MetadataValue.bool(getattr(r, "committed", True)),
-            "attempts": MetadataValue.int(r.attempts),
-            "duration_s": MetadataValue.float(round(r.duration_s, 2)),
-            "table_version": MetadataValue.int(r.table_version),
+            "region_errors": MetadataValue.json(bounded.fit(_reasons(outcome.failures))),
+            "committed": MetadataValue.bool(bool(r.committed)),
         })
 
     @asset(key=keys.asset("garbage"), kinds={"lance"}, deps=[memwal_index], group_name=group, pool=cfg.pool,
@@ -419,91 +408,43 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
            description="Garbage collection: merged and caught-up generations, their WAL files, old "
                        "manifest versions and orphaned directories; never what a reader still needs.")
     def garbage(context: AssetExecutionContext) -> MaterializeResult:
-        loc = _location(context, keys)
-        try:
-            with lease.hold(loc, "gc", cfg.lease, run_id=context.run_id):
-                r = gc.run_gc(loc, cfg.gc, progress=context.log.info, lease=cfg.lease)
-        except lease.LeaseHeld as e:
-            return MaterializeResult(metadata=_skipped(context, e))
-        for rid, err in r.region_errors.items():
-            context.log.error(err if rid in err else f"region {rid}: {err}")
-        counts = r.counts()
-        holds = getattr(r, "holds", [])
-        for h in holds:
+        outcome = _run(context, keys, cfg, "gc")
+        if outcome.status is StepStatus.SKIPPED:
+            return MaterializeResult(metadata=_skipped(context, outcome))
+        raise_if_failed(outcome)
+        for line in outcome.problems:
+            context.log.error(line)
+        r = outcome.result
+        for h in r.holds:
             context.log.info(f"GC keeps {h.describe()}")
-        for rid, through in sorted(r.stale_discarded.items()):
-            context.log.warning(f"region {rid}: generations through {through}, written before the MemWAL "
-                                f"initialization, discarded after the grace (gc.discard_stale_after_seconds)")
-        if not cfg.gc.base_cleanup and any(h.reason == "time_travel" for h in holds):
-            context.log.warning(
-                f"no base-version cleanup is configured: {r.retained_versions} retained base-table versions "
-                "keep merged generations forever, and every GC pass reads all of them (set "
-                "gc.cleanup_base_versions_older_than_seconds or gc.cleanup_base_versions_retain)")
-        md = {
-            "objects_deleted": MetadataValue.int(r.deleted_objects),
-            "bytes_reclaimed": MetadataValue.int(r.bytes_reclaimed),
-            "generations_deleted": MetadataValue.int(counts.get("generation", 0)),
-            "deleted": MetadataValue.json(counts),
+        for note in outcome.notes:
+            context.log.warning(note)
+        return MaterializeResult(metadata=metric_values(outcome) | {
+            "deleted": MetadataValue.json(r.counts()),
             "kept": MetadataValue.json(bounded.top(r.kept, 20)),
-            "held": MetadataValue.md(holds_markdown(holds)),
-            "manifest_commits": MetadataValue.int(r.manifest_commits),
-            "regions_failed": MetadataValue.int(len(r.region_errors)),
-            "region_errors": MetadataValue.json(bounded.fit(r.region_errors)),
-            "duration_s": MetadataValue.float(round(r.plan_seconds + r.execute_seconds, 2)),
-            "retained_base_versions": MetadataValue.int(r.retained_versions),
-            "leaked_objects_deleted": MetadataValue.int(r.leaked_objects),
-            "leaked_bytes_reclaimed": MetadataValue.int(r.leaked_bytes),
+            "held": MetadataValue.md(holds_markdown(r.holds)),
+            "region_errors": MetadataValue.json(bounded.fit(_reasons(outcome.failures))),
             "leak_scan": MetadataValue.json(r.leak_scan),
-        }
-        for h in holds:  # plotted: what GC keeps, per reason
-            md[f"held_bytes/{h.reason}"] = MetadataValue.int(h.bytes)
-        return MaterializeResult(metadata=md)
+        })
 
     return [region_generations, base_table, base_compaction, index_catchup, memwal_index, garbage]
 
 
-def compaction_metadata(plan: compaction.CompactionPlan, r: compaction.CompactionResult) -> dict[str, Any]:
-    """Numbers the UI plots: health before and after, bytes, segments per index."""
-    before, after = r.health_before, r.health_after or r.health_before
-    md: dict[str, Any] = {
-        "status": MetadataValue.text(r.status),
-        "reasons": MetadataValue.json(plan.reasons),
-        "fragments": MetadataValue.int(after.fragments),
-        "small_fragments": MetadataValue.int(after.small_fragments),
-        "deleted_row_ratio": MetadataValue.float(round(after.deleted_row_ratio, 4)),
-        "deletion_file_ratio": MetadataValue.float(round(after.deletion_file_ratio, 4)),
-        "index_segments": MetadataValue.int(sum(after.index_segments.values())),
-        "fragments_before": MetadataValue.int(before.fragments),
-        "bytes_before": MetadataValue.int(before.bytes),
-        "bytes_after": MetadataValue.int(after.bytes),
-        "tasks": MetadataValue.int(r.tasks),
-        "conflicts": MetadataValue.int(r.conflicts),
-        "fragments_removed": MetadataValue.int(r.fragments_removed),
-        "fragments_added": MetadataValue.int(r.fragments_added),
+def compaction_metadata(outcome: StepOutcome) -> dict[str, Any]:
+    """Numbers the UI plots (health before and after, bytes, segments per index) and what the
+    compaction did."""
+    plan, r = outcome.plan, outcome.result
+    return {"status": MetadataValue.text(r.status), "reasons": MetadataValue.json(plan.reasons)} | \
+        metric_values(outcome) | {
         "indexed_first": MetadataValue.json(r.indexed_first),
         "catchup_restored": MetadataValue.json(r.catchup_restored),
         "errors": MetadataValue.json(r.errors),
-        "duration_s": MetadataValue.float(round(r.duration_s, 3)),
-        "table_version": MetadataValue.int(r.table_version),
     }
-    for name, n in sorted(after.index_segments.items()):
-        md[f"segments/{name}"] = MetadataValue.int(n)
-    return md
 
 
-def catchup_summary(r: catchup.CatchupResult) -> dict[str, Any]:
-    """Every index in one record (a run without index partitions; what `memwal maintain` prints)."""
-    rows = r.rows
-    md: dict[str, Any] = {
-        "indexes": MetadataValue.int(len(r.indexes)),
-        "max_gap": MetadataValue.int(max([row.gap for row in rows] or [0])),
-        "not_caught_up": MetadataValue.int(len(r.not_caught_up)),
-        "unindexed_rows_after": MetadataValue.int(sum(o.unindexed_rows_after or 0 for o in r.indexes)),
-        "catchup": MetadataValue.md(catchup_markdown(rows)),
-    }
-    for o in r.indexes:
-        md[f"gap/{o.name}"] = MetadataValue.int(max([row.gap for row in rows if row.index_name == o.name] or [0]))
-    return md
+def catchup_summary(outcome: StepOutcome) -> dict[str, Any]:
+    """Every index in one record (a run without index partitions)."""
+    return metric_values(outcome) | {"catchup": MetadataValue.md(catchup_markdown(outcome.result.rows))}
 
 
 def index_metadata(o: catchup.IndexOutcome | None, labels: RegionLabels, n: int = bounded.TOP_N) -> dict[str, Any]:

@@ -55,6 +55,12 @@ def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckR
     }
     if stuck:
         md["description"] = MetadataValue.text(bounded.short("; ".join(s.describe() for s in stuck[:2])))
+    elif failed:
+        md["description"] = MetadataValue.text(bounded.short(
+            f"{len(failed)} region(s) cannot be read: " + "; ".join(list(failed.values())[:2])))
+    elif not passed:
+        md["description"] = MetadataValue.text(f"the oldest pending generation is {age:.0f} s old (SLO {slo_s:.0f} s); "
+                                               f"{over} region(s) over the SLO")
     return passed, severity, md
 
 
@@ -93,6 +99,8 @@ def sensor_gave_up(instance, table: str, known: set[str], merged: dict[str, int]
 
 
 def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
+    """The table's asset checks. Long because it is their definitions, each a closure over the
+    table's keys and settings; the verdicts are in `lag_report`, `catchup_report` and the core."""
     keys = TableKeys(cfg.name)
     res = {keys.table_resource}
     merge_job_name = merge_job_name or f"{cfg.name}_merge"
@@ -152,7 +160,11 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
     def gc_consistency(context) -> AssetCheckResult:
         region_errors: dict[str, str] = {}
         missing = checks.missing_generations(loc_of(context), region_errors)
-        return AssetCheckResult(passed=not missing and not region_errors, severity=AssetCheckSeverity.ERROR, metadata={
+        said = sorted(region_errors.values())[:2]
+        if missing:
+            said.insert(0, f"listed generations missing on disk, by region: {dict(sorted(missing.items())[:5])}")
+        return AssetCheckResult(passed=not missing and not region_errors, severity=AssetCheckSeverity.ERROR,
+                                description=bounded.short("; ".join(said)) if said else None, metadata={
             "missing_generations": MetadataValue.int(sum(len(v) for v in missing.values())),
             "regions": MetadataValue.json(bounded.top({k: v[:10] for k, v in missing.items()})),
             "regions_failed": MetadataValue.int(len(region_errors)),
@@ -165,7 +177,9 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
         found = blockers.merge_blockers(loc_of(context))
         for b in found:
             context.log.error(f"merge blocked ({b.kind}): {b.message}")
-        return AssetCheckResult(passed=not found, severity=AssetCheckSeverity.ERROR, metadata={
+        said = "; ".join(f"merge blocked ({b.kind}): {b.message}" for b in found[:2])
+        return AssetCheckResult(passed=not found, severity=AssetCheckSeverity.ERROR,
+                                description=bounded.short(said) if said else None, metadata={
             "blockers": MetadataValue.int(len(found)),
             "kinds": MetadataValue.json(sorted({b.kind for b in found})),
             "details": MetadataValue.json(bounded.top({f"{b.kind}:{i}": b.message for i, b in enumerate(found)}))})

@@ -4,8 +4,11 @@ A command works on one table: a URI (default settings), or `--config FILE --tabl
 table's settings); flags override settings and are checked by the same rules as the file.
 Progress of long jobs goes to stderr (one updating line on a terminal), so `--json` keeps
 stdout for the report.
-Errors are one clear line naming the region (a traceback only with --verbose); the exit
-status is non-zero when any step failed. Ctrl-C (SIGINT) or SIGTERM stops the pass: the step
+Errors are one clear line naming the region (a traceback only with --verbose). What a step did
+is its `StepOutcome` (`memwal_core.steps`): the lines printed, the `--json` report (versioned by
+`schema_version`) and the exit status (non-zero when a step failed, was refused, left regions
+behind, or a check failed) all come from outcomes, never from Dagster metadata; `--dry-run`
+is the same runner with `execute=False`. Ctrl-C (SIGINT) or SIGTERM stops the pass: the step
 under way is abandoned (its commits are atomic: either in or not), no later step runs, and the
 exit status is 128 + the signal number (130 for Ctrl-C).
 """
@@ -21,10 +24,12 @@ import shutil
 import signal
 import socket
 import sys
-import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-STEPS = ("merge", "compact", "catchup", "index", "gc")
+# Light: the jobs (and Lance with them) are imported by the commands that run them.
+from memwal_core.steps.outcome import SCHEMA_VERSION, STEPS, StepOutcome, StepStatus
+
 ASSET_OF_STEP = {"merge": "base_table", "compact": "base_compaction", "index": "memwal_index",
                  "catchup": "index_catchup", "gc": "garbage"}
 
@@ -294,14 +299,41 @@ _live: ProgressLine | None = None  # the line _say clears before it prints
 # maintain
 
 
-def _metadata_values(event) -> dict[str, Any]:
-    mat = event.event_specific_data.materialization
-    md = mat.metadata if mat else {}
-    return {k: getattr(v, "value", v) for k, v in md.items()}
+@dataclass
+class PassReport:
+    """What one `memwal maintain` pass (or its dry run) did: each step's outcome, in the order
+    the steps ran, and the checks that failed after them. Its `to_dict()` is the `--json` report."""
+
+    table: str
+    dry_run: bool = False
+    outcomes: list[StepOutcome] = field(default_factory=list)
+    failed_checks: list[str] = field(default_factory=list)  # `check NAME: why`
+
+    @property
+    def failed(self) -> list[str]:
+        """One line per failure (`step: what`): non-empty makes the command exit 1."""
+        lines = [f"{o.step}: {p}" for o in self.outcomes if o.failed for p in o.problems or [o.status.value]]
+        return lines + self.failed_checks
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "table": self.table, "dry_run": self.dry_run,
+                "steps": {o.step: o.to_dict() for o in self.outcomes}, "failed": self.failed}
 
 
-def run_pass(cfg, steps: list[str], *, verbose: bool = False, secrets: dict[str, str] | None = None) -> dict[str, Any]:
-    """One maintenance pass over `cfg`'s table: the chosen assets, materialized in process.
+def run_pass(cfg, steps: list[str], *, verbose: bool = False, secrets: dict[str, str] | None = None) -> PassReport:
+    """One maintenance pass over `cfg`'s table: the chosen steps' assets, materialized in process.
+
+    Why through Dagster, when the assets only call `memwal_core.steps.run_step`: the pass then
+    runs exactly what the daemon runs, with each asset's checks (merge_lag, mergeable,
+    catchup_gap, gc_consistency, stale_regions: a failed check fails the command), and nothing
+    is wired twice. The command still never reads Dagster's metadata back: the runner reports
+    each step's `StepOutcome` to the process's progress listeners (`memwal_core/jobs/progress.py`),
+    and the pass formats those outcomes and takes its exit status from them and from the
+    checks' verdicts. (An asset's typed output, `output_for_node`, would not do: the merge asset
+    records per-region materializations and no output, and an output would be stored by the
+    daemon's IO manager on every run.) Interrupts: Dagster turns a Ctrl-C inside a step into a
+    step failure, so `_SignalWatch` notices it after the step. One Spark session: the assets'
+    Spark resource reuses the session `cmd_maintain` prestarted.
 
     `secrets`: the secret storage options (default: `cfg.secrets` read from the environment).
     Progress of the jobs (merge batches) goes to stderr while the pass runs."""
@@ -319,13 +351,21 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False, secrets: dict[str,
     # The table resource with the secrets resolved here (a missing variable is one clear line).
     table = TableResource(uri=cfg.uri, storage_options={**cfg.storage_options, **secrets})
     resources = {**td.resources, TableKeys(cfg.name).table_resource: table}
-    loc = table.location()
-    report: dict[str, Any] = {"table": cfg.uri, "steps": {}, "failed": []}
+    report = PassReport(cfg.uri)
     run_config = {"loggers": {"console": {"config": {"log_level": "DEBUG" if verbose else "CRITICAL"}}}}
     _live = ProgressLine(cfg.name)
-    with DagsterInstance.ephemeral() as instance, _SignalWatch() as watch, progress.listening(_live):
+    heard: list[StepOutcome] = []
+    live = _live
+
+    def listen(event: Any) -> None:
+        if isinstance(event, StepOutcome):
+            heard.append(event)
+        else:
+            live(event)
+
+    with DagsterInstance.ephemeral() as instance, _SignalWatch() as watch, progress.listening(listen):
         try:
-            _run_steps(cfg, steps, td, resources, loc, instance, watch, run_config, report)
+            _run_steps(cfg, steps, td, resources, table.location(), instance, watch, run_config, report, heard)
         finally:
             _live.end()
             _live = None
@@ -333,7 +373,7 @@ def run_pass(cfg, steps: list[str], *, verbose: bool = False, secrets: dict[str,
 
 
 def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch: _SignalWatch,
-               run_config: dict, report: dict[str, Any]) -> None:
+               run_config: dict, report: PassReport, heard: list[StepOutcome]) -> None:
     from dagster import materialize
 
     from memwal_core.spark import session as spark
@@ -352,71 +392,60 @@ def _run_steps(cfg, steps: list[str], td, resources: dict, loc, instance, watch:
     for step in STEPS:
         if step not in steps:
             continue
+        if step == "merge" and not regions:  # nothing to merge, and no partition to run over
+            _report_step(cfg.name, StepOutcome(step, StepStatus.NOTHING_TO_DO, summary="no regions"), [], report)
+            continue
         asset_def = by_key[ASSET_OF_STEP[step]]
-        tags = {}
-        if step == "merge":
-            if not regions:
-                report["steps"][step] = {"skipped": "no regions"}
-                continue
-            tags = partition_range(regions[0], regions[-1])
+        tags = partition_range(regions[0], regions[-1]) if step == "merge" else {}
         _say(f"[{cfg.name}] {step} ...")
-        t0 = time.monotonic()
+        heard.clear()
         try:
             result = materialize([asset_def, *td.checks_for(asset_def.key)], instance=instance,
                                  resources=resources, tags=tags, run_config=run_config,
                                  raise_on_error=False)
         except KeyboardInterrupt:  # outside Dagster's own handling (set-up, tear-down)
             raise Interrupted(signal.SIGINT, step) from None
-        took = time.monotonic() - t0
         if watch.fired():
             raise Interrupted(watch.signum, step)
-        obs = result.get_asset_observation_events() if step == "merge" else []
-        run_errors = obs[-1].event_specific_data.asset_observation.metadata.get("region_errors") if obs else None
-        if not result.success and run_errors is not None and run_errors.value:
-            # A merge that left regions unmerged: one line per region, as the run recorded them.
-            report["steps"][step] = {"ok": False, "seconds": round(took, 3)}
-            for key, err in run_errors.value.items():
-                line = f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}"
-                report["failed"].append(line)
-                _say(f"[{cfg.name}] {line}")
-            continue
-        if not result.success:
-            report["steps"][step] = {"ok": False, "seconds": round(took, 3)}
-            _step_failed(cfg.name, step, _first_failure(result), report)
-            continue
-        mats = result.get_asset_materialization_events()
-        md = _metadata_values(mats[0]) if mats else {}
-        if obs:  # merge: per-region materializations; the run's totals are an observation
-            md = {k: getattr(v, "value", v) for k, v in obs[-1].event_specific_data.asset_observation.metadata.items()}
-        report["steps"][step] = {"ok": True, "seconds": round(took, 3), **md}
-        if str(md.get("status", "")).startswith("skipped: "):
-            # Another maintainer held the table's lease past the wait: not a failure.
-            report["steps"][step]["skipped"] = md["status"][len("skipped: "):]
-            _say(f"[{cfg.name}] {step} {md['status']}")
-            continue
-        if str(md.get("status", "")).startswith("failed: "):
-            # A step that reports its failure instead of raising (compaction: the steps after
-            # it must still run in Dagster); its failed check says the same, said once here.
-            report["steps"][step]["ok"] = False
-            _step_failed(cfg.name, step, md["status"][len("failed: "):], report)
-            continue
-        errors = md.get("region_errors") or md.get("errors") or {}  # per region, else (compaction) per index
-        for key, err in (errors.items() if isinstance(errors, dict) else []):
-            report["failed"].append(f"{step}: {err if str(key) in str(err) else f'{key}: {err}'}")
-            _say(f"[{cfg.name}] {step}: {err}")
-        _say(f"[{cfg.name}] {step} done in {took:.1f} s" + _summary(step, md))
-        for check in result.get_asset_check_evaluations():
-            if not check.passed:
-                details = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
-                _say(f"[{cfg.name}] check {check.check_name} FAILED: {details}")
-                report["failed"].append(f"check {check.check_name}: {details}")
+        outcome = _step_outcome(step, heard, result)
+        checks = [] if outcome.status in (StepStatus.FAILED, StepStatus.SKIPPED) else \
+            [c for c in result.get_asset_check_evaluations() if not c.passed]
+        _report_step(cfg.name, outcome, checks, report)
 
 
-def _step_failed(table: str, step: str, err: str, report: dict[str, Any]) -> None:
-    """One failed step: its error in the report (`error`, `failed`) and one FAILED line."""
-    report["steps"][step]["error"] = err
-    report["failed"].append(f"{step}: {err}")
-    _say(f"[{table}] {step} FAILED: {err}")
+def _step_outcome(step: str, heard: list[StepOutcome], result) -> StepOutcome:
+    """The step's outcome as its runner reported it; a failed run whose step reported no failure
+    failed outside the step (in Dagster, or the asset around the runner): FAILED, with the
+    error Dagster recorded."""
+    outcome = next((o for o in reversed(heard) if o.step == step), None)
+    if result.success or (outcome is not None and outcome.failed):
+        return outcome or StepOutcome(step, StepStatus.FAILED, error="the step reported no outcome")
+    errors = [ev.step_failure_data.error for ev in result.get_step_failure_events()]
+    said = next((e.message.strip().splitlines()[0] for e in errors if e is not None and e.message.strip()), "")
+    error = f"the step's Dagster run failed{f': {said}' if said else ''} (--verbose shows its log)"
+    return replace(outcome, status=StepStatus.FAILED, error=error) if outcome else \
+        StepOutcome(step, StepStatus.FAILED, error=error)
+
+
+def _report_step(table: str, outcome: StepOutcome, checks: list, report: PassReport) -> None:
+    """One step's lines on stderr and its outcome (and failed checks) in the report."""
+    report.outcomes.append(outcome)
+    step = outcome.step
+    if outcome.status is StepStatus.SKIPPED:  # another maintainer held the table's lease: not a failure
+        _say(f"[{table}] {step} skipped: {outcome.error}")
+        return
+    if outcome.status in (StepStatus.FAILED, StepStatus.REFUSED):
+        _say(f"[{table}] {step} FAILED: {outcome.error}")
+        return
+    for line in outcome.problems:
+        _say(f"[{table}] {step}: {line}")
+    for note in outcome.notes:
+        _say(f"[{table}] {step}: {note}")
+    _say(f"[{table}] {step} done in {outcome.seconds:.1f} s" + (f": {outcome.summary}" if outcome.summary else ""))
+    for check in checks:
+        why = check.description or f"{check.severity.value} (the Dagster UI shows its details)"
+        _say(f"[{table}] check {check.check_name} FAILED: {why}")
+        report.failed_checks.append(f"check {check.check_name}: {why}")
 
 
 def _has_pending(loc) -> bool:
@@ -429,91 +458,24 @@ def _has_pending(loc) -> bool:
         return False
 
 
-def _summary(step: str, md: dict[str, Any]) -> str:
-    fields = {"merge": ("generations_merged", "rows_upserted", "rows_deleted", "commits"),
-              "compact": ("status", "fragments_before", "fragments", "deleted_row_ratio", "index_segments"),
-              "index": ("num_regions", "storage", "hints_updated"),
-              "catchup": ("indexes", "max_gap"),
-              "gc": ("objects_deleted", "bytes_reclaimed", "generations_deleted", "leaked_objects_deleted",
-                     "kept", "retained_base_versions")}[step]
-    parts = [f"{f.replace('_', ' ')} {md[f]}" for f in fields if f in md]
-    return (": " + ", ".join(parts)) if parts else ""
-
-
-def _first_failure(result) -> str:
-    for ev in result.all_events:
-        if ev.is_step_failure:
-            data = ev.step_failure_data
-            err = data.user_failure_data or data.error
-            cause = err
-            while getattr(cause, "cause", None) is not None:
-                cause = cause.cause
-            message = getattr(cause, "message", str(cause)).strip().splitlines()
-            # Dagster prefixes the qualified exception class; the message itself says what failed.
-            return re.sub(r"^(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*: ", "", message[-1]) if message else "step failed"
-    return "run failed"
-
-
 DRY_RUN_PATHS = 20  # GC paths a dry run prints (--json lists them all)
 
 
-def dry_run(cfg, steps: list[str] | tuple[str, ...] = STEPS, secrets: dict[str, str] | None = None) -> dict[str, Any]:
+def dry_run(cfg, steps: list[str] | tuple[str, ...] = STEPS, secrets: dict[str, str] | None = None) -> PassReport:
     """What each chosen step would do, with every setting the real pass uses. Touches nothing.
 
-    GC runs its own job with execution off (`gc.run_gc(dry_run=True)`): the base-version cleanup
-    is planned by Lance and GC planned as if those versions were gone, so its list is what the
-    real GC deletes on the table as it is now (steps before it that commit can change that)."""
-    from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
-    from memwal_core.state import table
+    The same runner as the real pass with `execute=False`: each step is planned with the
+    table's options and the flags over them. GC's dry run is its own job with execution off:
+    the base-version cleanup is planned by Lance and GC planned as if those versions were gone,
+    so its list is what the real GC deletes on the table as it is now (steps before it that
+    commit can change that)."""
     from memwal_core.state.store import open_store
+    from memwal_core.steps import StepOptions, run_step
 
     secrets = _secret_values(cfg, {}) if secrets is None else secrets
     loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
-    out: dict[str, Any] = {"table": cfg.uri, "dry_run": True, "steps": [s for s in STEPS if s in steps]}
-    if "merge" in steps:
-        merge_plan = merge.plan_merge(loc, budget_bytes=cfg.merge.budget_bytes,
-                                      max_generations=cfg.merge.max_generations).to_dict()
-        try:  # what the merge step would refuse, the plan says (instead of batches that never run)
-            table.refuse_stable_row_ids(table.open_dataset(loc))
-        except table.StableRowIds as e:
-            merge_plan["refused"] = str(e)
-        out["merge"] = merge_plan
-    if "compact" in steps:
-        out["compact"] = compaction.plan_compaction(loc, cfg.compaction).to_dict()
-    if "catchup" in steps:
-        out["catchup"] = _asdict(catchup.plan_catchup(loc))
-    if "index" in steps:
-        out["index"] = _asdict(snapshot.build_snapshot(loc, inline_threshold=cfg.snapshot.inline_threshold,
-                                                       dry_run=True, update_hints=False))
-    if "gc" in steps:
-        out["gc"] = _gc_dry_run(gc.run_gc(loc, cfg.gc, dry_run=True))
-    return out
-
-
-def _gc_dry_run(r) -> dict[str, Any]:
-    """The GC plan of a dry run, with the totals per kind of what would be deleted."""
-    from memwal_core.jobs import gc
-
-    plan = r.plan
-    d = plan.to_dict()
-    totals: dict[str, dict[str, int]] = {}
-    for kind in gc.KINDS:
-        items = [i for i in plan.items if i.kind == kind]
-        totals[kind] = {"items": len(items), "objects": sum(len(i.keys) for i in items),
-                        "bytes": sum(i.bytes for i in items)}
-    base = plan.base_cleanup
-    totals[gc.BASE_VERSION] = {"items": len(base.versions) if base else 0,
-                              "objects": sum(base.files.values()) if base else 0, "bytes": base.bytes if base else 0}
-    d["would_delete"] = totals
-    if r.base_cleanup and "error" in r.base_cleanup:
-        d["base_cleanup_error"] = r.base_cleanup["error"]
-    return d
-
-
-def _asdict(obj) -> Any:
-    import dataclasses
-
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+    options = StepOptions.of(cfg)
+    return PassReport(cfg.uri, True, [run_step(s, loc, options, execute=False) for s in STEPS if s in steps])
 
 
 def _open_table(uri: str, options: dict[str, str]):
@@ -562,37 +524,34 @@ def cmd_maintain(a) -> int:
                 raise CliError("no java found (JAVA_HOME or PATH): the merge runs on Spark, which needs Java 17")
             spark.prestart(cfg.spark.master, cfg.spark.conf)  # with its conf: the merge reuses this session
     if a.dry_run:
-        plan = dry_run(cfg, steps, secrets)
-        print(json.dumps(plan, indent=2, default=str) if a.json else _format_plan(plan))
-        return 0
-    report = run_pass(cfg, steps, verbose=a.verbose, secrets=secrets)
-    if a.json:
-        print(json.dumps(report, indent=2, default=str))
-    for line in report["failed"]:
+        report = dry_run(cfg, steps, secrets)
+        print(json.dumps(report.to_dict(), indent=2, default=str) if a.json else _format_plan(report))
+    else:
+        report = run_pass(cfg, steps, verbose=a.verbose, secrets=secrets)
+        if a.json:
+            print(json.dumps(report.to_dict(), indent=2, default=str))
+    for line in report.failed:
         _say(f"error: {line}")
-    return 1 if report["failed"] else 0
+    return 1 if report.failed else 0
 
 
-def _format_plan(plan: dict[str, Any]) -> str:
-    lines = [f"table {plan['table']} (dry run: {', '.join(plan['steps'])})"]
-    if "merge" in plan:
-        m = plan["merge"]
-        lines.append(f"merge: refused: {m['refused']}" if m.get("refused") else
-                     f"merge: {sum(len(b['generations']) for b in m['batches'])} generations in "
-                     f"{len(m['batches'])} batches (table version {m['table_version']})")
-        for b in [] if m.get("refused") else m["batches"]:
-            lines.append(f"  batch of {len(b['generations'])} generations, {b['bytes']} bytes -> progress {b['progress']}")
-        for rid, err in m["region_errors"].items():
-            lines.append(f"  region {rid}: {err}")
-    if "compact" in plan:
-        lines.append(f"compact: {plan['compact']['summary']}")
-    if "catchup" in plan:
-        c = plan["catchup"]
-        lines.append(f"catchup: optimize {c.get('indexes') and [i['name'] for i in c['indexes'] if i['optimize']]}")
-    if "index" in plan:
-        lines.append(f"index: {plan['index'].get('num_regions')} regions")
-    if "gc" in plan:
-        lines += _format_gc(plan["gc"], earlier=[s for s in plan["steps"] if s != "gc"])
+def _format_plan(report: PassReport) -> str:
+    """A dry run for a person: one section per chosen step, from its outcome."""
+    chosen = [o.step for o in report.outcomes]
+    lines = [f"table {report.table} (dry run: {', '.join(chosen)})"]
+    for o in report.outcomes:
+        if o.status is StepStatus.REFUSED:
+            lines.append(f"{o.step}: refused: {o.error}")
+        elif o.status is StepStatus.FAILED:
+            lines.append(f"{o.step}: cannot be planned: {o.error}")
+        elif o.step == "gc":
+            lines += _format_gc(o, earlier=[s for s in chosen if s != "gc"])
+        else:
+            lines.append(f"{o.step}: {o.summary}")
+            if o.step == "merge":
+                lines += [f"  batch of {len(b.generations)} generations, {b.bytes} bytes -> progress {b.progress}"
+                          for b in o.plan.batches]
+            lines += [f"  {line}" for line in o.problems + o.notes]
     return "\n".join(lines)
 
 
@@ -600,27 +559,26 @@ _KIND_NAMES = {"generation": "generations", "wal": "WAL entries", "manifest": "r
                "orphan": "orphan directories", "base_version": "base-table versions"}
 
 
-def _format_gc(g: dict[str, Any], earlier: list[str]) -> list[str]:
+def _format_gc(o: StepOutcome, earlier: list[str]) -> list[str]:
     """GC's part of a dry run: totals per kind, the first paths, base versions, what is kept."""
-    w = g["would_delete"]
-    lines = ["gc: would delete " + ", ".join(f"{w[k]['items']} {_KIND_NAMES[k]}" for k in _KIND_NAMES)
-             + f": {g['objects'] + w['base_version']['objects']} objects, "
-               f"{g['bytes'] + w['base_version']['bytes']} bytes"]
-    base = g.get("base_cleanup")
+    m, plan = o.metrics, o.plan
+    would = {k: m[f"would_delete/{k}/items"] for k in _KIND_NAMES}
+    lines = ["gc: would delete " + ", ".join(f"{would[k]} {name}" for k, name in _KIND_NAMES.items())
+             + f": {m['objects'] + m['would_delete/base_version/objects']} objects, "
+               f"{m['bytes'] + m['would_delete/base_version/bytes']} bytes"]
+    base = plan.base_cleanup
     if base:
-        files = ", ".join(f"{n} {k}" for k, n in base["files"].items())
-        lines.append(f"  base table: versions {_ranges(base['versions']) or 'none'} ({files or 'no files'})")
-    if g.get("base_cleanup_error"):
-        lines.append(f"  base table: cleanup cannot be planned ({g['base_cleanup_error']}); the real run "
-                     "then collects as if every version were retained, as planned here")
-    for item in g["items"][:DRY_RUN_PATHS]:
-        lines.append(f"  {item['kind']:<10} {item['path']}  ({item['objects']} objects, {item['bytes']} bytes)")
-    if len(g["items"]) > DRY_RUN_PATHS:
-        lines.append(f"  ... and {len(g['items']) - DRY_RUN_PATHS} more (--json lists every one)")
-    lines.append(f"  base versions left after it: {len(g.get('retained_versions', []))}")
-    lines += [f"  keeps {h['text']}" for h in g.get("holds", [])]
-    for rid, err in g.get("region_errors", {}).items():
-        lines.append(f"  region {rid}: {err}")
+        files = ", ".join(f"{n} {k}" for k, n in base.files.items())
+        lines.append(f"  base table: versions {_ranges(base.versions) or 'none'} ({files or 'no files'})")
+    lines += [f"  {note}" for note in o.notes]
+    items = plan.items
+    for item in items[:DRY_RUN_PATHS]:
+        lines.append(f"  {item.kind:<10} {item.path}  ({len(item.keys)} objects, {item.bytes} bytes)")
+    if len(items) > DRY_RUN_PATHS:
+        lines.append(f"  ... and {len(items) - DRY_RUN_PATHS} more (--json lists every one)")
+    lines.append(f"  base versions left after it: {len(plan.retained_versions)}")
+    lines += [f"  keeps {h.describe()}" for h in plan.holds]
+    lines += [f"  {line}" for line in o.problems]
     if earlier:
         lines.append(f"  (planned on the table as it is now: {', '.join(earlier)} run first and what they "
                      "commit can change what GC collects)")
@@ -831,9 +789,9 @@ def cmd_demo(a) -> int:
     ok = got == w.expected()
     print_status(path)
     print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
-    for line in report["failed"]:
+    for line in report.failed:
         _say(f"error: {line}")
-    return 0 if ok and not report["failed"] else 1
+    return 0 if ok and not report.failed else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -909,6 +867,8 @@ def _table_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`memwal`: parse the command line and run the command (one clear line per error, the exit
+    status of the command). Long because it is the argument parser's declaration."""
     p = argparse.ArgumentParser(prog="memwal", description="Maintenance plane for MemWAL Lance tables.")
     p.add_argument("--verbose", "-v", action="store_true", help="full tracebacks and Dagster logs")
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -2,9 +2,10 @@
 
 A merge run that leaves a region unmerged (the merger refused a generation: a *wall*, or a
 transient error it gave up on) fails, and before failing it tags its own run with what
-failed, per region: `memwal/failed = true` (to filter on) and `memwal/merge_failures` (JSON,
-bounded). Readers look at the most recent failed runs only (`RECENT_RUNS`), one query, so the
-cost does not grow with the number of regions or runs.
+failed, per region (`memwal_core.failures.RegionFailure`, the one failure type):
+`memwal/failed = true` (to filter on) and `memwal/merge_failures` (JSON, bounded; tags written
+by earlier versions, with short keys, still read). Readers look at the most recent failed runs
+only (`RECENT_RUNS`), one query, so the cost does not grow with the number of regions or runs.
 
 A region is **stuck** when, since it last merged past the failing generation, its latest
 failure was permanent (a wall) or it failed in `STUCK_AFTER` runs.
@@ -13,8 +14,10 @@ failure was permanent (a wall) or it failed in `STUCK_AFTER` runs.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
+
+from memwal_core.failures import RegionFailure
 
 FAILED_TAG = "memwal/failed"
 FAILURES_TAG = "memwal/merge_failures"
@@ -24,48 +27,24 @@ MAX_TAGGED_REGIONS = 20
 MAX_ERROR_CHARS = 300
 
 
-@dataclass(frozen=True)
-class RegionFailure:
-    """What one merge run reports about one region it could not merge (from the core's
-    `RegionMergeResult`: `error`, `wall` = first generation not merged, `permanent`)."""
-
-    region_id: str
-    generation: int | None
-    permanent: bool | None
-    error: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"r": self.region_id, "g": self.generation, "p": self.permanent, "e": self.error[:MAX_ERROR_CHARS]}
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> "RegionFailure":
-        return RegionFailure(str(d["r"]), d.get("g"), d.get("p"), str(d.get("e", "")))
-
-    def describe(self) -> str:
-        kind = {True: "permanent", False: "transient"}.get(self.permanent, "unclassified")  # type: ignore[arg-type]
-        at = f" at generation {self.generation}" if self.generation is not None else ""
-        return f"region {self.region_id}{at} ({kind}): {_without_region(self.error, self.region_id)}"
+def tagged(failure: RegionFailure) -> dict[str, Any]:
+    """A failure as the run tag records it (its reason cut to `MAX_ERROR_CHARS`: tags are bounded)."""
+    return replace(failure, reason=failure.reason[:MAX_ERROR_CHARS]).to_dict()
 
 
-def from_merge_result(result: Any, pending_after: dict[str, list[int]] | None = None) -> list[RegionFailure]:
-    """The failed regions of a `merge.MergeResult`. `wall` and `permanent` are read with
-    defaults so this works with cores that do not report them yet (then the first pending
-    generation after the run stands for the wall)."""
-    out = []
-    for rid, r in sorted(result.regions.items()):
-        if not r.error:
-            continue
-        wall = getattr(r, "wall", None)
-        if wall is None and pending_after and pending_after.get(rid):
-            wall = min(pending_after[rid])
-        out.append(RegionFailure(rid, wall, getattr(r, "permanent", None), str(r.error)))
-    return out
+def from_tag(d: dict[str, Any]) -> RegionFailure:
+    """A failure read back from a run tag, as written now or by earlier versions (`r`, `g`, `p`,
+    `e`; `p` None, "unclassified", reads as transient)."""
+    if "r" in d:
+        g = d.get("g")
+        return RegionFailure(str(d["r"]), None if g is None else int(g), str(d.get("e", "")), bool(d.get("p")))
+    return RegionFailure.from_dict(d)
 
 
 def run_tags(failures: list[RegionFailure]) -> dict[str, str]:
     """Tags for the failed run (bounded: the first `MAX_TAGGED_REGIONS` regions)."""
     return {FAILED_TAG: "true",
-            FAILURES_TAG: json.dumps([f.to_json() for f in failures[:MAX_TAGGED_REGIONS]], separators=(",", ":"))}
+            FAILURES_TAG: json.dumps([tagged(f) for f in failures[:MAX_TAGGED_REGIONS]], separators=(",", ":"))}
 
 
 @dataclass
@@ -91,7 +70,7 @@ def recent_failures(instance, job_name: str | None = None, limit: int = RECENT_R
     for rec in records:  # newest first
         raw = rec.dagster_run.tags.get(FAILURES_TAG)
         try:
-            items = [RegionFailure.from_json(d) for d in json.loads(raw)] if raw else []
+            items = [from_tag(d) for d in json.loads(raw)] if raw else []
         except (ValueError, KeyError, TypeError):
             continue
         for f in items:
@@ -136,5 +115,5 @@ def stuck_regions(history: dict[str, RegionHistory], merged: dict[str, int],
             continue
         latest = current[0]
         if latest.permanent or len(current) >= stuck_after:
-            out.append(StuckRegion(rid, latest.generation, latest.error, len(current), bool(latest.permanent)))
+            out.append(StuckRegion(rid, latest.generation, latest.reason, len(current), latest.permanent))
     return out

@@ -3,8 +3,10 @@
 Every materialization and check result is stored in the event log and shipped to the UI on
 each view; at thousands of regions a per-region listing would be tens of KB per event. So
 lists and maps are cut to the `TOP_N` worst entries (with a count of the rest), texts to
-`MAX_TEXT` characters and floats rounded; error maps the CLI prints verbatim keep whole entries
-within a character budget (`fit`). `tests/test_pipeline.py` holds the bound (4 KB per
+`MAX_TEXT` characters and floats rounded; error maps, which a reader needs verbatim, keep whole
+entries within a character budget (`fit`). Metadata is for the UI only: `memwal maintain` reads
+the steps' outcomes (`memwal_core.steps`), never metadata, so these bounds never change what the
+command reports. `tests/test_pipeline.py` holds the bound (4 KB per
 event at 3,000 regions).
 """
 
@@ -43,7 +45,7 @@ def encoded_size(metadata: Mapping[str, Any]) -> int:
 
 def fit(mapping: Mapping[str, Any], budget: int = 2500) -> dict[str, Any]:
     """Whole entries (texts not cut) while their total length fits `budget` characters, in
-    order, plus `…more: k`: for errors a reader needs verbatim (the CLI prints them)."""
+    order, plus `…more: k`: for errors a reader needs verbatim."""
     out: dict[str, Any] = {}
     used = 0
     items = list(mapping.items())

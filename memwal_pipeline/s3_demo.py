@@ -143,9 +143,9 @@ def run_demo(s3: LocalS3, *, bucket: str = "memwal-demo", regions: int = 4, rows
     print(f"LSM read equals what the writers wrote: {'yes' if ok else 'NO'} ({len(got)} rows)")
     listed = sum(1 for _ in loc.store.list(""))
     print(f"objects under {uri}: {listed}")
-    for line in report["failed"]:
+    for line in report.failed:
         print(f"error: {line}", file=sys.stderr)
-    return 0 if ok and not report["failed"] and status_rc == 0 else 1
+    return 0 if ok and not report.failed and status_rc == 0 else 1
 
 
 if __name__ == "__main__":

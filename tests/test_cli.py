@@ -76,13 +76,14 @@ def test_config_table_settings_and_flags_over_them(tables, capsys):
     rc, out, _ = _run(capsys, "maintain", "--config", path, "--table", "alpha", "--dry-run", "--json")
     assert rc == 0
     plan = json.loads(out)
-    assert plan["table"] == str(root / "a")
-    assert (plan["merge"]["budget_bytes"], plan["merge"]["max_generations"]) == (3 * 1024, 3)
+    assert plan["table"] == str(root / "a") and plan["dry_run"] and plan["failed"] == []
+    merge_plan = plan["steps"]["merge"]["plan"]
+    assert (merge_plan["budget_bytes"], merge_plan["max_generations"]) == (3 * 1024, 3)
     rc, out, _ = _run(capsys, "maintain", "--config", path, "--table", "alpha", "--dry-run", "--json",
                       "--budget", "256MB", "--max-generations", "5")
-    plan = json.loads(out)
-    assert (plan["merge"]["budget_bytes"], plan["merge"]["max_generations"]) == (256 << 20, 5)
-    assert max(len(b["generations"]) for b in plan["merge"]["batches"]) == 5
+    merge_plan = json.loads(out)["steps"]["merge"]["plan"]
+    assert (merge_plan["budget_bytes"], merge_plan["max_generations"]) == (256 << 20, 5)
+    assert max(len(b["generations"]) for b in merge_plan["batches"]) == 5
     assert tree(str(root / "a")) == before  # a dry run touches nothing
 
 
@@ -175,7 +176,8 @@ def test_maintain_configured_table_with_progress_and_json(tables, capsys, spark)
                         "--spark-conf", "spark.memwal.cli_test=flag", "--only", "merge", "--json")
     assert rc == 0, err
     report = json.loads(out)  # stdout: nothing but the report
-    assert report["steps"]["merge"]["generations_merged"] == total
+    assert report["steps"]["merge"]["metrics"]["generations_merged"] == total
+    assert report["steps"]["merge"]["status"] == "ok" and report["failed"] == []
     lines = [ln for ln in err.splitlines() if ln.startswith("[alpha] merge: batch")]
     started = [ln for ln in lines if "merging" in ln]
     finished = [ln for ln in lines if " merged: " in ln]

@@ -138,7 +138,7 @@ def test_cli_maintain_on_standalone_cluster_with_no_other_setting(cluster, tmp_p
                        env=driver_env(), capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert p.returncode == 0, p.stderr[-3000:] + cluster.tail()
     report = json.loads(p.stdout)
-    assert report["failed"] == [] and report["steps"]["merge"]["generations_merged"] > 0
+    assert report["failed"] == [] and report["steps"]["merge"]["metrics"]["generations_merged"] > 0
     assert all(report["steps"][s]["ok"] for s in ("merge", "compact", "catchup", "index", "gc"))
     assert base_rows(loc) == w.expected()
     assert len(set(cluster.app_dirs()) - before) == 1  # the merge ran as an application on the cluster

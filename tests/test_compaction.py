@@ -331,22 +331,22 @@ def test_one_maintain_merges_and_compacts_a_fragmented_table_with_a_backlog(tabl
     uri = table_loc.lance_uri
 
     assert cli.main(["maintain", uri, "--dry-run", "--json"]) == 0
-    plan = json.loads(capsys.readouterr().out)
-    assert plan["compact"]["tasks"] >= 1 and plan["compact"]["health"]["fragments"] == 30
-    assert plan["compact"]["summary"].startswith("compact 30 fragments")
+    plan = json.loads(capsys.readouterr().out)["steps"]["compact"]["plan"]
+    assert plan["tasks"] >= 1 and plan["health"]["fragments"] == 30
+    assert plan["summary"].startswith("compact 30 fragments")
     assert table.open_dataset(table_loc).version == version
 
     assert cli.main(["maintain", uri, "--spark-master", "local[2]", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["failed"] == []
-    assert rep["steps"]["merge"]["generations_merged"] == 8
-    c = rep["steps"]["compact"]
+    assert rep["steps"]["merge"]["metrics"]["generations_merged"] == 8
+    c = rep["steps"]["compact"]["metrics"] | rep["steps"]["compact"]["result"]
     # 31 -> 1: the fragment this run's merge added is not indexed yet when compaction runs (catch-up
     # follows it) and Lance does not combine indexed with unindexed fragments, so compaction
     # catches the index up first and folds that fragment in too.
     assert c["status"] == "compacted" and c["fragments_before"] == 31 and c["fragments"] == 1
     assert c["indexed_first"] == ["id_btree"]
-    assert c["deleted_row_ratio"] == 0 and c["deletion_file_ratio"] == 0
+    assert c["deleted_row_ratio"] == 0 and c["deletion_file_ratio"] == 0 and rep["steps"]["compact"]["status"] == "ok"
     assert c["bytes_after"] < c["bytes_before"] and c["index_segments"] == 1 and c["segments/id_btree"] == 1
     h = compaction.read_health(table_loc)
     assert h.fragments == 1 and h.fragments_with_deletions == 0 and h.deleted_rows == 0
@@ -358,7 +358,9 @@ def test_one_maintain_merges_and_compacts_a_fragmented_table_with_a_backlog(tabl
 
     assert cli.main(["maintain", uri, "--only", "compact", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["steps"]["compact"]["status"] == "healthy, skipped" and rep["steps"]["compact"]["tasks"] == 0
+    c = rep["steps"]["compact"]
+    assert c["result"]["status"] == "healthy, skipped" and c["metrics"]["tasks"] == 0
+    assert c["status"] == "nothing_to_do"
 
 
 def test_base_compaction_asset_metadata_and_healthy_skip(table_loc, spark):
@@ -668,7 +670,8 @@ def test_maintain_dry_run_and_merge_on_a_stable_row_id_table(table_loc, spark, c
     out = capsys.readouterr().out
     assert "merge: refused: " in out and "stable row ids" in out and "batch of" not in out, out
     assert cli.main(["maintain", table_loc.lance_uri, "--dry-run", "--json"]) == 0
-    assert "stable row ids" in json.loads(capsys.readouterr().out)["merge"]["refused"]
+    refused = json.loads(capsys.readouterr().out)["steps"]["merge"]
+    assert refused["status"] == "refused" and "stable row ids" in refused["error"]
     assert cli.main(["maintain", table_loc.lance_uri, "--only", "merge", "--spark-master", "local[2]",
                      "--json"]) == 1
     failed = json.loads(capsys.readouterr().out)["failed"]

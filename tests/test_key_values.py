@@ -371,6 +371,6 @@ def test_memwal_maintain_deletes_int64_min(tmp_path):
                          env={**os.environ, "PYTHONPATH": REPO})
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout)
-    assert report["steps"]["merge"]["rows_deleted"] == 1 and not report["failed"], report
+    assert report["steps"]["merge"]["metrics"]["rows_deleted"] == 1 and not report["failed"], report
     rows = {r["k"]: r["v"] for r in table.open_dataset(t.loc).to_table().to_pylist()}
     assert rows == t.model and lo not in rows and lo + 1 in rows

@@ -276,8 +276,8 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     rep = json.loads(run.stdout)
     steps = rep["steps"]
     assert rep["failed"] == [] and all(steps[s]["ok"] for s in ("merge", "compact", "catchup", "index", "gc")), rep
-    assert steps["index"]["num_regions"] == len(w.regions), steps["index"]
-    assert steps["merge"]["generations_merged"] == pending, steps["merge"]
+    assert steps["index"]["metrics"]["num_regions"] == len(w.regions), steps["index"]
+    assert steps["merge"]["metrics"]["generations_merged"] == pending, steps["merge"]
     assert steps["gc"]["generations_deleted"] == pending, steps["gc"]
 
     state = table.read_memwal_state(loc)

@@ -390,7 +390,7 @@ def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
     cfg = single_table(uri, plain, spark_master="local[2]", base_versions_older_than=0, base_versions_floor=0)
     report = run_pass(cfg, list(STEPS), secrets=secrets)
     assert px.cut_at is not None and px.is_down
-    failed = report["failed"]
+    failed = report.failed
     assert [f.split(":", 1)[0] for f in failed] == ["merge", "compact", "catchup", "index", "gc"], failed
     for line in failed:
         assert "\n" not in line and "Traceback" not in line, line
@@ -415,8 +415,8 @@ def test_cli_on_s3_cut_mid_run_then_rerun_converges(px, raw, secret, spark):
                   "--only", "merge,index,catchup,gc", "--spark-master", "spark://127.0.0.1:1")
     assert run.returncode == 0, run.stderr[-3000:]
     rep = json.loads(run.stdout)
-    assert rep["steps"]["merge"]["generations_merged"] == 0
-    assert rep["steps"]["gc"]["generations_deleted"] == 4
+    assert rep["steps"]["merge"]["metrics"]["generations_merged"] == 0
+    assert rep["steps"]["gc"]["metrics"]["generations_deleted"] == 4
     assert as_dict(table.open_dataset(loc).to_table()) == w.expected()
     assert as_dict(reader.lsm_table(loc)) == w.expected()
     # Credentials from the environment instead of the command line (where `ps` shows them):
