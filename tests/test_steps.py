@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
-from helpers import plant_generation, tree
+from support.helpers import plant_generation, tree
 
 from memwal_core.failures import RegionFailure
 from memwal_core.options import LeaseOptions
