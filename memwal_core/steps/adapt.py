@@ -1,11 +1,9 @@
 """From each service's plan and result to a `StepOutcome`: the one place that reads them.
 
-Every service's result will offer `failures`, `metrics()` and `summary()` itself; until then
-this module derives them from the fields the results have (`RegionMergeResult.error/wall/
-permanent`, `region_errors` maps, per-index `errors`). Each function is `(plan, result) ->
-StepOutcome` for one step, a dry run when `result` is None (or a dry-run result), so switching
-to the results' own methods touches this module only. The metric names are those the Dagster
-assets show.
+Each function is `(plan, result) -> StepOutcome` for one step, a dry run when `result` is None
+(or a dry-run result). Region failures come from the results themselves (`RegionFailure`s with
+their permanence); the metric names and summaries are those the Dagster assets show, so renaming
+one is a change here, never in the CLI.
 """
 
 from __future__ import annotations
@@ -154,15 +152,9 @@ def catchup_outcome(plan: catchup.CatchupPlan, r: catchup.CatchupResult | None) 
 # ------------------------------------------------------------------------------------- snapshot
 
 
-def _region_failures(region_errors: dict[str, str], step: str) -> list[RegionFailure]:
-    """Regions a table-wide step left out (their manifest could not be read, ...): not tied to
-    a generation, and tried again by the next run."""
-    return [RegionFailure(rid, None, str(err), False, step) for rid, err in sorted(region_errors.items())]
-
-
 def snapshot_outcome(r: snapshot.SnapshotResult) -> StepOutcome:
     """The index builder has no separate plan: a dry run's result is what it would write."""
-    failures = _region_failures(r.region_errors, "snapshot")
+    failures = list(r.failures)
     metrics = {"num_regions": r.num_regions, "hints_updated": len(r.hints_updated), "regions_failed": len(failures),
                "committed": int(bool(r.committed)), "attempts": r.attempts, "duration_s": round(r.duration_s, 2),
                "table_version": r.table_version}
@@ -226,7 +218,7 @@ def gc_notes(r: gc.GcResult) -> list[str]:
 
 
 def gc_outcome(r: gc.GcResult) -> StepOutcome:
-    failures = _region_failures(r.region_errors, "gc")
+    failures = list(r.failures)
     notes = gc_notes(r)
     if r.dry_run:
         metrics = gc_dry_metrics(r)
@@ -235,7 +227,7 @@ def gc_outcome(r: gc.GcResult) -> StepOutcome:
         return StepOutcome("gc", status, False, failures, notes=notes, metrics=metrics, summary=summary,
                            plan=r.plan, result=r)
     metrics = gc_metrics(r)
-    summary = _fields(metrics | {"kept": dict(r.kept)}, ("objects_deleted", "bytes_reclaimed", "generations_deleted",
+    summary = _fields(metrics | {"kept": {str(k): n for k, n in r.kept.items()}}, ("objects_deleted", "bytes_reclaimed", "generations_deleted",
                                                          "leaked_objects_deleted", "kept", "retained_base_versions"))
     removed = r.deleted_objects or (r.base_cleanup or {}).get("old_versions")
     status = StepStatus.PARTIAL if failures else StepStatus.OK if removed else StepStatus.NOTHING_TO_DO
