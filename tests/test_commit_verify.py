@@ -1,4 +1,4 @@
-"""The merge-commit verifier (`memwal_core/jobs/verify.py`) on real pylance tables: it finds
+"""The merge-commit verifier (`memwal_core/jobs/merge/verify.py`) on real pylance tables: it finds
 keys present twice, tombstoned keys back, upserted keys missing and progress the latest
 version lacks; and a merge whose commit fails the check stops its region behind a permanent
 wall that later runs keep."""
@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwal_core.jobs import merge, verify
+from memwal_core.jobs import merge
+from memwal_core.jobs.merge import verify
 from memwal_core.state import table, walls
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo

@@ -30,7 +30,8 @@ import pyarrow.compute as pc
 
 from memwal_core import faults
 from memwal_core.errors import MemwalError, one_line
-from memwal_core.jobs import snapshot, verify
+from memwal_core.jobs import snapshot
+from memwal_core.jobs.merge import verify
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.options import MergeOptions
 from memwal_core.spark import tasks as sparkpath
