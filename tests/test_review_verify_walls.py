@@ -1,10 +1,11 @@
-"""Adversarial review of merge-commit verification: is its permanent stop crash-safe?
+"""A failed merge-commit verification: its permanent stop is crash-safe and stops only the
+regions whose keys are wrong.
 
 A commit that fails verification has already recorded its regions' progress; the merger then
-stops them with a permanent wall. That wall lived only in the run's memory until the run
-ended (`merge._record_walls` after the last batch): a merger killed in a later batch (SIGKILL,
-OOM, a node lost, or any exception escaping `_merge_batch`) never wrote it, and the next run
-merged the region on over the wrong rows, the evidence lost. The record is now written at once.
+stops them with a permanent wall. Were that wall kept only in the run's memory until the run
+ended (`Walls.record` after the last batch), a merger killed in a later batch (SIGKILL, OOM, a
+node lost, or any exception escaping a batch) would never write it, and the next run would
+merge the region on over the wrong rows, the evidence lost. The record is written at once.
 """
 
 from __future__ import annotations
