@@ -1,4 +1,4 @@
-"""What the merge-commit check (`memwal_core/jobs/verify.py`) costs, next to the commit itself.
+"""What the merge-commit check (`memwal_core/jobs/merge/verify.py`) costs, next to the commit itself.
 
 usage: python bench/verify_commit.py [--rows 100000] [--keys 100,1000,10000,50000]
 A base table of `--rows` rows (the demo schema, btree index on the key, MemWAL initialized);
@@ -17,7 +17,7 @@ import time
 
 import pyarrow as pa
 
-from memwal_core.jobs import verify
+from memwal_core.jobs.merge import verify
 from memwal_core.jobs.merge import delete_predicate
 from memwal_core.state import table
 from memwal_core.state.store import open_store

@@ -452,7 +452,7 @@ def test_merge_batches_are_planned_in_linear_time():
     q = [merge.PlannedGeneration("r", g, f"abcdef01_gen_{g}", 10, 1) for g in range(1, 100_001)]
     t0 = time.monotonic()
     s = [merge.PlannedGeneration("s", g, f"abcdef02_gen_{g}", 10, 1) for g in range(1, 4)]
-    batches = merge._batches({"r": q, "s": s}, 10**9, 256)
+    batches = merge.plan._batches({"r": q, "s": s}, 10**9, 256)
     assert time.monotonic() - t0 < 10
     assert sum(len(b.generations) for b in batches) == 100_003
     assert {g.region_id for g in batches[0].generations} == {"r", "s"}  # round-robin: no starvation

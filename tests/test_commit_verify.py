@@ -1,4 +1,4 @@
-"""The merge-commit verifier (`memwal_core/jobs/verify.py`) on real pylance tables: it finds
+"""The merge-commit verifier (`memwal_core/jobs/merge/verify.py`) on real pylance tables: it finds
 keys present twice, tombstoned keys back, upserted keys missing and progress the latest
 version lacks; and a merge whose commit fails the check stops its region behind a permanent
 wall that later runs keep."""
@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memwal_core.jobs import merge, verify
+from memwal_core.jobs import merge
+from memwal_core.jobs.merge import verify
 from memwal_core.state import table, walls
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
@@ -195,3 +196,87 @@ def test_a_merge_whose_read_version_is_cleaned_under_it_ends_merged(tmp_path, sp
     assert {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()} == w.expected()
     if landed_elsewhere:
         assert result["conflicts"] >= 1 and not result["region_errors"]
+
+
+# ------------------------------------------------- a crash between a commit and its check
+
+PROCS = os.path.join(os.path.dirname(__file__), "procs")
+
+
+def _crashed_merger(loc, point: str) -> None:
+    """One merger process that dies hard (exit 137, like kill -9) at crash point `point`."""
+    import subprocess
+    import sys
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MEMWAL_")}, "MEMWAL_CRASH_AT": point}
+    p = subprocess.run([sys.executable, os.path.join(PROCS, "merge_proc.py"), loc.lance_uri],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 137, p.stderr[-3000:]
+
+
+def _markers(loc) -> list[str]:
+    from memwal_core.state import layout
+
+    return [o.key for o in loc.store.list(layout.UNVERIFIED_DIR)]
+
+
+def _two_regions_pending(loc, spark) -> tuple[demo.Workload, str, str, set[int]]:
+    """Two regions, merged once, then one more round each: one batch (one commit) of both.
+    Returns the workload, the two regions and the keys of the first region's pending rows."""
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
+    w = demo.Workload(loc, seed=3, key_space=20, max_memtable_rows=50)
+    w.write_round(40, overwrite=0.0, delete=0.0)
+    assert not merge.merge(loc, spark).region_errors
+    w.write_round(40, overwrite=0.5, delete=0.0)
+    plan = merge.plan_merge(loc)
+    assert len(plan.pending) == 2 and len(plan.batches) == 1  # both regions in one commit
+    bad, good = sorted(plan.pending)
+    keys: set[int] = set()
+    from memwal_core.state import layout
+
+    for g in plan.batches[0].generations:
+        if g.region_id == bad:
+            gen = lance.dataset(loc.child_uri(layout.generation_dir(bad, g.path, g.generation)))
+            keys |= set(gen.to_table(columns=["id"]).column("id").to_pylist())
+    return w, bad, good, keys
+
+
+def test_a_commit_whose_merger_died_before_checking_it_is_checked_by_the_next_run(table_loc, spark):
+    """The merger commits rows that are wrong for region A only (A's keys written into the base
+    table behind memwal's back) and is killed before it checks them: progress is recorded for A
+    and B, no wall anywhere, only the marker written before the commit. The next run checks
+    that commit first: A stops for good (recorded), B, whose rows are as planned, merges on."""
+    loc = table_loc
+    w, bad, good, keys = _two_regions_pending(loc, spark)
+    _append(loc, sorted(keys))
+    before = table.read_memwal_state(loc).merged
+    _crashed_merger(loc, "merge.after_commit")
+    committed = table.read_memwal_state(loc).merged
+    assert committed[bad] > before[bad] and committed[good] > before[good]  # the commit landed
+    assert walls.read_all(loc.store) == {} and len(_markers(loc)) == 1  # unchecked: only the marker says so
+    w.write_round(40, overwrite=0.5, delete=0.0)
+    result = merge.merge(loc, spark)
+    assert set(result.stuck_regions) == {bad}, result.region_errors
+    err = result.stuck_regions[bad]
+    assert err.startswith(merge.COMMIT_CHECK_FAILED) and "found unverified" in err and "more than once" in err
+    recorded = walls.read_all(loc.store)
+    assert set(recorded) == {bad} and recorded[bad].generation == committed[bad] + 1
+    after = table.read_memwal_state(loc).merged
+    assert after[bad] == committed[bad] and after[good] > committed[good]
+    assert _markers(loc) == []
+    again = merge.merge(loc, spark)  # and it stays stopped
+    assert set(again.stuck_regions) == {bad} and table.read_memwal_state(loc).merged[bad] == committed[bad]
+
+
+def test_a_marker_of_a_commit_that_never_landed_is_forgotten(table_loc, spark):
+    """Killed inside the commit (data files written, the manifest not): the marker is there, no
+    progress is. The next run forgets the marker and merges (and checks) the batch itself."""
+    loc = table_loc
+    w, _, _, _ = _two_regions_pending(loc, spark)
+    before = table.read_memwal_state(loc).merged
+    _crashed_merger(loc, "merge.during_commit")
+    assert table.read_memwal_state(loc).merged == before and len(_markers(loc)) == 1
+    result = merge.merge(loc, spark)
+    assert not result.region_errors and result.commits == 1
+    assert _markers(loc) == [] and walls.read_all(loc.store) == {}
+    assert {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()} == w.expected()

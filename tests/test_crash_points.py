@@ -309,6 +309,16 @@ def merge_template(tmp_path_factory):
     return root, w.expected()
 
 
+# The merger's counted writes per batch, in order: the marker of the commit in flight
+# (`jobs/merge/unverified.py`), the Lance commit, the marker's deletion once the commit is checked.
+MERGE_WRITES = ("put", "lance_commit", "delete_many")
+
+
+def _merge_write(batch: int, kind: str) -> int:
+    """The number of the merger's write `kind` of batch `batch` (both 1-based)."""
+    return len(MERGE_WRITES) * (batch - 1) + MERGE_WRITES.index(kind) + 1
+
+
 def _merge_crash_points(merge_template, tmp_path, spark, monkeypatch, ks) -> None:
     t0 = time.monotonic()
     _, model = merge_template
@@ -316,9 +326,9 @@ def _merge_crash_points(merge_template, tmp_path, spark, monkeypatch, ks) -> Non
     whole = merge.plan_merge(base).batches[0]
     budget = max(max(g.bytes for g in whole.generations), whole.bytes // 3)
     plan = merge.plan_merge(base, budget_bytes=budget)
-    assert len(plan.batches) >= 3
-    # One commit per batch: the merger's counted writes are its Lance commits, K = batches.
-    ks = [k for k in ks if k <= len(plan.batches)] if ks else list(range(1, len(plan.batches) + 1))
+    n = len(plan.batches)
+    assert n >= 3
+    ks = [k for k in ks if k <= len(MERGE_WRITES) * n] if ks else list(range(1, len(MERGE_WRITES) * n + 1))
     cases = [(k, str(tmp_path / f"k{k}")) for k in ks]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMWAL_")}
     procs = []
@@ -330,37 +340,44 @@ def _merge_crash_points(merge_template, tmp_path, spark, monkeypatch, ks) -> Non
     # The un-killed run, counted in this process (the session's Spark: no extra JVM start).
     monkeypatch.setenv("MEMWAL_COUNT_OPS", "1")
     monkeypatch.setattr(faults, "_ops", [])
-    r = merge.execute_merge(base, plan, spark)
+    r = merge.execute_merge(open_store(base.lance_uri), plan, spark)  # opened counting: its store writes count
     ops = faults.ops()
     monkeypatch.delenv("MEMWAL_COUNT_OPS")
-    assert r.commits == len(plan.batches) == len(ops) and all(o.startswith("lance_commit") for o in ops)
+    assert r.commits == n
+    assert [o.split(" ")[0] for o in ops[: len(MERGE_WRITES) * n]] == list(MERGE_WRITES) * n, ops
+    assert all("_memwal/unverified/" in o for o in ops[: len(MERGE_WRITES) * n] if not o.startswith("lance_commit"))
     assert base_rows(base) == model
     want_merged = table.read_memwal_state(base).merged
     for (k, d), p in zip(cases, procs):
         _, err = p.communicate(timeout=600)
         assert p.returncode == faults.EXIT_CODE, f"k={k}: {err[-3000:]}"
-        assert f"memwal crash before write {k}: lance_commit merge.during_commit" in err
-        what = f"merger killed in commit {k} of {len(ops)}"
+        kind = MERGE_WRITES[(k - 1) % len(MERGE_WRITES)]
+        assert f"memwal crash before write {k}: {kind}" in err, err[-3000:]
+        landed = k // len(MERGE_WRITES)  # batch b's commit is write 3b-1: those before write k landed
+        what = f"merger killed before write {k} ({kind} of batch {(k - 1) // len(MERGE_WRITES) + 1} of {n})"
         loc = open_store(d)
-        # Exactly the batches before k are merged: nothing of batch k landed.
         expect = {}
-        for b in plan.batches[: k - 1]:
+        for b in plan.batches[:landed]:
             expect.update(b.progress)
         assert table.read_memwal_state(loc).merged == expect, what
         assert_reads_correctly(loc, model, what)
         res = merge.merge(loc, spark, budget_bytes=budget)
         assert not res.region_errors, what
-        assert res.commits == len(ops) - (k - 1), what
+        assert res.commits == n - landed, what
         assert base_rows(loc) == model, what
         assert table.read_memwal_state(loc).merged == want_merged, what
         assert merge.plan_merge(loc).batches == [], what
+        assert list(loc.store.list("_memwal/unverified")) == [], what  # every commit in flight settled
     print_summary("merger", ops, [(k, False) for k in ks], time.monotonic() - t0)
 
 
 def test_merger_killed_inside_a_later_commit(merge_template, tmp_path, spark, monkeypatch):
-    """In the suite one point (the second of several commits); tests/test_merge.py covers the
-    first commit before / during / after. Every commit under soak."""
-    _merge_crash_points(merge_template, tmp_path, spark, monkeypatch, [2])
+    """In the suite two points: inside the second of several commits, and after the first
+    commit landed but before its check was recorded done (its marker left: the rerun checks
+    it); tests/test_merge.py covers the first commit before / during / after. Every write under
+    soak."""
+    _merge_crash_points(merge_template, tmp_path, spark, monkeypatch,
+                        [_merge_write(2, "lance_commit"), _merge_write(1, "delete_many")])
 
 
 @soak

@@ -34,7 +34,7 @@ def test_the_walk_finds_the_known_errors():
     """The walk below must see the modules it is meant to check (else it proves nothing)."""
     found = _exception_classes()
     for name in ("memwal_core.state.region.RegionError", "memwal_core.state.objects.StoreError",
-                 "memwal_core.jobs.merge.MergeError", "memwal_core.jobs.gc.items.GcError",
+                 "memwal_core.jobs.merge.result.MergeError", "memwal_core.jobs.gc.items.GcError",
                  "memwal_core.spark.tasks.Refused", "memwal_core.state.memwal_index.SnapshotError"):
         assert name in found, sorted(found)
 

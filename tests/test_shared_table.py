@@ -20,7 +20,7 @@ than a Rewrite committed before it was rebased over that Rewrite: exactly the co
 cleanup could break. The race runs until there are such commits (bounded in time) and the test
 asserts there are. Then: no key twice, no deleted key back (base table == the writer's model),
 merge progress and catch-up never went down, and no process reported an error (the merge
-commit verifier, `memwal_core/jobs/verify.py`, reports any commit that went wrong).
+commit verifier, `memwal_core/jobs/merge/verify.py`, reports any commit that went wrong).
 
 `test_floor_zero_reproduces_duplicates` (slow, `MEMWAL_SLOW=1`) runs the same race with the
 floor at 0 and shows what the floor prevents; its numbers are in docs/reliability.md.

@@ -56,20 +56,23 @@ def test_first_refused_reports_the_first_bad_generation_and_all_stray_rows():
     # first (unanimous) generation's, 5.
     rows = ok + [_stats(4, [([5], 1), ([6], 2)]), _stats(3, [([5], 9), ([7], 3)])]
     r = sp.first_refused(rows, None)
-    assert (r.generation, r.offending_rows) == (3, 5) and "5 rows route to another region" in r.message
-    assert r.permanent
+    assert (r.generation, r.offending_rows) == (3, 5) and "5 rows route to another region" in r.reason
+    assert r.permanent and r.region_id == "" and r.reason.startswith("generation 3: ")
+    named = sp.first_refused(rows, None, "r1")  # the driver names the region: one failure type from here on
+    assert (named.region_id, named.generation, named.offending_rows) == ("r1", 3, 5)
+    assert named.reason == f"region r1: {r.reason}" and named.describe().startswith("region r1 at generation 3")
     # A known own value wins: a generation whose rows all route elsewhere is refused.
     r = sp.first_refused(ok, sp.value_key([6]))
     assert (r.generation, r.offending_rows) == (1, 14)
     # An unreadable generation is refused with its error, stray rows after it still counted.
     r = sp.first_refused(ok + [_stats(3, error="ValueError: columns differ"), _stats(4, [([6], 2)])], None)
-    assert r.generation == 3 and "columns differ" in r.message and r.offending_rows == 2
+    assert r.generation == 3 and "columns differ" in r.reason and r.offending_rows == 2
 
 
 def test_first_refused_never_takes_a_majority_vote_for_an_unknown_region_value():
     # No known value and the first routed generation is split 9:3: no majority is trusted.
     r = sp.first_refused([_stats(1, [([5], 9), ([7], 3)]), _stats(2, [([5], 4)])], None)
-    assert r.generation == 1 and r.offending_rows == 3 and "not established" in r.message
+    assert r.generation == 1 and r.offending_rows == 3 and "not established" in r.reason
 
 
 def test_first_refused_keeps_transient_read_failures_apart():

@@ -331,3 +331,60 @@ def test_a_generation_written_before_add_columns_merges_with_nulls(table_loc, sp
     assert not res.region_errors, res.region_errors
     assert {k: r["extra"] for k, r in rows(table.open_dataset(table_loc).to_table()).items()} == \
         {1: None, 2: None, 3: 5}
+
+
+@pytest.mark.s3
+def test_a_wall_record_the_store_cannot_read_stops_its_region(moto_server, spark):
+    """A region's recorded wall (a failed commit verification: the only trace of the verdict)
+    sits on S3 behind a proxy that fails every read of it, then every listing of the records.
+    The merger does not take "unreadable" for "no wall": the region waits (a transient wall
+    naming the record), the others merge; once the record reads again, its verdict holds."""
+    import uuid
+
+    from s3proxy import S3Proxy
+
+    from memwal_core.failures import RegionFailure
+    from memwal_core.state import walls
+    from memwal_core.state.store import make_s3_client, open_store
+    from memwal_core.tools import demo
+
+    proxy = S3Proxy(moto_server.endpoint).start()
+    try:
+        bucket = f"w{uuid.uuid4().hex[:12]}"
+        make_s3_client(moto_server.options()).create_bucket(Bucket=bucket)
+        loc = open_store(f"s3://{bucket}/t", {**moto_server.options(), "aws_endpoint": proxy.endpoint,
+                                              "s3_max_attempts": "2"})
+        demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
+        w = demo.Workload(loc, seed=3, key_space=40, max_memtable_rows=20)
+        w.write_round(40, overwrite=0.0, delete=0.0)
+        assert not merge.merge(loc, spark).region_errors
+        start = merged(loc)
+        stuck, other = sorted(start)
+        walls.write(loc.store, walls.WallRecord(RegionFailure(
+            stuck, start[stuck] + 1, f"{merge.COMMIT_CHECK_FAILED}: merge commit version 3 does not hold what was "
+            "merged", permanent=True)))
+
+        w.write_round(40, overwrite=0.5, delete=0.0)
+        proxy.throttle("get", 10_000, match=lambda r: "_memwal/walls/" in r.key)
+        res = merge.merge(loc, spark)
+        proxy.clear_faults()
+        r = res.regions[stuck]
+        assert (r.wall, r.permanent) == (start[stuck] + 1, False) and "unreadable" in r.error, r
+        assert set(res.region_errors) == {stuck}
+        now = merged(loc)
+        assert now[stuck] == start[stuck] and now[other] > start[other]
+
+        w.write_round(40, overwrite=0.5, delete=0.0)
+        proxy.throttle("list", 10_000, match=lambda r: "_memwal/walls" in (r.query.get("prefix") or [""])[0])
+        res = merge.merge(loc, spark)
+        proxy.clear_faults()
+        assert set(res.region_errors) == {stuck, other} and not res.stuck_regions
+        assert all("could not be listed" in e for e in res.region_errors.values()), res.region_errors
+        assert merged(loc) == now
+
+        res = merge.merge(loc, spark)  # readable again: the recorded verdict stops the region for good
+        assert set(res.stuck_regions) == {stuck} and set(res.region_errors) == {stuck}
+        assert merged(loc)[stuck] == start[stuck] and merged(loc)[other] > now[other]
+        assert set(walls.read_all(loc.store)) == {stuck}
+    finally:
+        proxy.stop()

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.state.routing import value_key  # noqa: F401 - one definition, shared with the trusted values
+from memwal_core.failures import RegionFailure
 
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.
@@ -172,22 +173,6 @@ class Refused(MemwalError, ValueError):
         self.fields = fields or []
 
 
-@dataclass
-class Refusal:
-    """Why a region's generations from `generation` on must not be merged in this run.
-
-    `permanent`: the generation itself is wrong (columns, routing, NULL keys); the region is
-    stuck until it is repaired. Otherwise the read failed (I/O, a directory briefly missing)
-    after `ReadConfig.read_attempts` tries: the region stops for this run and is retried by
-    the next one.
-    """
-
-    generation: int
-    message: str
-    offending_rows: int = 0
-    permanent: bool = True
-
-
 def first_routed_value(stats: list[GenerationStats]) -> tuple[int, str] | None:
     """(generation, value) of a region's first readable generation with routable rows, when all
     those rows route to one value: the region's value when nothing authoritative is known."""
@@ -200,8 +185,10 @@ def first_routed_value(stats: list[GenerationStats]) -> tuple[int, str] | None:
     return None
 
 
-def first_refused(stats: list[GenerationStats], own: str | None) -> Refusal | None:
-    """The first generation of one region (stats rows, any order) that must not be merged.
+def first_refused(stats: list[GenerationStats], own: str | None, region_id: str = "") -> RegionFailure | None:
+    """The first generation of one region (stats rows, any order) that must not be merged, as
+    the region's failure (`region_id` names it; the task, which knows only region indexes,
+    leaves it empty).
 
     A generation is refused when its read failed (wrong columns, NULL keys, unreadable) or when
     any of its routable rows routes to a region value other than the region's own. `own` comes
@@ -209,34 +196,37 @@ def first_refused(stats: list[GenerationStats], own: str | None) -> Refusal | No
     the driver); when it is not known, the region's first routed generation here must route
     all its rows to one value, which becomes the region's (never a majority vote). Stray rows
     are counted over all the region's generations, so the report says how big the damage is.
+    `permanent`: the generation itself is wrong (columns, routing, NULL keys); otherwise its
+    read failed after `ReadConfig.read_attempts` tries and the next run tries again.
     """
-    first: Refusal | None = None
+    first: tuple[int, str, bool] | None = None  # (generation, message, permanent)
     offending = 0
     for s in sorted(stats, key=lambda s: s.generation):
         if s.error:
-            first = first or Refusal(s.generation, f"generation {s.generation}: {s.error}", permanent=s.permanent)
+            first = first or (s.generation, f"generation {s.generation}: {s.error}", s.permanent)
             continue
         counts = Counter(dict(s.routes))
         if counts and own is None:
             if len(counts) > 1:
-                first = first or Refusal(
+                first = first or (
                     s.generation, f"generation {s.generation}: its rows route to {len(counts)} "
                     "different region values and the region's own value is not established yet "
                     "(no MemWAL snapshot value, no earlier generation); the spec requires mutually "
-                    "exclusive regions")
+                    "exclusive regions", True)
                 offending += sum(counts.values()) - max(counts.values())
                 continue
             own = next(iter(counts))
         stray = sum(c for v, c in counts.items() if v != own)
         if stray:
-            first = first or Refusal(s.generation, "")
+            first = first or (s.generation, "", True)
             offending += stray
-    if first is not None and offending:
-        first.offending_rows = offending
-        first.message = first.message or (
-            f"generation {first.generation}: {offending} rows route to another region (region value "
-            f"{own}); the spec requires mutually exclusive regions")
-    return first
+    if first is None:
+        return None
+    generation, message, permanent = first
+    message = message or (f"generation {generation}: {offending} rows route to another region (region value "
+                          f"{own}); the spec requires mutually exclusive regions")
+    return RegionFailure(region_id, generation, f"region {region_id}: {message}" if region_id else message,
+                         permanent, offending_rows=offending)
 
 
 def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, options

@@ -20,6 +20,9 @@ VERSION_HINT = "version_hint.json"
 MEMWAL_DIR = "_memwal"
 GC_PENDING_DIR = f"{MEMWAL_DIR}/gc_pending"
 WALLS_DIR = f"{MEMWAL_DIR}/walls"
+# Merge commits not verified yet (`jobs/merge/unverified.py`): one marker per commit in flight.
+UNVERIFIED_DIR = f"{MEMWAL_DIR}/unverified"
+_UNVERIFIED_NAME = re.compile(r"^([0-9a-f]{32})\.json$")
 LIFECYCLE_KEY = f"{MEMWAL_DIR}/lifecycle.json"  # stale-region verdicts (`state/lifecycle.py`)
 # The table lease (`state/lease.py`): one object per fencing token, `{token:020d}.json`.
 LEASE_DIR = f"{MEMWAL_DIR}/lease"
@@ -86,6 +89,19 @@ def gc_pending_key(region_id: str) -> str:
 def wall_key(region_id: str) -> str:
     """The merger's record of a region stuck behind a permanent wall (`state/walls.py`)."""
     return f"{WALLS_DIR}/{_checked(region_id)}.json"
+
+
+def unverified_key(commit_id: str) -> str:
+    """The merger's marker of a merge commit in flight, deleted once the commit is verified."""
+    if not _UNVERIFIED_NAME.fullmatch(f"{commit_id}.json"):
+        raise UnsafePath(f"not a commit id (32 hex digits): {commit_id!r}")
+    return f"{UNVERIFIED_DIR}/{commit_id}.json"
+
+
+def unverified_id_of(key: str) -> str | None:
+    """The commit id of a listed marker key; None for anything else under its directory."""
+    m = _UNVERIFIED_NAME.fullmatch(key.removeprefix(UNVERIFIED_DIR + "/"))
+    return m.group(1) if m and key == f"{UNVERIFIED_DIR}/{m.group(0)}" else None
 
 
 def lease_key(token: int) -> str:

@@ -10,7 +10,11 @@ region: healthy tables have none, and reading them is one listing.
 A record may carry evidence the next run needs: the primary keys a region shares with
 another region's already merged rows (found across batches of a run). A later run cannot
 see those rows again, so it refuses the region again while its pending rows still hold one of
-those keys (`merge._Run.evidence`).
+those keys (`jobs/merge/exclusivity.py`).
+
+A record the merger cannot read is not a record it may ignore: some records are the only
+trace of a verdict (a failed commit verification, shared keys), so `load` says which regions'
+records are unknown and the merger stops those regions for the run (`jobs/merge/walls.py`).
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ import base64
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from memwal_core.errors import one_line
+from memwal_core.failures import RegionFailure
 from memwal_core.state import layout
+from memwal_core.state.objects import NotFound
 from memwal_core.state.store import ObjectStore
 
 log = logging.getLogger("memwal.walls")
@@ -33,15 +40,31 @@ MAX_EVIDENCE_KEYS = 1000  # keys kept as evidence per record (any one still pend
 
 @dataclass(frozen=True)
 class WallRecord:
-    region_id: str
-    generation: int          # the first generation not merged
-    reason: str
+    """A recorded wall: the region's failure (its generation: the first one not merged), when
+    it was recorded, and the evidence a later run needs."""
+
+    failure: RegionFailure
     recorded_at: float = 0.0
     shared_keys: pa.Table | None = None   # evidence: keys another region's merged rows hold
     other_region: str | None = None
 
+    @property
+    def region_id(self) -> str:
+        return self.failure.region_id
+
+    @property
+    def generation(self) -> int:
+        """The first generation not merged (a recorded wall always has one)."""
+        return self.failure.generation or 0
+
+    @property
+    def reason(self) -> str:
+        return self.failure.reason
+
     def to_json(self) -> bytes:
-        d = {"region": self.region_id, "generation": self.generation, "reason": self.reason,
+        f = self.failure
+        d = {"region": f.region_id, "generation": f.generation, "reason": f.reason, "permanent": f.permanent,
+             "step": f.step, "offending_rows": f.offending_rows,
              "recorded_at": self.recorded_at or time.time(), "other_region": self.other_region}
         if self.shared_keys is not None and self.shared_keys.num_rows:
             sink = pa.BufferOutputStream()
@@ -53,26 +76,66 @@ class WallRecord:
 
     @staticmethod
     def from_json(raw: bytes) -> "WallRecord":
+        """A record as written by `to_json`, or by earlier versions (no `permanent`, `step` or
+        `offending_rows`: only permanent walls were ever recorded)."""
         d = json.loads(raw)
         keys = None
         if d.get("shared_keys_ipc"):
             keys = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(d["shared_keys_ipc"]))).read_all()
-        return WallRecord(str(d["region"]), int(d["generation"]), str(d.get("reason", "")),
-                          float(d.get("recorded_at", 0.0)), keys, d.get("other_region"))
+        failure = RegionFailure(str(d["region"]), int(d["generation"]), str(d.get("reason", "")),
+                                bool(d.get("permanent", True)), str(d.get("step", "merge")),
+                                int(d.get("offending_rows", 0)))
+        return WallRecord(failure, float(d.get("recorded_at", 0.0)), keys, d.get("other_region"))
+
+
+@dataclass
+class RecordedWalls:
+    """What `load` found: the readable records, the regions whose record exists but could not
+    be read (region -> why), and why the listing itself failed (then nothing is known)."""
+
+    records: dict[str, WallRecord] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    def unknown(self, region_id: str) -> str | None:
+        """Why whether `region_id` has a record is not known (None: it is known)."""
+        if self.error is not None:
+            return self.error
+        return self.unreadable.get(region_id)
+
+
+def load(store: ObjectStore) -> RecordedWalls:
+    """Every recorded wall, and what could not be read. A record deleted between the listing
+    and its read is no record; any other failure (a store error, a garbled object) makes its
+    region's record unknown."""
+    try:
+        listed = list(store.list(layout.WALLS_DIR))
+    except Exception as e:  # noqa: BLE001 - reported: every region's record is unknown
+        error = f"wall records under {layout.WALLS_DIR} could not be listed: {one_line(e)}"
+        log.error("%s", error)
+        return RecordedWalls(error=error)
+    return _read(store, listed)
 
 
 def read_all(store: ObjectStore) -> dict[str, WallRecord]:
-    """Every recorded wall (region -> record); an unreadable record is logged and skipped (it is
-    a report, never what decides a merge on its own)."""
-    out: dict[str, WallRecord] = {}
-    for o in store.list(layout.WALLS_DIR):
+    """Every readable recorded wall (region -> record), for reports: a failed listing raises, an
+    unreadable record is logged and left out (the merger uses `load`, which keeps it)."""
+    return _read(store, list(store.list(layout.WALLS_DIR))).records
+
+
+def _read(store: ObjectStore, listed: list) -> RecordedWalls:
+    out = RecordedWalls()
+    for o in listed:
         name = o.key.rsplit("/", 1)[-1].removesuffix(".json")
         if not layout.is_region_id(name) or o.key != layout.wall_key(name):
             continue
         try:
-            out[name] = WallRecord.from_json(store.get(o.key))
-        except Exception as e:  # noqa: BLE001 - vanished meanwhile or garbled
-            log.warning("wall record %s unreadable: %s: %s", o.key, type(e).__name__, e)
+            out.records[name] = WallRecord.from_json(store.get(o.key))
+        except NotFound:
+            continue  # cleared meanwhile
+        except Exception as e:  # noqa: BLE001 - garbled, or the store failed: unknown, not absent
+            out.unreadable[name] = f"wall record {o.key} unreadable: {one_line(e)}"
+            log.error("%s", out.unreadable[name])
     return out
 
 

@@ -35,22 +35,8 @@ def pending_after(plan: merge.MergePlan, result: merge.MergeResult | None) -> di
 
 
 def merge_failures(plan: merge.MergePlan, result: merge.MergeResult | None) -> list[RegionFailure]:
-    """Regions the run left unmerged (or, a dry run, that the plan already stops), at the first
-    generation not merged: the recorded wall, else the first planned generation left."""
-    if result is None:
-        return [RegionFailure(rid, w.generation, w.reason, bool(w.permanent), "merge")
-                for rid, w in sorted(plan.walls.items())]
-    left = pending_after(plan, result)
-    out = []
-    for rid, r in sorted(result.regions.items()):
-        if not r.error:
-            continue
-        wall = r.wall
-        if wall is None and left.get(rid):
-            wall = min(left[rid])
-        out.append(RegionFailure(rid, wall, str(r.error), bool(r.permanent), "merge",
-                                 int(getattr(r, "offending_keys", 0) or 0)))
-    return out
+    """Regions the run left unmerged at their wall (a dry run: those the plan already stops)."""
+    return plan.failures if result is None else result.failures
 
 
 def merge_outcome(plan: merge.MergePlan, result: merge.MergeResult | None) -> StepOutcome:

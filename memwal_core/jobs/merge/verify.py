@@ -12,8 +12,9 @@ commit is ever taken for a merged batch:
 - `landed`: the version the commit created exists, and the latest version records the planned
   merged generation of every region of the commit (else the batch is still pending: retried);
 - `bad_rows`: in the committed version every upserted key is present exactly once and every
-  tombstoned key is absent (else the merge stops the regions: their progress was recorded
-  over wrong rows and must not move on silently).
+  tombstoned key is absent (else the merge stops the regions whose keys are wrong, found by
+  the rows' origins (`regions_with_bad_keys`): their progress was recorded over wrong rows and
+  must not move on silently; the other regions of the commit are fine).
 
 Cost: only the key columns of the batch's keys are read, with an `IN` filter, or the whole key
 column when the batch holds more than a tenth of the table's rows (measured: an `IN` filter of
@@ -34,6 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core.errors import one_line
+from memwal_core.failures import RegionFailure
+from memwal_core.jobs.merge.result import COMMIT_CHECK_FAILED
 from memwal_core.state.keys import delete_predicate
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import open_dataset, read_memwal_state
@@ -58,6 +61,7 @@ class CommitCheck:
     missing: list[dict] = field(default_factory=list)      # upserted keys absent
     counts: dict[str, int] = field(default_factory=dict)   # the full numbers behind the samples
     seconds: float = 0.0
+    bad_keys: pa.Table | None = None  # every wrong key (duplicated, resurrected or missing), distinct
 
     @property
     def landed(self) -> bool:
@@ -114,9 +118,11 @@ def _distinct(t: pa.Table, pk: list[str]) -> pa.Table:
 
 
 def verify_commit(loc: TableLocation, version: int, progress: dict[str, int], upserted: pa.Table,
-                  deleted: pa.Table | None, pk: list[str]) -> CommitCheck:
+                  deleted: pa.Table | None, pk: list[str], *, at_version: bool = True) -> CommitCheck:
     """Check merge commit `version` (see the module docstring): `progress` is the merged
-    generation it planned per region, `upserted` / `deleted` the keys it upserted / tombstoned."""
+    generation it planned per region, `upserted` / `deleted` the keys it upserted / tombstoned.
+    `at_version` False: the commit's own version is not known for sure (`commit_version`), so
+    only what no later commit can make right is checked, in the latest version: duplicates."""
     t0 = time.monotonic()
     latest_ds = open_dataset(loc)
     check = CommitCheck(version, latest_ds.version, None)
@@ -124,12 +130,13 @@ def verify_commit(loc: TableLocation, version: int, progress: dict[str, int], up
     for rid, want in progress.items():
         if merged.get(rid, 0) < want:
             check.missing_progress[rid] = (want, merged.get(rid, 0))
-    try:
-        ds = open_dataset(loc, version)
-        check.checked_version = version
-    except Exception as e:  # noqa: BLE001 - cleaned up since (no floor): the latest is what is left
-        log.warning("committed version %d not readable (%s); checking the latest version", version, one_line(e))
-        ds = latest_ds
+    ds = latest_ds
+    if at_version:
+        try:
+            ds = open_dataset(loc, version)
+            check.checked_version = version
+        except Exception as e:  # noqa: BLE001 - cleaned up since (no floor): the latest is what is left
+            log.warning("committed version %d not readable (%s); checking the latest version", version, one_line(e))
     types = pa.schema([pa.field(c, ds.schema.field(c).type) for c in pk])  # as committed (`_cast_stream`)
     up = _distinct(upserted.select(pk).cast(types), pk)
     gone = _distinct(deleted.select(pk).cast(types), pk) if deleted is not None and deleted.num_rows else up.slice(0, 0)
@@ -138,14 +145,78 @@ def verify_commit(loc: TableLocation, version: int, progress: dict[str, int], up
     dup = per_key.filter(pc.greater(per_key.column("count_all"), 1)).select(pk)
     check.counts["duplicates"] = dup.num_rows
     check.duplicates = dup.slice(0, SHOWN_KEYS).to_pylist()
+    bad = [dup]
     if check.checked_version is not None:  # later commits may legitimately change these keys
         back = gone.join(per_key.select(pk), keys=pk, join_type="left semi")
         lost = up.join(per_key.select(pk), keys=pk, join_type="left anti")
         check.counts["resurrected"], check.counts["missing"] = back.num_rows, lost.num_rows
         check.resurrected = back.slice(0, SHOWN_KEYS).to_pylist()
         check.missing = lost.slice(0, SHOWN_KEYS).to_pylist()
+        bad += [back.select(pk), lost.select(pk)]
+    check.bad_keys = _distinct(pa.concat_tables([t.select(pk).cast(types) for t in bad]), pk)
     check.seconds = time.monotonic() - t0
     return check
 
 
-__all__ = ["CommitCheck", "verify_commit", "present_keys"]
+def regions_with_bad_keys(check: CommitCheck, origins: list[tuple[str, pa.Table]], pk: list[str]) -> list[str]:
+    """The regions of a commit whose keys `check` found wrong: `origins` are (region, keys it
+    upserted or tombstoned) pairs; a key is in one region (the merge refuses shared keys before
+    it commits). Every region of `origins` when the check kept no keys to tell them apart."""
+    everyone = sorted({rid for rid, _ in origins})
+    if check.bad_keys is None:
+        return everyone
+    if not check.bad_keys.num_rows:
+        return []
+    bad = check.bad_keys
+    types = bad.schema
+    out = {rid for rid, keys in origins
+           if keys.num_rows and _only(keys.select(pk).cast(types), bad, pk).num_rows}
+    return sorted(out) or everyone  # a wrong key of no region's: no region can be cleared
+
+
+def bad_commit_failures(check: CommitCheck, generations: dict[str, list[int]], regions: list[str],
+                        context: str = "") -> list[RegionFailure]:
+    """The permanent failures of `regions` (whose keys `check` found wrong) after merge commit
+    `check.version` that merged `generations` (region -> generations): each region stops right
+    after the commit, which recorded its progress over the wrong rows."""
+    text = ", ".join(f"region {rid} generations {sorted(generations[rid])}" for rid in regions)
+    why = (f"{COMMIT_CHECK_FAILED}: merge commit version {check.version} ({text}){context} does not hold what was "
+           f"merged: {check.describe()}; merge progress was recorded with it, so the region stops here until the "
+           "table is repaired (a base-version cleanup shorter than a commit, or a writer that bypasses memwal, "
+           "can do this)")
+    return [RegionFailure(rid, max(generations[rid]) + 1, why, permanent=True) for rid in regions]
+
+
+def commit_version(loc: TableLocation, read_version: int, progress: dict[str, int], previous: dict[str, int]
+                   ) -> tuple[int | None, bool]:
+    """(version, exact) of the merge commit that read `read_version` and planned `progress`
+    (region -> merged generation) over `previous`: the first retained later version whose
+    merged generations reach `progress` (progress never regresses: a binary search). `exact`
+    when that version records exactly `progress` and the one before it `previous`: only then
+    are the keys' rows there this commit's alone. (None, False) when no retained version is it."""
+    def state(v: int) -> dict[str, int]:
+        return read_memwal_state(loc, v).merged
+
+    def reached(merged: dict[str, int]) -> bool:
+        return all(merged.get(rid, 0) >= p for rid, p in progress.items())
+
+    versions = sorted(int(v["version"]) for v in open_dataset(loc).versions() if int(v["version"]) >= read_version)
+    lo, hi = 0, len(versions)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reached(state(versions[mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo == len(versions):
+        return None, False
+    version = versions[lo]
+    here = state(version)
+    before = state(versions[lo - 1]) if lo > 0 and versions[lo - 1] == version - 1 else None
+    exact = (all(here.get(rid, 0) == p for rid, p in progress.items()) and before is not None
+             and all(before.get(rid, 0) == p for rid, p in previous.items()))
+    return version, exact
+
+
+__all__ = ["CommitCheck", "verify_commit", "present_keys", "regions_with_bad_keys", "bad_commit_failures",
+           "commit_version"]
