@@ -10,8 +10,11 @@ writes, deletes, flushes, reopens (epoch bump); merges (random byte budget and
 back mid-merge); bad generations planted and repaired; the MemWAL index builder; catch-up; GC
 with random retention (checked by an independent plan oracle before it executes);
 compaction, also racing a merge in its own thread; a second maintainer thread; stale,
-removed or garbled version hints; fenced writers; orphan directories; and a job killed by
-SIGKILL in a subprocess before its k-th write.
+removed or garbled version hints; fenced writers; orphan directories; a job killed by
+SIGKILL in a subprocess before its k-th write; and the table's lifecycle: the table overwritten
+and MemWAL initialized again while regions hold unmerged generations (old region ids re-opened
+or new ones), stale regions discarded by the operator (one, all, a dry run, or by mistake a
+region of this lifetime) or by GC after its grace, and regions sealed.
 
 Invariants after every step:
 - merge progress never decreases and never passes a generation that could not be merged
@@ -20,7 +23,15 @@ Invariants after every step:
   to that version's progress (nothing merged is lost, nothing unmerged leaked in);
 - pylance's LSM read, at the latest and at older retained versions, equals the model of
   everything flushed, except the keys of bad generations not yet repaired (the wall);
-- no listed generation is missing on disk; nothing outside the table directory changed.
+- no listed generation is missing on disk; nothing outside the table directory changed;
+- lifecycle: no row of a generation that was unmerged when the table was overwritten at any
+  retained version, no row of an earlier lifetime at a version of this one, in the base table
+  or an LSM read; progress passes a stale generation only through a discard, exactly to the
+  model's stale boundary; memwal's stale verdicts equal the model's after an overwrite; the merger
+  reports every stale region with listed generations as stuck; a discard never changes the
+  progress or a file of a region of this lifetime; GC deletes nothing of a stale region until it
+  is discarded, then stale generations only up to the discard and the progress of versions from
+  before the initialization; a sealed region gets no manifest version after the sealing one.
 At teardown every bad generation is repaired and one merge runs: the base table alone then
 equals the model. `Stats.did` counts the steps that did something (see test_harness.py).
 """
