@@ -199,7 +199,7 @@ def test_lifecycle_overwrite_reinit_discard_and_seal(machine):
                                       "and records their progress")
 def test_lifecycle_a_merge_planned_before_the_overwrite_runs_after_it(machine):
     """A merge planned in the old lifetime and executed after the overwrite and the new
-    initialization (a slow scheduler, a Dagster run queued before the overwrite) must not bring
+    initialization (a slow scheduler, a run between its plan and its commits) must not bring
     the stale rows into the new table. Found by the harness (plan_for_later, overwrite_reinit,
     execute_stale_plan); the harness drops a pending plan at an overwrite until this passes."""
     m = machine("unsharded")
