@@ -49,6 +49,10 @@ def _run(spark, tmp_path, steps: int, first_seed: int, per_example: int, example
     assert not missing, f"rules never run: {sorted(missing)}"
     idle = EFFECTS - {k for k, n in hm.Stats.did.items() if n}
     assert not idle, f"never did: {sorted(idle)}"
+    if hm.Stats.steps >= 1000:  # what 1,000 steps must reach at least (per 1,000 steps)
+        short = {k: (hm.Stats.did.get(k, 0), n * hm.Stats.steps // 1000) for k, n in PER_1000_STEPS.items()
+                 if hm.Stats.did.get(k, 0) < n * hm.Stats.steps // 1000}
+        assert not short, f"too few (did, needed): {short}"
 
 
 ALL_RULES = {"put", "overwrite", "delete", "flush", "reopen", "merge", "merge_transient", "plant_bad", "repair",
@@ -62,6 +66,10 @@ EFFECTS = {"merge_committed", "gc_deleted_generation", "gc_deleted_orphan", "gc_
 
 # ~4 min when green; shrinking a failure may take 10 more. MEMWAL_HARNESS_TIMEOUT (0: none) for
 # a loaded machine: `make mutate` runs without one (a timeout must not count as a kill).
+PER_1000_STEPS = {"merge_committed": 50, "gc_deleted_generation": 20, "compaction_rewrote": 10,
+                  "compaction_merge_conflict": 5, "old_version_read": 5, "overwrite_reinit": 3, "stale_discarded": 3}
+
+
 @pytest.mark.timeout(int(os.environ.get("MEMWAL_HARNESS_TIMEOUT", 1800)))
 def test_harness_bounded(spark, tmp_path):
     """The bounded profile: fixed seeds, >= 1,000 steps, 0 violations."""
