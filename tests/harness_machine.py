@@ -942,8 +942,11 @@ class MemWalMachine(RuleBasedStateMachine):
         self.count("discard")
         before = self.merged()
         files = self.region_files(live)
-        if mode == "live":
-            rid = live[pick % len(live)]
+        if mode == "live":  # one holding unmerged generations if any: what a wrong discard would lose
+            merged = before
+            pending = [rid for rid in live if any(g.generation > merged.get(rid, 0)
+                                                  for g in self.latest_manifest(rid).generations)]
+            rid = (pending or live)[pick % len(pending or live)]
             res = lifecycle.discard(self.loc, [rid])
             assert rid in res.refused and not res.discarded, f"DISCARD: region {rid} of this lifetime was not refused"
             did("live_discard_refused")
