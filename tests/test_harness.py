@@ -213,7 +213,12 @@ def test_lifecycle_a_merge_planned_before_the_overwrite_runs_after_it(machine):
     the stale rows into the new table. Found by the harness (plan_for_later, overwrite_reinit,
     execute_stale_plan); the harness drops a pending plan at an overwrite until this passes."""
     m = machine("unsharded")
-    steps(m, ("put", {"keys": [1, 2, 3]}), ("flush", {"r": 0}), ("put", {"keys": [4, 5]}), ("flush", {"r": 0}),
-          ("plan_for_later", {"budget": 10**9, "max_gens": 4}),
-          ("overwrite_reinit", {"keys": [1, 9], "reuse": False}),
-          ("execute_stale_plan", {"keep": False}))
+    for name, kw in [("put", {"keys": [1, 2, 3]}), ("flush", {"r": 0}), ("put", {"keys": [4, 5]}),
+                     ("flush", {"r": 0}), ("plan_for_later", {"budget": 10**9, "max_gens": 4})]:
+        getattr(m, name)(**kw)
+        m.invariants_hold()
+    plan = m.stale
+    m.overwrite_reinit(keys=[1, 9], reuse=False)  # the harness drops the pending plan: kept here
+    m.invariants_hold()
+    m.stale = plan
+    steps(m, ("execute_stale_plan", {"keep": False}))
