@@ -1419,6 +1419,9 @@ class MemWalMachine(RuleBasedStateMachine):
                 return
             for v in list(self.writers):
                 self.close(v)
+            if self.bad:  # one last merge against the walls: nothing may pass a bad generation
+                self.run_merge(merge.DEFAULT_BUDGET_BYTES, merge.DEFAULT_MAX_GENERATIONS, False)
+                self.check_all()
             for rid, g in sorted(self.bad):
                 self.repair_one(rid, g)
             if self.floor:  # the operator's decision: the overwrite meant to replace those rows
