@@ -174,7 +174,7 @@ OPS: dict[str, tuple[int, dict[str, Any]]] = {
     "catch_up": (3, {"named": st.booleans(), "retrain": st.booleans()}),
     "collect_garbage": (11, {"keep": st.integers(1, 3), "min_age": st.sampled_from([0.0, 3600.0]),
                             "grace": st.sampled_from([0.0, 3600.0]), "base_retain": st.none(),
-                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "snapshot", "full", "snapshot", "none"]),
+                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "snapshot", "full", "catchup", "none"]),
                             "keep_epoch": st.booleans(),
                             # a stale region discarded by GC after its grace (0 s), or never
                             "discard_after": st.sampled_from([None, None, 0.0])}),
@@ -1033,12 +1033,14 @@ class MemWalMachine(RuleBasedStateMachine):
                         discard_after: float | None = None) -> None:
         """GC with random manifest/orphan ages and base-version retention (by count, or by an
         age no version reaches in a run). `prep`: the maintenance job's order first, index
-        builder and catch-up ("full", so that merged generations become collectable) or the
-        index builder alone ("snapshot": catch-up lags, new regions are missing from it)."""
+        builder and catch-up ("full", so that merged generations become collectable), the
+        index builder alone ("snapshot": catch-up lags, new regions are missing from it) or
+        catch-up alone ("catchup": merged generations of regions no snapshot records yet, whose
+        routing value only they still show, are collectable but for that)."""
         self.count("gc")
         if prep in ("full", "snapshot"):
             snapshot.build_snapshot(self.loc, max_workers=2)
-        if prep == "full":
+        if prep in ("full", "catchup"):
             catchup.run_catchup(self.loc, None)
         kw: dict[str, Any] = {}
         if base_retain is not None:
