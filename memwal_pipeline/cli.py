@@ -663,7 +663,7 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
 def cmd_regions_discard(a) -> int:
     """Discard the stale generations of regions whose data predates the MemWAL initialization
     (`memwal_core/state/lifecycle.py`): their rows are never merged; GC then collects them."""
-    from memwal_core.state import layout, lifecycle
+    from memwal_core.state import layout, lease, lifecycle
     from memwal_core.state.store import open_store
 
     targets = list(a.targets)
@@ -675,7 +675,11 @@ def cmd_regions_discard(a) -> int:
         raise CliError("name the regions to discard (REGION ...) or give --all (every stale region), not both")
     cfg, secrets = target(a)
     loc = open_store(cfg.uri, {**cfg.storage_options, **secrets})
-    out = lifecycle.discard(loc, None if a.all else targets, dry_run=a.dry_run)
+    try:  # holds the table's lease: waits up to lease.wait_seconds (--lease-wait) for a running maintainer
+        out = lifecycle.discard(loc, None if a.all else targets, dry_run=a.dry_run, lease=cfg.lease)
+    except lease.LeaseHeld as e:
+        raise CliError(f"nothing discarded: table {loc.lance_uri} is held by {e.record.describe()}; run again "
+                       "when that maintainer is done (or wait longer: --lease-wait SECONDS)") from None
     if a.json:
         print(json.dumps({"table": loc.lance_uri, "dry_run": out.dry_run, "discarded": out.discarded,
                           "refused": out.refused, "table_version": out.table_version}, indent=2))
@@ -937,6 +941,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="over the table's storage_options")
     rd.add_argument("--all", action="store_true", help="every stale region of the table")
     rd.add_argument("--dry-run", action="store_true", help="say what would be discarded, change nothing")
+    rd.add_argument("--lease-wait", metavar="SECONDS",
+                    help="lease.wait_seconds: how long to wait for the table's lease while a maintainer holds "
+                         "it (then nothing is discarded, exit 1)")
     rd.add_argument("--json", action="store_true")
     rd.set_defaults(fn=cmd_regions_discard)
 

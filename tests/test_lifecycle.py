@@ -434,3 +434,68 @@ def test_gc_records_the_verdicts_before_its_base_version_cleanup(table_loc):
     lc, _ = lifecycle.assess_table(loc)
     assert lc.init.known and set(lc.stale) == set(w.regions.values())
     assert set(merge.plan_merge(loc).walls) == set(w.regions.values())
+
+
+def test_discard_holds_the_lease_waits_for_a_maintainer_and_is_fenced(tmp_path):
+    """`memwal regions discard` commits under the table's lease, like every maintenance step.
+    While another maintainer holds it: a dry run answers at once (it commits nothing); a discard
+    waits `--lease-wait`, then discards nothing (exit 1, naming the holder); released while the
+    discard waits, the discard commits after the release. In the library, a discard whose lease
+    was taken over before its commit is refused by the fence, and nothing is committed."""
+    import time
+
+    from memwal_core.options import LeaseOptions
+    from memwal_core.state import lease
+
+    root = str(tmp_path / "t")
+    loc = open_store(root)
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=2, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    overwrite_and_reinit(loc, num_buckets=2)
+    stale = sorted(w.regions.values())
+    version = table.open_dataset(loc).version
+
+    other = lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=120, wait_seconds=0), run_id="other-run")
+    try:
+        d = _cli("regions", "discard", root, "--all", "--dry-run", "--lease-wait", "60")
+        assert d.returncode == 0 and all(f"would discard region {rid}" in d.stdout for rid in stale), d.stderr
+        t0 = time.monotonic()
+        d = _cli("regions", "discard", root, "--all", "--lease-wait", "1")
+        assert d.returncode == 1, d.stderr
+        assert "error: nothing discarded: table " in d.stderr and "(merge, run other-run)" in d.stderr, d.stderr
+        assert time.monotonic() - t0 > 1
+        assert table.open_dataset(loc).version == version and table.read_memwal_state(loc).merged == {}
+
+        env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        p = subprocess.Popen([sys.executable, "-m", "memwal_pipeline.cli", "--verbose", "regions", "discard", root,
+                              "--all", "--lease-wait", "120"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        waited = []
+        for line in p.stderr:  # the discard reports that it waits for the lease (logged once)
+            waited.append(line)
+            if "held by" in line and "waiting up to" in line:
+                break
+        assert any("waiting up to" in x for x in waited), "".join(waited)
+        time.sleep(0.5)
+        assert table.open_dataset(loc).version == version  # still waiting: nothing committed
+    finally:
+        other.release()
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert all(f"discarded region {rid}" in out for rid in stale), out
+    assert table.open_dataset(loc).version == version + 1
+    assert lease.newest(loc).token > other.token  # it took the lease after the release, and released it
+
+    # Fenced: the lease taken over (a later token) between the plan and the commit.
+    overwrite_and_reinit(loc, num_buckets=2)
+    again = sorted(lifecycle.assess_table(loc)[0].stale)
+    assert again == stale
+    version = table.open_dataset(loc).version
+    with lease.hold(loc, "operator", LeaseOptions(ttl_seconds=30, wait_seconds=0)) as mine:
+        rec = lease.LeaseRecord(mine.token + 1, lease.Holder.me("intruder"), "gc", time.time(), time.time() + 30)
+        assert loc.store.put_if_absent(layout.lease_key(rec.token), rec.encode())
+        with pytest.raises(lease.LeaseLost, match="stale-region discard commit refused"):
+            lifecycle.discard(loc, None)
+    assert table.open_dataset(loc).version == version and table.read_memwal_state(loc).merged == {}
+    assert lease.newest(loc).token == rec.token  # the intruder's record stands

@@ -58,7 +58,7 @@ import pyarrow as pa
 
 from memwal_core.errors import MemwalError
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, table, wal
+from memwal_core.state import layout, lease, region, table, wal
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
 from memwal_core.state.store import NotFound, TableLocation
 
@@ -448,6 +448,7 @@ class DiscardResult:
     table_version: int = 0
 
 
+@lease.step("discard")
 def discard(loc: TableLocation, region_ids: list[str] | None = None, *, dry_run: bool = False,
             by: str = "operator", only_older_than: float | None = None, now: float | None = None) -> DiscardResult:
     """Record the stale generations of `region_ids` (None: every stale region) as handled: one
@@ -456,7 +457,12 @@ def discard(loc: TableLocation, region_ids: list[str] | None = None, *, dry_run:
 
     Refused per region: not stale, already discarded, an open boundary (a writer would still
     replay pre-initialization WAL rows into its next generation), progress already past.
-    `only_older_than`: only verdicts detected at least that many seconds ago (GC's grace)."""
+    `only_older_than`: only verdicts detected at least that many seconds ago (GC's grace).
+
+    Holds the table lease like every committing step (`lease=` keyword, `state/lease.py`;
+    re-entered inside GC's grace discard, none for a dry run), and fences its commit: a commit
+    that loses a race with a maintainer's leaves files behind, and the lifecycle record is a
+    plain put that a merger saving the verdicts of its plan would otherwise overwrite."""
     now = time.time() if now is None else now
     lc, reads = assess_table(loc)  # recorded below only when something is discarded
     state = table.read_memwal_state(loc)
@@ -489,6 +495,7 @@ def discard(loc: TableLocation, region_ids: list[str] | None = None, *, dry_run:
     pk = table.primary_key(ds)
     empty = pa.Table.from_batches([], schema=ds.schema)
     for attempt in range(5):
+        lease.fence(loc, "stale-region discard commit")
         try:
             ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all() \
                 .mark_sstables_as_compacted(merged_markers(marks)).execute(empty)

@@ -10,8 +10,11 @@ writes, deletes, flushes, reopens (epoch bump); merges (random byte budget and
 back mid-merge); bad generations planted and repaired; the MemWAL index builder; catch-up; GC
 with random retention (checked by an independent plan oracle before it executes);
 compaction, also racing a merge in its own thread; a second maintainer thread; stale,
-removed or garbled version hints; fenced writers; orphan directories; and a job killed by
-SIGKILL in a subprocess before its k-th write.
+removed or garbled version hints; fenced writers; orphan directories; a job killed by
+SIGKILL in a subprocess before its k-th write; and the table's lifecycle: the table overwritten
+and MemWAL initialized again while regions hold unmerged generations (old region ids re-opened
+or new ones), stale regions discarded by the operator (one, all, a dry run, or by mistake a
+region of this lifetime) or by GC after its grace, and regions sealed.
 
 Invariants after every step:
 - merge progress never decreases and never passes a generation that could not be merged
@@ -20,7 +23,15 @@ Invariants after every step:
   to that version's progress (nothing merged is lost, nothing unmerged leaked in);
 - pylance's LSM read, at the latest and at older retained versions, equals the model of
   everything flushed, except the keys of bad generations not yet repaired (the wall);
-- no listed generation is missing on disk; nothing outside the table directory changed.
+- no listed generation is missing on disk; nothing outside the table directory changed;
+- lifecycle: no row of a generation that was unmerged when the table was overwritten at any
+  retained version, no row of an earlier lifetime at a version of this one, in the base table
+  or an LSM read; progress passes a stale generation only through a discard, exactly to the
+  model's stale boundary; memwal's stale verdicts equal the model's after an overwrite; the merger
+  reports every stale region with listed generations as stuck; a discard never changes the
+  progress or a file of a region of this lifetime; GC deletes nothing of a stale region until it
+  is discarded, then stale generations only up to the discard and the progress of versions from
+  before the initialization; a sealed region gets no manifest version after the sealing one.
 At teardown every bad generation is repaired and one merge runs: the base table alone then
 equals the model. `Stats.did` counts the steps that did something (see test_harness.py).
 """
@@ -49,7 +60,8 @@ from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 from memwal_core.jobs.gc import run as gc_run
 from memwal_core.observe import checks, reader
 from memwal_core.options import GcOptions
-from memwal_core.state import layout, region, table, wal
+from memwal_core.proto import memwal_pb2 as pb
+from memwal_core.state import layout, lifecycle, region, table, wal
 from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
 
@@ -165,11 +177,13 @@ OPS: dict[str, tuple[int, dict[str, Any]]] = {
     "catch_up": (3, {"named": st.booleans(), "retrain": st.booleans()}),
     "collect_garbage": (11, {"keep": st.integers(1, 3), "min_age": st.sampled_from([0.0, 3600.0]),
                             "grace": st.sampled_from([0.0, 3600.0]), "base_retain": st.none(),
-                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "snapshot", "full", "snapshot", "none"]),
-                            "keep_epoch": st.booleans()}),
+                            "retention": st.sampled_from(GC_RETENTIONS), "prep": st.sampled_from(["full", "snapshot", "full", "catchup", "none"]),
+                            "keep_epoch": st.booleans(),
+                            # a stale region discarded by GC after its grace (0 s), or never
+                            "discard_after": st.sampled_from([None, None, 0.0])}),
     "compact": (3, {"race_merge": st.booleans(), "attempts": st.integers(1, 3)}),
     "race_compaction": (4, {"attempts": st.integers(1, 3), "overlap": st.booleans(), "keys": st.integers(1, 3)}),
-    "second_maintainer": (3, {"first": st.sampled_from(["merge", "gc", "snapshot", "catchup", "compact"]),
+    "second_maintainer": (3, {"first": st.sampled_from(["merge", "gc", "snapshot", "catchup", "compact", "discard"]),
                               "second": st.sampled_from(["merge", "gc", "compact"]),
                               "budget": st.sampled_from([3_000, 10**9])}),
     "stale_hint": (3, {"r": st.integers(0, 7), "back": st.integers(0, 4)}),
@@ -177,6 +191,11 @@ OPS: dict[str, tuple[int, dict[str, Any]]] = {
     "plant_orphan": (2, {"r": st.integers(0, 7), "old": st.booleans()}),
     "add_index": (2, {"column": st.sampled_from(["n", "s"])}),
     "crash": (1, {"job": st.sampled_from(["gc", "snapshot", "merge"]), "k": st.integers(1, 6)}),
+    "overwrite_reinit": (2, {"keys": st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=6, unique=True),
+                             "reuse": st.booleans()}),
+    "discard_stale": (3, {"mode": st.sampled_from(["one", "one", "all", "live", "dry"]),
+                          "pick": st.integers(0, 10_000)}),
+    "seal_region": (1, {"r": st.integers(0, 7)}),
 }
 WEIGHTED = [name for name, (w, _) in OPS.items() for _ in range(w)]
 
@@ -203,17 +222,7 @@ class MemWalMachine(RuleBasedStateMachine):
         self.outside = tree(os.path.join(self.root, "outside"))
         self.loc = open_store(os.path.join(self.root, "table"))
         base0 = [row(kind, k, 0) for k in range(BASE_KEYS)]
-        ds = lance.write_dataset(pa.Table.from_pylist(base0, schema=SCHEMA), self.loc.lance_uri, schema=SCHEMA)
-        ds.create_scalar_index("id", "BTREE", name="id_btree")
-        if kind == "bucket_key":
-            ds.initialize_mem_wal(bucket_column="id", num_buckets=3)
-        elif kind == "bucket_nonkey":
-            ds.initialize_mem_wal(bucket_column="c", num_buckets=3)
-        elif kind == "identity":
-            ds.initialize_mem_wal(identity_column="c")
-        else:
-            ds.initialize_mem_wal(unsharded=True)
-        self.ds = lance.dataset(self.loc.lance_uri)
+        self.create(base0, mode="create")
         self.spec = (self.ds.mem_wal_index_details() or {})["sharding_specs"][0]
         self.base0 = {r["id"]: r for r in base0}
         self.written = dict(self.base0)  # what writers were asked to write (flushed or not)
@@ -234,6 +243,34 @@ class MemWalMachine(RuleBasedStateMachine):
         self.base_checked: set[int] = set()  # base versions whose rows were compared with the model
         self.deep = True  # next check reads every retained version (after anything that deletes)
         self.last_gc_ok: set[str] = set()
+        # Table lifecycle (overwrite + MemWAL initialized again): the model's stale boundary of
+        # every region written before the current initialization, the discards recorded, and
+        # the rows of earlier lifetimes (as (id, s): every written row's `s` is unique).
+        self.floor: dict[str, int] = {}
+        self.discarded: dict[str, int] = {}
+        self.old_rows: set[tuple[int, str]] = set()  # never at a version of this lifetime
+        self.never_rows: set[tuple[int, str]] = set()  # unmerged when overwritten: never at any version
+        # Sealed regions: the manifest version that sealed them (nothing may come after it).
+        self.sealed: dict[str, int] = {}
+        self.sealed_values: set[Any] = set()
+        self.open_regions: set[str] = set()  # stale with WAL rows past the replay position (no boundary yet)
+
+    def create(self, rows: list[dict], mode: str) -> None:
+        """Write the base table (or overwrite it), its key index, and initialize MemWAL with
+        the run's sharding: the first version of a MemWAL lifetime."""
+        ds = lance.write_dataset(pa.Table.from_pylist(rows, schema=SCHEMA), self.loc.lance_uri, schema=SCHEMA,
+                                 mode=mode)
+        ds.create_scalar_index("id", "BTREE", name="id_btree")
+        if self.kind == "bucket_key":
+            ds.initialize_mem_wal(bucket_column="id", num_buckets=3)
+        elif self.kind == "bucket_nonkey":
+            ds.initialize_mem_wal(bucket_column="c", num_buckets=3)
+        elif self.kind == "identity":
+            ds.initialize_mem_wal(identity_column="c")
+        else:
+            ds.initialize_mem_wal(unsharded=True)
+        self.ds = lance.dataset(self.loc.lance_uri)
+        self.init_version = self.ds.version
 
     # ------------------------------------------------------------ the step
     @rule(op=st.sampled_from(WEIGHTED), data=st.data())
@@ -301,9 +338,12 @@ class MemWalMachine(RuleBasedStateMachine):
         assert got == want, f"region {rid}: flushed generations differ from what was written"
 
     def by_region(self, keys: list[int]) -> dict[Any, list[int]]:
+        """Keys by region value; keys of a sealed region's value are left out (no writer may
+        claim a sealed region, and a second region for its value would break exclusivity)."""
         out: dict[Any, list[int]] = {}
         for k in keys:
-            out.setdefault(self.value(k), []).append(k)
+            if self.value(k) not in self.sealed_values:
+                out.setdefault(self.value(k), []).append(k)
         return out
 
     def put_rows(self, keys: list[int]) -> None:
@@ -322,7 +362,8 @@ class MemWalMachine(RuleBasedStateMachine):
     def overwrite(self, picks: list[int]) -> None:
         self.count("overwrite")
         live = sorted(self.written)
-        self.put_rows(sorted({live[p % len(live)] for p in picks}))
+        if live:
+            self.put_rows(sorted({live[p % len(live)] for p in picks}))
 
     def delete(self, keys: list[int], whole_rows: bool) -> None:
         """Delete by key, or by whole rows (pylance ignores the non-key columns): either way the
@@ -347,7 +388,8 @@ class MemWalMachine(RuleBasedStateMachine):
         self.count("reopen")
         v = self.values[r % len(self.values)]
         self.close(v)
-        self.writer(v)
+        if v not in self.sealed_values:
+            self.writer(v)
 
     # ------------------------------------------------------------- merges
     def merged(self) -> dict[str, int]:
@@ -367,7 +409,13 @@ class MemWalMachine(RuleBasedStateMachine):
 
     def merge(self, budget: int, max_gens: int, via_plan: bool) -> None:
         self.count("merge")
-        self.run_merge(budget, max_gens, via_plan)
+        waiting = self.undiscarded()
+        res = self.run_merge(budget, max_gens, via_plan)
+        listed = {rid for rid in waiting if (m := self.latest_manifest(rid)) is not None and m.generations}
+        missing = listed - set(res.stuck_regions)
+        assert not missing, f"STALE: the merge did not report stale regions {sorted(missing)} as stuck"
+        if listed:
+            did("stale_region_refused")
 
     def plan_for_later(self, budget: int, max_gens: int) -> None:
         """Plan a merge now and execute it some steps later (a slow scheduler): by then other
@@ -502,6 +550,8 @@ class MemWalMachine(RuleBasedStateMachine):
         self.count("plant_bad")
         kind = kind if kind in ENABLED_BAD else ENABLED_BAD[0]
         v = self.values[r % len(self.values)]
+        if v in self.sealed_values:
+            return
         rid = self.rids[v]
         if kind.startswith("misrouted") and self.kind == "unsharded":
             kind = "extra_column"
@@ -661,6 +711,8 @@ class MemWalMachine(RuleBasedStateMachine):
 
         def job(name: str):
             loc = open_store(self.loc.lance_uri)
+            if name == "discard":
+                return lifecycle.discard(loc, None)
             if name == "merge":
                 return self.run_merge(budget, 4, False, loc=loc)
             if name == "gc":
@@ -695,6 +747,11 @@ class MemWalMachine(RuleBasedStateMachine):
             if slot + "_error" in out:
                 e = out[slot + "_error"]
                 raise AssertionError(f"CONCURRENT {first}/{second}: {type(e).__name__}: {e}") from e
+            res = out.get(slot)
+            if isinstance(res, lifecycle.DiscardResult):
+                self.record_discards(res.discarded, "a discard next to a maintainer")
+            elif isinstance(res, gc.GcResult):
+                self.record_discards(res.stale_discarded, "GC's grace")
         did("concurrent_jobs")
         self.deep = True
 
@@ -727,7 +784,7 @@ class MemWalMachine(RuleBasedStateMachine):
         v = self.values[r % len(self.values)]
         rid = self.rids[v]
         mine = [k for k in range(KEYS) if self.value(k) == v]
-        if not mine:
+        if not mine or v in self.sealed_values:
             return
         self.close(v)
 
@@ -775,7 +832,7 @@ class MemWalMachine(RuleBasedStateMachine):
         v = self.values[r % len(self.values)]
         rid = self.rids[v]
         m = self.latest_manifest(rid)
-        if m is None or m.current_generation < 2:
+        if m is None or m.current_generation < 2 or m.sealed:
             return
         gaps = {b.missing for (x, _), b in self.bad.items() if x == rid and b.kind == "gap"}
         g = next((n for n in range(1, m.current_generation) if n not in gaps), None)
@@ -791,6 +848,166 @@ class MemWalMachine(RuleBasedStateMachine):
             for dp, _, fs in os.walk(dest):
                 for f in fs:
                     os.utime(os.path.join(dp, f), (t, t))
+
+    # ------------------------------------------------------- lifecycle
+    def overwrite_reinit(self, keys: list[int], reuse: bool) -> None:
+        """The table is overwritten (`write_dataset(mode="overwrite")`) while regions hold
+        unmerged generations, and MemWAL is initialized again. Every region written so far is
+        stale through its last flushed generation: never merged, never shown to readers, kept
+        whole by GC until discarded. The new base is `keys`; writers then continue the old
+        region ids (`reuse`: their new generations wait behind the stale ones) or new ones."""
+        self.count("overwrite_reinit")
+        for v in list(self.writers):
+            self.close(v)
+        merged = self.merged()
+        unmerged, done = set(), {(k, r["s"]) for k, r in self.base0.items()}
+        self.open_regions = set()
+        for rid, gens in self.gens.items():
+            m = self.latest_manifest(rid)
+            if m is None:
+                continue
+            self.floor[rid] = m.current_generation - 1
+            # pylance's own record: a WAL entry with rows above the replay position is one a
+            # writer claiming the region would replay (even when its rows are in a generation
+            # already): memwal cannot fix the stale boundary until that flush (an open verdict).
+            covered = m.message.replay_after_wal_entry_position
+            if any(p > covered and not wal.read_entry_meta(self.loc.store, rid, p).fence_sentinel
+                   for p in self.wal_positions(rid)):
+                self.open_regions.add(rid)
+            for g, rows in gens.items():
+                sigs = {(r["id"], r["s"]) for r in rows if not r["_tombstone"]}
+                (unmerged if g > merged.get(rid, 0) else done).update(sigs)
+            gens.clear()
+        for (rid, g), b in self.bad.items():  # planted rows behind a wall: never merged either
+            unmerged |= {(r["id"], r["s"]) for r in b.good + (b.fill or [])}
+        self.old_rows |= unmerged | done
+        self.never_rows |= unmerged - done
+        self.bad.clear()
+        # A merge planned before the overwrite is dropped: executed after it, it merges the
+        # stale rows (test_harness.py `test_lifecycle_a_merge_planned_before_the_overwrite_runs_after_it`,
+        # an expected failure until `execute_merge` re-checks the plan's MemWAL initialization).
+        self.stale = None
+        self.version += 1
+        base = [row(self.kind, k, self.version) for k in sorted(keys)]
+        self.create(base, mode="overwrite")
+        self.base0 = {r["id"]: r for r in base}
+        self.written = dict(self.base0)
+        self.last_merged = {}
+        self.discarded = {}
+        self.deep = True
+        for v in self.values:  # an open region is left alone (its boundary would move on a claim)
+            if not reuse or v in self.sealed_values or self.rids[v] in self.open_regions:
+                self.rids[v] = str(uuid.uuid4())
+                self.gens[self.rids[v]] = {}
+        self.sealed_values.clear()  # a new region takes a sealed region's value in the new lifetime
+        did("overwrite_reinit")
+        # memwal's verdicts are the model's: every region written before is stale through its
+        # last flushed generation (closed: every writer was closed), and no other region is.
+        lc, _ = lifecycle.assess_table(self.loc)
+        assert lc.init is not None and lc.init.table_version == self.init_version, (
+            f"LIFECYCLE: initialization {lc.init} is not table version {self.init_version}")
+        got = {rid: v.stale_through for rid, v in lc.stale.items()}
+        want = {rid: None if rid in self.open_regions else f for rid, f in self.floor.items()}
+        assert got == want, f"LIFECYCLE: stale verdicts {got}, the model says {want} (None: open)"
+        if self.open_regions:
+            did("stale_open_boundary")
+
+    def undiscarded(self) -> set[str]:
+        """Stale regions not discarded yet: the merger refuses them (and reports it)."""
+        merged = self.merged()
+        return {rid for rid, f in self.floor.items() if f > merged.get(rid, 0)}
+
+    def record_discards(self, discarded: dict[str, int], by: str) -> None:
+        """Regions whose stale generations were just discarded: only stale ones, through exactly
+        the model's boundary."""
+        for rid, through in discarded.items():
+            assert rid in self.floor, f"DISCARD ({by}): region {rid} was written after the MemWAL initialization"
+            assert through == self.floor[rid], (
+                f"DISCARD ({by}): region {rid} discarded through {through}, its stale boundary is {self.floor[rid]}")
+            self.discarded[rid] = through
+            did("stale_discarded")
+
+    def region_files(self, rids: list[str]) -> dict[str, Any]:
+        out = {}
+        for rid in rids:
+            d = os.path.join(self.root, "table", layout.region_dir(rid))
+            out[rid] = tree(d) if os.path.isdir(d) else None
+        return out
+
+    def discard_stale(self, mode: str, pick: int) -> None:
+        """The operator discards stale regions (`lifecycle.discard`, what `memwal regions
+        discard` runs): one, all, a dry run, or by mistake a region of this lifetime (refused).
+        Regions of this lifetime keep their progress and every file."""
+        live = sorted(rid for rid in self.gens if rid not in self.floor and self.manifest_versions(rid))
+        stale = sorted(self.floor)
+        if mode == "live" and not live or mode != "live" and not stale:
+            return
+        self.count("discard")
+        before = self.merged()
+        files = self.region_files(live)
+        if mode == "live":  # one holding unmerged generations if any: what a wrong discard would lose
+            merged = before
+            pending = [rid for rid in live if any(g.generation > merged.get(rid, 0)
+                                                  for g in self.latest_manifest(rid).generations)]
+            rid = (pending or live)[pick % len(pending or live)]
+            res = lifecycle.discard(self.loc, [rid])
+            assert rid in res.refused and not res.discarded, f"DISCARD: region {rid} of this lifetime was not refused"
+            did("live_discard_refused")
+        elif mode == "dry":
+            res = lifecycle.discard(self.loc, None, dry_run=True)
+            assert self.merged() == before, "DISCARD: a dry run changed merge progress"
+            for rid, through in res.discarded.items():
+                assert self.floor.get(rid) == through, f"DISCARD (dry run): region {rid} through {through}"
+        else:
+            targets = [stale[pick % len(stale)]] if mode == "one" else None
+            res = lifecycle.discard(self.loc, targets)
+            self.record_discards(res.discarded, "operator")
+            for rid in targets or stale:
+                if rid in self.open_regions:
+                    assert rid not in res.discarded, f"DISCARD: region {rid} discarded with its boundary open"
+                elif self.floor[rid] > before.get(rid, 0):
+                    assert rid in res.discarded, f"DISCARD: stale region {rid} refused: {res.refused.get(rid)}"
+        after = self.merged()
+        changed = {rid for rid in live if after.get(rid, 0) != before.get(rid, 0)}
+        assert not changed, f"DISCARD: progress of regions of this lifetime changed: {sorted(changed)}"
+        now = self.region_files(live)
+        for rid, was in files.items():  # open writers may add files (and rewrite the hint); none goes
+            gone = {p for p, v in (was or {}).items()
+                    if not p.endswith(layout.VERSION_HINT) and (now[rid] or {}).get(p) != v}
+            assert not gone, f"DISCARD: files of region {rid} (of this lifetime) changed or went: {sorted(gone)[:5]}"
+
+    def seal_region(self, r: int) -> None:
+        """A region whose writer is closed for good: its manifest is SEALED (pylance 14: writers
+        refuse to claim it). Its generations still merge to the end; memwal commits no manifest
+        version after the sealing one (so GC trims nothing there); no writer writes its value
+        again (a second region for it would break the regions' exclusivity)."""
+        v = self.values[r % len(self.values)]
+        rid = self.rids[v]
+        if len(self.values) < 2 or v in self.sealed_values or any(x == rid for x, _ in self.bad):
+            return
+        self.count("seal")
+        self.close(v)
+        if self.latest_manifest(rid) is None:
+            self.writer(v)
+            self.close(v)
+
+        def mutate(msg) -> bool:
+            msg.status = pb.SEALED
+            return True
+
+        sealed = region.commit_next(self.loc.store, self.latest_manifest(rid), mutate)
+        self.sealed[rid] = sealed.version
+        self.sealed_values.add(v)
+        k = next(k for k in range(KEYS) if self.value(k) == v)
+        try:
+            with self.ds.mem_wal_writer(rid, max_memtable_rows=MAX_MEMTABLE_ROWS, durable_write=False) as w:
+                w.put(pa.Table.from_pylist([row(self.kind, k, -1)], schema=SCHEMA))
+        except OSError as e:
+            assert "sealed" in str(e).lower(), f"SEALED: unexpected error claiming region {rid}: {e}"
+            did("sealed_claim_refused")
+        else:
+            raise AssertionError(f"SEALED: a writer claimed sealed region {rid} and wrote to it")
+        did("region_sealed")
 
     # ----------------------------------------------------- other jobs
     def build_snapshot(self, external: bool, hints: bool) -> None:
@@ -815,15 +1032,18 @@ class MemWalMachine(RuleBasedStateMachine):
         did("index_added")
 
     def collect_garbage(self, keep: int, min_age: float, grace: float, base_retain: int | None,
-                        retention: str = "none", prep: str = "none", keep_epoch: bool = True) -> None:
+                        retention: str = "none", prep: str = "none", keep_epoch: bool = True,
+                        discard_after: float | None = None) -> None:
         """GC with random manifest/orphan ages and base-version retention (by count, or by an
         age no version reaches in a run). `prep`: the maintenance job's order first, index
-        builder and catch-up ("full", so that merged generations become collectable) or the
-        index builder alone ("snapshot": catch-up lags, new regions are missing from it)."""
+        builder and catch-up ("full", so that merged generations become collectable), the
+        index builder alone ("snapshot": catch-up lags, new regions are missing from it) or
+        catch-up alone ("catchup": merged generations of regions no snapshot records yet, whose
+        routing value only they still show, are collectable but for that)."""
         self.count("gc")
         if prep in ("full", "snapshot"):
             snapshot.build_snapshot(self.loc, max_workers=2)
-        if prep == "full":
+        if prep in ("full", "catchup"):
             catchup.run_catchup(self.loc, None)
         kw: dict[str, Any] = {}
         if base_retain is not None:
@@ -836,6 +1056,7 @@ class MemWalMachine(RuleBasedStateMachine):
         self.gc_run(self.loc, GcOptions(manifest_retention=keep, manifest_min_age_seconds=min_age,
                                         orphan_grace_seconds=grace, leaked_file_grace_seconds=grace,
                                         keep_current_epoch_wal=keep_epoch, max_workers=2,
+                                        discard_stale_after_seconds=discard_after,
                                         cleanup_base_versions_floor_seconds=0, **kw))
 
     def gc_run(self, loc, config: GcOptions) -> gc.GcResult:
@@ -863,6 +1084,9 @@ class MemWalMachine(RuleBasedStateMachine):
         for kind in gc.KINDS:
             if counts[kind]:
                 did(f"gc_deleted_{kind}")
+        self.record_discards(res.stale_discarded, "GC's grace")
+        if any(i.kind == gc.GENERATION and i.number <= self.floor.get(i.region_id, 0) for i in res.deleted):
+            did("stale_collected")
         after = self.wal_facts()
         for rid, (fences, tail) in before.items():
             now_fences, now_positions = after.get(rid, (set(), set()))[0], self.wal_positions(rid)
@@ -945,6 +1169,20 @@ class MemWalMachine(RuleBasedStateMachine):
             listed = {g.generation: g.path for g in m.generations}
             lim = allowed(rid)
             what = f"GC ORACLE: {item.kind} {item.path} (number {item.number}) of region {rid}"
+            # A region written before the MemWAL initialization: nothing of it goes until it is
+            # discarded (its files are the evidence); then its stale generations only at or below
+            # the discard and the progress of versions from before the initialization (a time
+            # travel to the old table still reads them), never this lifetime's generations.
+            floor = self.floor.get(rid, 0)
+            assert floor <= state.merged.get(rid, 0), (
+                f"{what}: the region was written before the MemWAL initialization and is not discarded")
+            stale_lim = min([state.merged.get(rid, 0)] + [mv.get(rid, 0) for v, mv in merged_by_version.items()
+                                                          if mv is not None and v < self.init_version])
+            if item.kind == gc.GENERATION and item.number <= floor:
+                g = item.number
+                assert g in listed and not m.sealed, f"{what}: not a listed stale generation"
+                assert g <= stale_lim, f"{what}: stale generation {g} above {stale_lim} (discard, older lifetimes)"
+                continue
             if item.kind == gc.GENERATION:
                 g = item.number
                 assert g in listed and g < m.current_generation and not m.sealed, f"{what}: not a flushed listed generation"
@@ -959,6 +1197,8 @@ class MemWalMachine(RuleBasedStateMachine):
                 assert not e.fence_sentinel, f"{what}: a fence sentinel"
                 assert p != max(self.wal_positions(rid)), f"{what}: the WAL tail"
                 assert p <= m.message.replay_after_wal_entry_position, f"{what}: not covered by replay"
+                if e.generation is not None and e.generation <= floor:
+                    lim = stale_lim
                 assert e.generation is not None and e.generation <= lim and e.generation < m.current_generation, (
                     f"{what}: entry of generation {e.generation}, allowed limit {lim}")
                 assert e.generation not in listed or any(
@@ -1031,7 +1271,7 @@ class MemWalMachine(RuleBasedStateMachine):
         assert p.returncode in (0, 1), f"CRASH: {job} exited {p.returncode} (not by SIGKILL): {p.stderr[-3000:]}"
         out = json.loads(p.stdout.strip().splitlines()[-1])["result"]
         errors = out.get("region_errors") or out.get("errors") or {}
-        bad_regions = {rid for rid, _ in self.bad}
+        bad_regions = {rid for rid, _ in self.bad} | self.undiscarded()
         assert p.returncode == 0 or (errors and set(errors) <= bad_regions), (
             f"CRASH: {job} failed by itself (exit {p.returncode}), errors {errors}: {p.stderr[-3000:]}")
         did("crash_finished")
@@ -1043,7 +1283,7 @@ class MemWalMachine(RuleBasedStateMachine):
             m = self.latest_manifest(rid)
             if m is None:  # the region has no manifest yet
                 continue
-            top = max(known, default=0)
+            top = max(max(known, default=0), self.floor.get(rid, 0))  # stale ones are not this lifetime's
             for g in m.generations:
                 if g.generation > top and g.generation not in known:
                     uri = self.loc.child_uri(layout.generation_dir(rid, g.path, g.generation))
@@ -1073,6 +1313,11 @@ class MemWalMachine(RuleBasedStateMachine):
             last = self.last_merged.get(rid, 0)
             assert p >= last, f"PROGRESS REGRESSED: region {rid} {last} -> {p}"
             for g in range(last + 1, p + 1):
+                if g <= self.floor.get(rid, 0):  # stale: passed by a discard only, never merged
+                    assert self.discarded.get(rid) == self.floor[rid], (
+                        f"STALE: region {rid} progress {p} passed generation {g}, written before the MemWAL "
+                        f"initialization at version {self.init_version}, with no discard")
+                    continue
                 assert g in self.gens.get(rid, {}), f"WALL: region {rid} progress {p} passed unknown generation {g}"
                 assert (rid, g) not in self.bad, (
                     f"WALL: region {rid} progress {p} passed bad generation {g} ({self.bad[(rid, g)].kind})")
@@ -1081,6 +1326,7 @@ class MemWalMachine(RuleBasedStateMachine):
         ds = table.open_dataset(self.loc)
         self.version_merged.setdefault(ds.version, dict(merged))
         base = {r["id"]: r for r in ds.to_table().to_pylist()}
+        self.no_stale_rows(base, f"the base table (version {ds.version})", ds.version)
         want_base = self.expected(merged)
         assert base == want_base, diff("BASE", base, want_base)
         self.base_checked.add(ds.version)
@@ -1094,9 +1340,11 @@ class MemWalMachine(RuleBasedStateMachine):
                 raise
         want = {k: v for k, v in self.expected(None).items() if k not in held}
         if lsm is not None:
+            self.no_stale_rows(lsm, "memwal's LSM read", ds.version)
             got = {k: v for k, v in lsm.items() if k not in held}
             assert got == want, diff("LSM", got, want)
         self.check_versions(ds, merged, want, held)
+        self.check_sealed()
         assert tree(os.path.join(self.root, "outside")) == self.outside, "something outside the table changed"
         assert set(os.listdir(self.root)) <= {"outside", "table", "scratch"}, "something appeared next to the table"
         self.broken = False
@@ -1113,10 +1361,14 @@ class MemWalMachine(RuleBasedStateMachine):
                 continue
             m = self.merged_at(v)
             got = {r["id"]: r for r in lance.dataset(self.loc.lance_uri, version=v).to_table().to_pylist()}
+            self.no_stale_rows(got, f"retained version {v}", v)
             exp = self.expected(m or {})
             assert got == exp, diff(f"BASE at retained version {v}", got, exp)
             self.base_checked.add(v)
-        with_index = [v for v in versions if self.merged_at(v) is not None and v != ds.version]
+        # Versions of earlier lifetimes were read while they were current; their LSM reads are
+        # of another table (the one the overwrite replaced).
+        with_index = [v for v in versions if self.merged_at(v) is not None and v != ds.version
+                      and v >= self.init_version]
         if not self.deep:
             with_index = with_index[:1]
         self.deep = False
@@ -1128,8 +1380,10 @@ class MemWalMachine(RuleBasedStateMachine):
             if key in seen:
                 continue  # same progress as a version read already: the same logical read
             seen.add(key)
-            if manifests is None:
-                manifests = {rid: mf for rid in self.gens if (mf := self.latest_manifest(rid)) is not None}
+            if manifests is None:  # without the stale generations (the model's boundary)
+                manifests = {rid: lifecycle.without_stale(mf, lifecycle.RegionVerdict(rid, self.floor[rid], 0.0))
+                             if rid in self.floor else mf
+                             for rid in self.gens if (mf := self.latest_manifest(rid)) is not None}
             state = table.read_memwal_state(self.loc, v)
             try:
                 rows = lsm_read(lance.dataset(self.loc.lance_uri, version=v), reader.pending_snapshots(state, manifests))
@@ -1137,9 +1391,30 @@ class MemWalMachine(RuleBasedStateMachine):
                 if any(b.kind in LSM_MAY_FAIL for b in self.bad.values()):
                     continue
                 raise AssertionError(f"LSM read at retained version {v} failed: {type(e).__name__}: {e}") from e
-            got = {r["id"]: r for r in rows.to_pylist() if r["id"] not in held}
+            every = {r["id"]: r for r in rows.to_pylist()}
+            self.no_stale_rows(every, f"the LSM read at retained version {v}", v)
+            got = {k: r for k, r in every.items() if k not in held}
             assert got == want, diff(f"LSM at retained version {v} (merged {m})", got, want)
             did("old_version_read")
+
+    def no_stale_rows(self, rows: dict[int, dict], where: str, version: int) -> None:
+        """No row of a generation that was unmerged when the table was overwritten, at any
+        version; no row of an earlier lifetime (base rows and generations) at a version of this
+        one (the overwrite replaced them; only writes made since may bring a key back)."""
+        got = {(k, r["s"]) for k, r in rows.items()}
+        never = got & self.never_rows
+        assert not never, f"STALE ROWS in {where}: {sorted(never)[:5]} were unmerged when the table was overwritten"
+        if version >= self.init_version:
+            old = got & self.old_rows
+            assert not old, (f"STALE ROWS in {where}: {sorted(old)[:5]} are from before the MemWAL initialization "
+                             f"at version {self.init_version}")
+
+    def check_sealed(self) -> None:
+        """A sealed region stays sealed at the manifest version that sealed it: memwal commits
+        no manifest version after it (no GC trim, no WAL hint)."""
+        for rid, version in self.sealed.items():
+            vs = self.manifest_versions(rid)
+            assert vs and vs[-1] == version, f"SEALED: region {rid} sealed at manifest version {version}, now {vs[-1:]}"
 
     def teardown(self) -> None:
         if self.loc is None:
@@ -1149,8 +1424,13 @@ class MemWalMachine(RuleBasedStateMachine):
                 return
             for v in list(self.writers):
                 self.close(v)
+            if self.bad:  # one last merge against the walls: nothing may pass a bad generation
+                self.run_merge(merge.DEFAULT_BUDGET_BYTES, merge.DEFAULT_MAX_GENERATIONS, False)
+                self.check_all()
             for rid, g in sorted(self.bad):
                 self.repair_one(rid, g)
+            if self.floor:  # the operator's decision: the overwrite meant to replace those rows
+                self.record_discards(lifecycle.discard(self.loc, None).discarded, "operator")
             self.check_all()
             for _ in range(2):
                 self.run_merge(merge.DEFAULT_BUDGET_BYTES, merge.DEFAULT_MAX_GENERATIONS, False)
