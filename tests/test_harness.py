@@ -203,21 +203,18 @@ def test_lifecycle_overwrite_reinit_discard_and_seal(machine):
     assert m.discarded and m.sealed
 
 
-@pytest.mark.xfail(strict=True, reason="execute_merge does not re-check a plan made before the table was "
-                                      "overwritten and MemWAL initialized again: it merges the stale generations "
-                                      "and records their progress")
 def test_lifecycle_a_merge_planned_before_the_overwrite_runs_after_it(machine):
     """A merge planned in the old lifetime and executed after the overwrite and the new
     initialization (a slow scheduler, a run between its plan and its commits) must not bring
     the stale rows into the new table. Found by the harness (plan_for_later, overwrite_reinit,
-    execute_stale_plan); the harness drops a pending plan at an overwrite until this passes."""
+    execute_stale_plan)."""
     m = machine("unsharded")
     for name, kw in [("put", {"keys": [1, 2, 3]}), ("flush", {"r": 0}), ("put", {"keys": [4, 5]}),
                      ("flush", {"r": 0}), ("plan_for_later", {"budget": 10**9, "max_gens": 4})]:
         getattr(m, name)(**kw)
         m.invariants_hold()
     plan = m.stale
-    m.overwrite_reinit(keys=[1, 9], reuse=False)  # the harness drops the pending plan: kept here
+    m.overwrite_reinit(keys=[1, 9], reuse=False)
     m.invariants_hold()
     m.stale = plan
     steps(m, ("execute_stale_plan", {"keep": False}))

@@ -883,10 +883,8 @@ class MemWalMachine(RuleBasedStateMachine):
         self.old_rows |= unmerged | done
         self.never_rows |= unmerged - done
         self.bad.clear()
-        # A merge planned before the overwrite is dropped: executed after it, it merges the
-        # stale rows (test_harness.py `test_lifecycle_a_merge_planned_before_the_overwrite_runs_after_it`,
-        # an expected failure until `execute_merge` re-checks the plan's MemWAL initialization).
-        self.stale = None
+        # A merge planned before the overwrite stays pending: executed after it, it must merge
+        # nothing (`execute_merge` re-checks the plan's MemWAL initialization).
         self.version += 1
         base = [row(self.kind, k, self.version) for k in sorted(keys)]
         self.create(base, mode="overwrite")

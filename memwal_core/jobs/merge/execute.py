@@ -22,6 +22,7 @@ from memwal_core.jobs.merge.result import MergeResult
 from memwal_core.jobs.merge.run import BaseTable, DroppedColumns, Run
 from memwal_core.jobs.merge.walls import Walls
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
+from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.options import MergeOptions
 from memwal_core.state import lease, lifecycle, region
@@ -50,18 +51,41 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
     walls = Walls.start(plan, recorded)
     unverified.settle(loc, base, walls, plan.merged, set(plan.pending))
     keys = KeyLedger.start(base.pk, recorded, set(plan.pending))
-    if plan.batches:
+    outlived = _outlived(loc, plan, ds.version)
+    for rid in sorted(plan.pending) if outlived else []:
+        walls.stop(RegionFailure(rid, plan.merged.get(rid, 0) + 1, f"region {rid}: {outlived}", permanent=False))
+    if plan.batches and not outlived:
         run = _start(loc, plan, spark, ds, base, walls, keys, result, max_attempts, expected_values or {})
         _merge_batches(run, plan, progress)
     merged = read_memwal_state(loc).merged
     walls.lift(merged)
     walls.report(result)
     walls.record(loc, plan, recorded, merged, keys.evidence)
-    if plan.lifecycle is not None:  # the plan's stale-region verdicts (the planner only reads), after the commits
+    if plan.lifecycle is not None and not outlived:  # the plan's stale-region verdicts (the planner only reads)
         lifecycle.save(loc, plan.lifecycle)
     result.duration_s = time.monotonic() - t0
     result.table_version = open_dataset(loc).version if plan.batches else plan.table_version
     return result
+
+
+def _outlived(loc: TableLocation, plan: MergePlan, version: int) -> str | None:
+    """Why `plan` belongs to an earlier lifetime of the table (None: it does not).
+
+    A plan made before the table was overwritten and MemWAL initialized again lists the old
+    regions' generations as pending with no stale verdict (they were not stale then): executed
+    as it is, it would bring the replaced table's rows into the new one and record their
+    progress. So the run checks, under the lease, that the lifetime the plan was made in is
+    still the current one; otherwise nothing of the plan is merged and the next run re-plans
+    (where the old regions are judged stale)."""
+    known = plan.lifecycle.init if plan.lifecycle is not None else None
+    try:
+        now = lifecycle.find_initialization(loc, version, known)
+    except Exception as e:  # noqa: BLE001 - cannot tell: merging nothing is the safe answer
+        return f"the table's MemWAL initialization cannot be read ({one_line(e)}); nothing merged in this run"
+    if now.table_version <= plan.table_version:
+        return None
+    return (f"this merge was planned at table version {plan.table_version}, before {now.describe()}; "
+            "nothing of the plan is merged (the next run plans against the current table)")
 
 
 def _start(loc: TableLocation, plan: MergePlan, spark, ds, base: BaseTable, walls: Walls, keys: KeyLedger,
