@@ -1112,8 +1112,12 @@ class MemWalMachine(RuleBasedStateMachine):
         return region.load_version(self.loc.store, rid, vs[-1]) if vs else None
 
     def wal_positions(self, rid: str) -> set[int]:
+        """WAL entries on disk: complete files only (a writer's object store stages an entry as
+        `<name>.arrow#<n>` and renames it when complete; that staging file is not an entry)."""
         d = os.path.join(self.root, "table", layout.wal_dir(rid))
-        return {p for p in (layout.parse_bitrev(f) for f in os.listdir(d)) if p} if os.path.isdir(d) else set()
+        if not os.path.isdir(d):
+            return set()
+        return {p for p in (layout.parse_bitrev(f) for f in os.listdir(d) if f.endswith(layout.WAL_SUFFIX)) if p}
 
     def wal_facts(self) -> dict[str, tuple[set[int], int | None]]:
         """Per region: the fence sentinels and the highest WAL position on disk."""
