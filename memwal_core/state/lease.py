@@ -103,15 +103,19 @@ def max_skew(options: LeaseOptions) -> float:
     return max(options.ttl_seconds / 4, MIN_SKEW_SECONDS)
 
 
-def _skew_problem(loc: TableLocation, token: int, written_at: float, stored_at: float | None,
+def _skew_problem(loc: TableLocation, token: int, sent: tuple[float, float], stored_at: float | None,
                   options: LeaseOptions) -> str | None:
-    """Why this host's clock cannot be trusted for the lease (None: it can). `written_at`:
-    our clock in the middle of the put; `stored_at`: the store's time for the same object."""
+    """Why this host's clock cannot be trusted for the lease (None: it can). `sent`: our clock
+    before and after the put; `stored_at`: the store's time for the same object, somewhere in
+    between (kept to the second on S3). Only a store time outside that window widened by the
+    bound counts: a slow put is not a skewed clock."""
     if stored_at is None:
         return None  # pruned already: nothing to compare this time
-    skew = written_at - stored_at
-    if abs(skew) <= max_skew(options):
+    before, after = sent
+    bound = max_skew(options)
+    if before - bound - 1.0 <= stored_at <= after + bound:
         return None
+    skew = (before + after) / 2 - stored_at
     way = "ahead of" if skew > 0 else "behind"
     return (f"this host's clock is {abs(skew):.1f} s {way} the store's clock (lease record "
             f"{layout.lease_key(token)} of table {loc.lance_uri}); the lease needs them within "
@@ -294,7 +298,7 @@ class Lease:
                 self.lost = f"token {nxt.token} was written by another maintainer (the lease expired and was taken over)"
                 log.warning("lease of %s lost: %s", self.loc.lance_uri, self.lost)
                 return False
-            written_at = (now + _now()) / 2
+            sent = (now, _now())
             self.record = nxt
             self._headed_at = 0.0  # a new token: the next fence looks for its successor
             later, stored_at = _look_above(self.loc, nxt.token)
@@ -302,7 +306,7 @@ class Lease:
                 self.lost = f"token {later} was written by another maintainer (the lease expired and was taken over)"
                 log.warning("lease of %s lost: %s", self.loc.lance_uri, self.lost)
                 return False
-            if (skew := _skew_problem(self.loc, nxt.token, written_at, stored_at, self.options)) is not None:
+            if (skew := _skew_problem(self.loc, nxt.token, sent, stored_at, self.options)) is not None:
                 self.lost = skew
                 log.error("lease of %s lost: %s", self.loc.lance_uri, skew)
                 return False
@@ -394,11 +398,11 @@ def _acquire(loc: TableLocation, step: str, options: LeaseOptions, me: Holder,
             token = (cur.token if cur else 0) + 1
             rec = LeaseRecord(token, me, step, now, now + options.ttl_seconds)
             if loc.store.put_if_absent(layout.lease_key(token), rec.encode()):
-                written_at = (now + _now()) / 2
+                sent = (now, _now())
                 later, stored_at = _look_above(loc, token)
                 if later is not None:  # a pruned slot: newer records exist
                     continue
-                if (skew := _skew_problem(loc, token, written_at, stored_at, options)) is not None:
+                if (skew := _skew_problem(loc, token, sent, stored_at, options)) is not None:
                     Lease(loc, rec, options).release()  # give it back at once: the next maintainer need not wait
                     raise ClockSkew(f"{step} refused: {skew}")
                 if cur is not None and not cur.released:
