@@ -278,7 +278,7 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     assert rep["failed"] == [] and all(steps[s]["ok"] for s in ("merge", "compact", "catchup", "index", "gc")), rep
     assert steps["index"]["metrics"]["num_regions"] == len(w.regions), steps["index"]
     assert steps["merge"]["metrics"]["generations_merged"] == pending, steps["merge"]
-    assert steps["gc"]["generations_deleted"] == pending, steps["gc"]
+    assert steps["gc"]["metrics"]["generations_deleted"] == pending, steps["gc"]
 
     state = table.read_memwal_state(loc)
     after = status.table_status(loc)

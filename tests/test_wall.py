@@ -341,7 +341,7 @@ def test_a_wall_record_the_store_cannot_read_stops_its_region(moto_server, spark
     naming the record), the others merge; once the record reads again, its verdict holds."""
     import uuid
 
-    from s3proxy import S3Proxy
+    from support.s3proxy import S3Proxy
 
     from memwal_core.failures import RegionFailure
     from memwal_core.state import walls
