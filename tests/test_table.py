@@ -314,3 +314,32 @@ def test_guarded_replace_refuses_a_version_taken_while_it_built(written, monkeyp
     assert len(txns) == 1  # the merge's own
     model.update({r["id"]: r for r in generation_rows(loc, rid, gens[0]).to_pylist()})
     assert lsm(loc) == model
+
+
+def test_exclusive_commit_on_a_v1_named_table_publishes_only_the_transaction_and_the_manifest(tmp_path):
+    """A table with Lance's V1 manifest naming (`_versions/N.manifest`): the commit takes version
+    N+1 under that naming and adds exactly one transaction file and one manifest; a second
+    commit from the same read version is refused and leaves nothing behind."""
+    uri = str(tmp_path / "v1")
+    lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_v2_manifest_paths=False)
+    loc = open_store(uri)
+
+    def files() -> set[str]:
+        return {os.path.relpath(os.path.join(d, n), uri) for d, _, ns in os.walk(uri) for n in ns}
+
+    def config(value: str):
+        return LanceOperation.UpdateConfig(config_updates=LanceOperation.UpdateMap({"memwal.test": value}))
+
+    before = files()
+    assert exclusive_commit.commit_next_version(loc, 1, config("a"), "test") == 2
+    added = files() - before
+    assert os.path.join("_versions", "2.manifest") in added
+    assert [f for f in added if f.startswith("_transactions")] and len(added) == 2, added
+    ds = lance.dataset(uri)
+    assert ds.version == 2 and ds.config()["memwal.test"] == "a"
+
+    before = files()
+    with pytest.raises(exclusive_commit.CommitRefused):
+        exclusive_commit.commit_next_version(loc, 1, config("b"), "test")
+    assert files() == before
+    assert lance.dataset(uri).config()["memwal.test"] == "a" and lance.dataset(uri).version == 2

@@ -16,7 +16,10 @@ So Lance builds version `read_version + 1` in a private scratch table that holds
 version's manifest (nothing to rebase over, nobody to race), and memwal publishes what it wrote
 the way Lance's own writers take a version: the transaction file first, then the manifest with
 put-if-absent (a hard link locally, a conditional put on object stores). The version is taken
-atomically or not at all. A crash between the two writes leaves an unreferenced transaction
+atomically or not at all. Only the transaction file and the manifest are published; the
+version hint under `_versions/` is a hint (readers look past it), and a file of any other kind
+in the scratch table stops the commit before anything is written, since copying it could
+overwrite one of the table's own. A crash between the two writes leaves an unreferenced transaction
 file, as a commit Lance loses does.
 """
 
@@ -33,6 +36,7 @@ from memwal_core.state.store import NotFound, TableLocation
 
 _U64_MAX = 2**64 - 1
 VERSIONS_DIR = "_versions"
+TRANSACTIONS_DIR = "_transactions"
 
 
 class CommitRefused(MemwalError):
@@ -72,8 +76,13 @@ def commit_next_version(loc: TableLocation, read_version: int, operation, what: 
         manifest_key = manifest_keys(version)[scheme]
         with open(os.path.join(scratch, manifest_key), "rb") as f:
             manifest = f.read()
-        others = {key: _read_file(scratch, key) for key in _files(scratch)
-                  if not key.startswith(VERSIONS_DIR + "/")}
+        written = [key for key in _files(scratch) if not key.startswith(VERSIONS_DIR + "/")]
+        unexpected = [k for k in written if not k.startswith(TRANSACTIONS_DIR + "/")]
+        if unexpected:  # publish nothing we do not understand: it could overwrite a table file
+            raise MemwalError(f"table {loc.lance_uri}: Lance wrote {', '.join(unexpected)} when committing "
+                              f"version {version}; memwal publishes only the transaction file and the "
+                              f"manifest, so nothing was committed")
+        others = {key: _read_file(scratch, key) for key in written}
     store = faults.raw_store(loc.store)  # one counted write: the commit point below
     for key, data in others.items():  # the transaction file: a fresh name, never overwritten
         store.put(key, data)
