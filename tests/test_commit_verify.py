@@ -268,6 +268,41 @@ def test_a_commit_whose_merger_died_before_checking_it_is_checked_by_the_next_ru
     assert set(again.stuck_regions) == {bad} and table.read_memwal_state(loc).merged[bad] == committed[bad]
 
 
+def test_gc_keeps_the_generations_of_an_unverified_commit_until_it_is_checked(table_loc, spark):
+    """A merger killed after its commit landed, before checking it: progress says the commit's
+    generations are merged, and an aggressive GC (every old base version cleaned first) would
+    take them. The next merge run derives the commit's keys from them, so GC keeps them
+    (`unverified`) until that run checked the commit; then they go. Without the hold the region
+    stopped for good: its commit could never be verified."""
+    from memwal_core.jobs import gc, snapshot
+    from memwal_core.state import region
+
+    loc = table_loc
+    w, bad, good, _ = _two_regions_pending(loc, spark)
+    _crashed_merger(loc, "merge.after_commit")
+    committed = table.read_memwal_state(loc).merged
+    assert len(_markers(loc)) == 1
+    fast = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                        cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0)
+    first = gc.run_gc(loc, fast)
+    assert not first.region_errors, first.region_errors
+    held = {h.reason: h for h in first.holds}
+    assert "unverified" in held and held["unverified"].regions == 2, first.holds
+    for rid in (bad, good):  # the commit's generations are all still listed and on disk
+        listed = {g.generation for g in region.load_latest(loc.store, rid).generations}
+        assert committed[rid] in listed, (rid, listed)
+
+    result = merge.merge(loc, spark)  # settles the marker: the commit was right
+    assert not result.region_errors and _markers(loc) == []
+    snapshot.build_snapshot(loc)  # the index builder records region values before GC runs
+    second = gc.run_gc(loc, fast)
+    assert not second.holds, second.holds
+    for rid in (bad, good):
+        listed = {g.generation for g in region.load_latest(loc.store, rid).generations}
+        assert committed[rid] not in listed, (rid, listed)
+    assert {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()} == w.expected()
+
+
 def test_a_marker_of_a_commit_that_never_landed_is_forgotten(table_loc, spark):
     """Killed inside the commit (data files written, the manifest not): the marker is there, no
     progress is. The next run forgets the marker and merges (and checks) the batch itself."""

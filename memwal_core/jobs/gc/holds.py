@@ -5,7 +5,7 @@ and `--dry-run` show).
 
 A region's generations are collectable up to the minimum of its bounds (merge progress, every
 gating index's catch-up, every retained base-table version's merge progress, 0 while its routing
-value is unrecorded); a generation above one is held by the first bound it exceeds, so each
+value is unrecorded, below the first generation of a merge commit not verified yet); a generation above one is held by the first bound it exceeds, so each
 generation is counted once, under one reason."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class KeepReason(enum.StrEnum):
     GENERATION_VALUE_UNRECORDED = "generation:value_unrecorded"  # routing value not yet in a snapshot
     GENERATION_STALE = "generation:stale"  # data from before the MemWAL initialization, not discarded
     GENERATION_NOT_FLUSHED = "generation:not_flushed"  # listed at or above current_generation
+    GENERATION_UNVERIFIED = "generation:unverified"  # in a merge commit not verified yet
     # Generations kept without a hold.
     GENERATION_SEALED = "generation:sealed"  # no manifest version may be written on a sealed region
     REGION_STALE = "region:stale"
@@ -114,7 +115,9 @@ class GcHold:
     `index_behind:<index>`, `not_merged`, `value_unrecorded` (a sharded region's routing value
     is not yet in a MemWAL index snapshot: its merged generations are the merger's authority for
     it until the index builder, which runs before GC in the maintenance job, records it), `stale`
-    (a region with data from before the MemWAL initialization, not yet discarded), `not_flushed`."""
+    (a region with data from before the MemWAL initialization, not yet discarded), `not_flushed`,
+    `unverified` (in a merge commit a crash left unverified: the next merge run derives the
+    commit's keys from them to check it)."""
 
     reason: str
     generations: int

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs.gc import leaks
 from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan
@@ -25,7 +26,7 @@ from memwal_core.jobs.gc.manifests import plan_manifests
 from memwal_core.jobs.gc.retention import Retention, read_retention
 from memwal_core.jobs.gc.wal import plan_wal
 from memwal_core.options import GcOptions
-from memwal_core.state import layout, lifecycle, region, region_values, table
+from memwal_core.state import commit_markers, layout, lifecycle, region, region_values, table
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.gc")
@@ -144,6 +145,9 @@ class _Context:
     unrecorded: set[str] = field(default_factory=set)
     spec_ids: list[int] = field(default_factory=list)  # region specs of the MemWAL index
     stale: lifecycle.Lifecycle | None = None  # regions with data from before the MemWAL initialization
+    # Per region, the generation below the first one of a merge commit not verified yet; None:
+    # the markers could not be read, so every region is held that way (at 0).
+    unverified: dict[str, int] | None = field(default_factory=dict)
 
 
 def _stale_limit(ctx: _Context, rid: str) -> int:
@@ -164,7 +168,20 @@ def _bounds(ctx: _Context, rid: str) -> list[Bound]:
     time_travel = ctx.retention.bound(rid)
     if time_travel is not None:
         bounds.append(time_travel)
+    if ctx.unverified is None or rid in ctx.unverified:
+        bounds.append(Bound(KeepReason.GENERATION_UNVERIFIED, 0 if ctx.unverified is None else ctx.unverified[rid]))
     return bounds
+
+
+def _unverified(loc: TableLocation) -> dict[str, int] | None:
+    """`commit_markers.held_from` of the table's markers; None (hold every region) if they cannot
+    be read."""
+    try:
+        return commit_markers.held_from(commit_markers.load(loc))
+    except Exception as e:  # noqa: BLE001 - which generations a commit needs is unknown: keep them all
+        log.error("the markers of unverified merge commits (%s) could not be read (%s): every region's "
+                  "generations are kept this pass", layout.UNVERIFIED_DIR, one_line(e))
+        return None
 
 
 def unrecorded_regions(loc: TableLocation, state: table.MemWalState,
@@ -350,7 +367,8 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
                    unrecorded_regions(loc, state, loaded.manifests),
                    [s.spec_id for s in state.details.region_specs],
-                   lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False))
+                   lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False),
+                   _unverified(loc))
     plans = _plan_regions(ctx, loaded)
     failures = [rp.failure for rp in plans.values() if rp.failure is not None]
     plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, failures, base_cleanup,

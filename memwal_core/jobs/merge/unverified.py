@@ -3,13 +3,12 @@
 A merge commit records its regions' progress together with its rows; `verify.py` checks the
 rows right after. A merger killed between the two (SIGKILL, OOM, a lost node) would leave
 progress over rows nobody checked, and the next run would merge on over them. So before each
-commit the merger writes a small marker, `_memwal/unverified/{id}.json` (the version it read
-and the generations it commits, not their rows), and deletes it once the commit is verified
+commit the merger writes a small marker (`state/commit_markers.py`), and deletes it once the commit is verified
 (or walled, or lost its race). Every run starts by settling the markers left behind
 (`settle`, under the table lease): a commit that did not land is forgotten (its generations
 are still pending: merged and verified again); one that landed is verified now, its keys
-derived again from its generations (key columns only, on the driver; GC keeps generations a
-retained base version can time-travel to, so they are there), and the regions whose keys are
+derived again from its generations (key columns only, on the driver; GC keeps the generations
+of every unverified commit, so they are there), and the regions whose keys are
 wrong are walled, as after a check in the run that made it.
 
 Cost: one small PUT and one DELETE per commit, and one listing per run. A marker that cannot be
@@ -19,11 +18,7 @@ stays for the next one; one that cannot be read or listed stops every planned re
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-import uuid
-from dataclasses import dataclass
 
 import lance
 import pyarrow as pa
@@ -32,11 +27,11 @@ import pyarrow.compute as pc
 from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs.merge import verify
-from memwal_core.jobs.merge.plan import PlannedGeneration
 from memwal_core.jobs.merge.run import BaseTable
 from memwal_core.jobs.merge.walls import Walls
 from memwal_core.spark import tasks as sparkpath
-from memwal_core.state import layout
+from memwal_core.state import commit_markers, layout
+from memwal_core.state.commit_markers import PendingCommit, clear, record  # noqa: F401 - the merger's names
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import read_memwal_state
 
@@ -45,79 +40,11 @@ log = logging.getLogger("memwal.merge")
 AFTER_CRASH = " (found unverified: the run that committed it ended before checking it)"
 
 
-@dataclass(frozen=True)
-class PendingCommit:
-    """A merge commit about to be made: the version it read and its generations (region,
-    generation, path), contiguous per region from the region's progress at the read."""
-
-    id: str
-    read_version: int
-    generations: tuple[tuple[str, int, str], ...]
-    recorded_at: float = 0.0
-
-    @property
-    def key(self) -> str:
-        return layout.unverified_key(self.id)
-
-    @property
-    def by_region(self) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
-        for rid, g, _ in self.generations:
-            out.setdefault(rid, []).append(g)
-        return {rid: sorted(gs) for rid, gs in out.items()}
-
-    @property
-    def progress(self) -> dict[str, int]:
-        """The merged generation each region reaches with the commit."""
-        return {rid: gs[-1] for rid, gs in self.by_region.items()}
-
-    @property
-    def previous(self) -> dict[str, int]:
-        """Each region's merged generation before the commit."""
-        return {rid: gs[0] - 1 for rid, gs in self.by_region.items()}
-
-    def to_json(self) -> bytes:
-        return json.dumps({"id": self.id, "read_version": self.read_version, "recorded_at": self.recorded_at,
-                           "generations": [list(g) for g in self.generations]}).encode()
-
-    @staticmethod
-    def from_json(raw: bytes) -> "PendingCommit":
-        d = json.loads(raw)
-        gens = tuple((str(r), int(g), layout.validate_generation_path(str(p), int(g))) for r, g, p in d["generations"])
-        return PendingCommit(str(d["id"]), int(d["read_version"]), gens, float(d.get("recorded_at", 0.0)))
-
-
-def record(loc: TableLocation, read_version: int, gens: list[PlannedGeneration]) -> PendingCommit:
-    """Write the marker of a commit about to be made (before it: a crash after the commit finds it)."""
-    pending = PendingCommit(uuid.uuid4().hex, read_version,
-                            tuple((g.region_id, g.generation, g.path) for g in gens), time.time())
-    loc.store.put(pending.key, pending.to_json())
-    return pending
-
-
-def clear(loc: TableLocation, pending: PendingCommit) -> None:
-    """Delete a settled commit's marker; failing is logged (a later run settles it again:
-    verifying a verified commit once more is harmless)."""
-    try:
-        loc.store.delete_many([pending.key])
-    except Exception as e:  # noqa: BLE001 - see above
-        log.warning("could not delete the marker %s of a verified merge commit: %s", pending.key, one_line(e))
-
-
-def _load(loc: TableLocation) -> list[PendingCommit]:
-    out = []
-    for o in loc.store.list(layout.UNVERIFIED_DIR):
-        if layout.unverified_id_of(o.key) is None:
-            continue
-        out.append(PendingCommit.from_json(loc.store.get(o.key)))
-    return sorted(out, key=lambda p: (p.recorded_at, p.id))
-
-
 def settle(loc: TableLocation, base: BaseTable, walls: Walls, merged: dict[str, int], planned: set[str]) -> None:
     """Settle the markers earlier runs left (see the module docstring). `merged`: progress as
     planned; `planned`: the regions this run would merge (stopped when markers are unknown)."""
     try:
-        markers = _load(loc)
+        markers = commit_markers.load(loc)
     except Exception as e:  # noqa: BLE001 - which regions have an unverified commit is unknown
         for rid in sorted(planned):
             walls.stop(RegionFailure(rid, merged.get(rid, 0) + 1, f"region {rid}: the markers of unverified merge "
