@@ -499,3 +499,42 @@ def test_discard_holds_the_lease_waits_for_a_maintainer_and_is_fenced(tmp_path):
             lifecycle.discard(loc, None)
     assert table.open_dataset(loc).version == version and table.read_memwal_state(loc).merged == {}
     assert lease.newest(loc).token == rec.token  # the intruder's record stands
+
+
+@pytest.mark.parametrize("when", ["before_the_commit_reads", "after_the_commit_read"])
+def test_an_overwrite_during_the_merge_run_merges_nothing_into_the_new_table(table_loc, spark, monkeypatch, when):
+    """The application overwrites the table and initializes MemWAL again while a merge run is
+    under way, after the run checked the table's lifetime: before a commit opens the table (the
+    commit sees the new lifetime and the run stops), or after it opened it (Lance refuses the
+    commit over the overwrite, and the retry sees the new lifetime). Either way no old row and
+    no old region's progress reaches the new table."""
+    from memwal_core import faults
+    from memwal_core.jobs.merge import commit
+
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=5, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    plan = merge.plan_merge(loc)
+    assert plan.batches and plan.pending
+    new_model: dict = {}
+
+    def overwrite_once() -> None:
+        if not new_model:
+            new_model.update(overwrite_and_reinit(loc, num_buckets=2))
+
+    if when == "before_the_commit_reads":
+        real_open = commit.open_dataset
+        monkeypatch.setattr(commit, "open_dataset", lambda *a, **k: (overwrite_once(), real_open(*a, **k))[1])
+    else:
+        real_point = faults.point
+        monkeypatch.setattr(faults, "point", lambda name: (name == "merge.before_commit" and overwrite_once(),
+                                                           real_point(name))[1])
+    result = merge.execute_merge(loc, plan, spark)
+    monkeypatch.undo()
+    assert new_model, "the overwrite did not happen"
+    assert set(result.region_errors) == set(plan.pending), result.region_errors
+    assert all("planned at table version" in e for e in result.region_errors.values()), result.region_errors
+    assert rows(loc) == new_model
+    assert table.read_memwal_state(loc).merged == {}
+    assert result.commits == 0

@@ -24,7 +24,7 @@ from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs.merge import unverified, verify
 from memwal_core.jobs.merge.plan import PlannedGeneration
-from memwal_core.jobs.merge.run import Run
+from memwal_core.jobs.merge.run import PlanOutlived, Run
 from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import lease
 from memwal_core.state.keys import delete_predicate
@@ -41,8 +41,8 @@ def commit_isolating(run: Run, deduped: sparkpath.Deduped, gens: list[PlannedGen
     a race (the caller re-reads progress and retries what is left)."""
     try:
         return _commit(run, deduped, gens, index)
-    except lease.LeaseLost:
-        raise  # not this batch's fault: the whole step stops (another maintainer holds the table)
+    except (lease.LeaseLost, PlanOutlived):
+        raise  # not this batch's fault: the whole step stops (another maintainer; a replaced table)
     except Exception as e:  # noqa: BLE001 - isolated below
         rids = sorted({g.region_id for g in gens})
         if len(rids) == 1:
@@ -55,7 +55,7 @@ def commit_isolating(run: Run, deduped: sparkpath.Deduped, gens: list[PlannedGen
         try:
             if not _commit(run, deduped.only({index[rid]}), mine, index):
                 return False
-        except lease.LeaseLost:
+        except (lease.LeaseLost, PlanOutlived):
             raise
         except Exception as e:  # noqa: BLE001 - this region only
             _commit_failed(run, rid, mine, e)
@@ -81,6 +81,9 @@ def _commit(run: Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration],
     deleted = pa.concat_tables(deduped.deleted) if deduped.deleted else None
     progress = _progress(gens)
     ds = open_dataset(loc, commit_lock=faults.commit_lock("merge.during_commit"))
+    outlived = run.outlived(ds.version)  # an overwrite after the run began: Lance refuses the
+    if outlived:                         # commit only if it lands after this read
+        raise PlanOutlived(outlived)
     schema = pa.schema([ds.schema.field(c) for c in run.base.columns])
     builder = ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all()
     if deleted is not None and deleted.num_rows:

@@ -19,7 +19,7 @@ from memwal_core.jobs.merge.exclusivity import KeyLedger
 from memwal_core.jobs.merge.owners import ownership_for_run
 from memwal_core.jobs.merge.plan import MergePlan, plan_merge
 from memwal_core.jobs.merge.result import MergeResult
-from memwal_core.jobs.merge.run import BaseTable, DroppedColumns, Run
+from memwal_core.jobs.merge.run import BaseTable, DroppedColumns, PlanOutlived, Run
 from memwal_core.jobs.merge.walls import Walls
 from memwal_core.jobs.progress import MergeProgress, ProgressFn, report
 from memwal_core.errors import one_line
@@ -56,7 +56,14 @@ def execute_merge(loc: TableLocation, plan: MergePlan, spark, *, max_attempts: i
         walls.stop(RegionFailure(rid, plan.merged.get(rid, 0) + 1, f"region {rid}: {outlived}", permanent=False))
     if plan.batches and not outlived:
         run = _start(loc, plan, spark, ds, base, walls, keys, result, max_attempts, expected_values or {})
-        _merge_batches(run, plan, progress)
+        try:
+            _merge_batches(run, plan, progress)
+        except PlanOutlived as e:
+            outlived = str(e)
+            log.error("merge stopped: %s", outlived)
+            for rid in sorted(plan.pending):
+                walls.stop(RegionFailure(rid, plan.merged.get(rid, 0) + 1, f"region {rid}: {outlived}",
+                                         permanent=False), quiet=True)
     merged = read_memwal_state(loc).merged
     walls.lift(merged)
     walls.report(result)
@@ -101,7 +108,8 @@ def _start(loc: TableLocation, plan: MergePlan, spark, ds, base: BaseTable, wall
                                             expected_values, plan.lifecycle)
     for failure in failures:
         walls.stop(failure)
-    return Run(base, spark, merge_tasks(spark), max_attempts, walls, ownership, keys, DroppedColumns(base), result)
+    return Run(base, spark, merge_tasks(spark), max_attempts, walls, ownership, keys, DroppedColumns(base), result,
+               lambda version: _outlived(loc, plan, version))
 
 
 def _merge_batches(run: Run, plan: MergePlan, progress: ProgressFn | None) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
+from memwal_core.errors import MemwalError
 from memwal_core.jobs.merge.exclusivity import KeyLedger
 from memwal_core.jobs.merge.owners import RegionOwnership
 from memwal_core.jobs.merge.result import MergeResult
@@ -91,6 +92,11 @@ def unmatched_fields(stats: list[sparkpath.GenerationStats]) -> set[tuple[str, i
     return {f for s in stats for f in s.fields}
 
 
+class PlanOutlived(MemwalError):
+    """The table was overwritten (or its MemWAL initialized again) after the plan was made: no
+    commit of the plan may land in the new table. The run stops; the next one re-plans."""
+
+
 @dataclass(frozen=True)
 class Run:
     base: BaseTable
@@ -102,6 +108,9 @@ class Run:
     keys: KeyLedger
     dropped: DroppedColumns
     result: MergeResult
+    # Why the plan belongs to an earlier lifetime of the table at a version (None: it does not);
+    # asked of every version a commit reads, so an overwrite during the run is caught.
+    outlived: Callable[[int], str | None] = lambda version: None
 
     @property
     def loc(self) -> TableLocation:
