@@ -362,3 +362,29 @@ def test_messages_never_quote_a_secret():
     assert "KEYVALUE1" not in msg and "[redacted]" in msg
     # Alone, the signature of a signed URL is cut out too.
     assert "AbCdEf" not in _first_line(RuntimeError(f"GET http://h/c/k?{sas}"))
+
+
+# ------------------------------------------------------------------------------ the lease's clock
+
+@pytest.mark.parametrize("offset", [30.0, -30.0, 3.0])
+def test_the_lease_checks_this_hosts_clock_against_the_stores(backend, monkeypatch, offset):
+    """The lease compares this host's clock with the store's (the time the store gives the lease
+    record): 30 s off either way is refused with the skew, and the record is given back; 3 s is
+    normal between hosts and accepted."""
+    from memwal_core.options import LeaseOptions
+    from memwal_core.state import lease
+
+    loc = open_store(backend.new_uri(), backend.options())
+    real = time.time
+    monkeypatch.setattr(lease, "_now", lambda: real() + offset)
+    if abs(offset) < 15:
+        held = lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=60, wait_seconds=0))
+        assert held.renew() is True
+        held.check()
+        held.release()
+        return
+    with pytest.raises(lease.ClockSkew, match="ahead of" if offset > 0 else "behind"):
+        lease.acquire(loc, "merge", LeaseOptions(ttl_seconds=60, wait_seconds=0))
+    assert lease.newest(loc).released
+    monkeypatch.setattr(lease, "_now", real)
+    lease.acquire(loc, "gc", LeaseOptions(ttl_seconds=60, wait_seconds=0)).release()
