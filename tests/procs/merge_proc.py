@@ -10,6 +10,7 @@ import sys
 import time
 
 from memwal_core.jobs import merge
+from memwal_core.options import LeaseOptions
 from memwal_core.spark.session import get_spark
 from memwal_core.state.store import open_store
 
@@ -23,7 +24,8 @@ def main() -> int:
     spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
     while time.time() < a.start_at:  # line both mergers up after their JVMs are warm
         time.sleep(0.01)
-    result = merge.merge(open_store(a.uri), spark, budget_bytes=a.budget)
+    # The lease serializes two mergers: the second waits for the first however slow the machine.
+    result = merge.merge(open_store(a.uri), spark, budget_bytes=a.budget, lease=LeaseOptions(wait_seconds=240))
     print(json.dumps(result.to_dict()))
     return 1 if result.region_errors else 0
 
