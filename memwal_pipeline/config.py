@@ -32,6 +32,7 @@ from pydantic import (
 
 from memwal_core.errors import OptionError
 from memwal_core.options import (
+    CatchupOptions,
     CompactionOptions,
     GcOptions,
     LeaseOptions,
@@ -64,7 +65,7 @@ class ConfigError(OptionError):
 SECTIONS: dict[str, type] = {
     "spark": SparkOptions, "merge": MergeOptions, "snapshot": SnapshotOptions, "gc": GcOptions,
     "slo": SloOptions, "sensor": SensorOptions, "schedule": ScheduleOptions, "compaction": CompactionOptions,
-    "lease": LeaseOptions,
+    "lease": LeaseOptions, "catchup": CatchupOptions,
 }
 TOP_KEYS = ("tables",)
 
@@ -105,6 +106,7 @@ class TableConfig:
     schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
     compaction: CompactionOptions = field(default_factory=CompactionOptions)
     lease: LeaseOptions = field(default_factory=LeaseOptions)
+    catchup: CatchupOptions = field(default_factory=CatchupOptions)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -193,6 +195,7 @@ class TableSpec(dg.Model):
     schedule: _section(ScheduleOptions) = ScheduleOptions()
     compaction: _section(CompactionOptions) = CompactionOptions()
     lease: _section(LeaseOptions) = LeaseOptions()
+    catchup: _section(CatchupOptions) = CatchupOptions()
 
     @model_validator(mode="before")
     @classmethod

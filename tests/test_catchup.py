@@ -211,3 +211,35 @@ def test_catchup_options_travel_with_the_plan(table_loc):
         merge_generation(loc, rid, 4)
     catchup.run_catchup(loc, ["v_idx"], num_indices_to_merge=2)
     assert segments(loc, "v_idx") == 1
+
+
+def test_catchup_settings_in_memwal_yaml_reach_the_step(table_loc, tmp_path):
+    """`catchup:` in memwal.yaml is read like every other section (a typo gets a did-you-mean)
+    and reaches the step runner the Dagster asset and the CLI share: its plan carries the
+    setting, and a catch-up with `num_indices_to_merge: 2` folds the new rows and the existing
+    delta into one segment."""
+    from memwal_pipeline.config import ConfigError, load_config
+
+    from memwal_core.steps.runner import StepOptions, run_step
+
+    loc = table_loc
+    path = tmp_path / "memwal.yaml"
+    path.write_text(f"tables:\n  - {{name: t, uri: {loc.lance_uri}, catchup: {{num_indices_to_merj: 2}}}}\n")
+    with pytest.raises(ConfigError, match="catchup: unknown key 'num_indices_to_merj'.*num_indices_to_merge"):
+        load_config(path)
+    path.write_text(f"tables:\n  - {{name: t, uri: {loc.lance_uri}, catchup: {{num_indices_to_merge: 2}}}}\n")
+    (cfg,) = load_config(path)
+    assert cfg.catchup == CatchupOptions(num_indices_to_merge=2)
+    make_table(loc, maintained=["id_idx"])
+    regions: dict[int, str] = {}
+    for n in (1, 2):
+        write_regions(loc, list(range(280 + 60 * n, 340 + 60 * n)), n, regions)
+        for rid in regions.values():
+            merge_generation(loc, rid, n)
+        if n == 1:
+            catchup.run_catchup(loc, ["v_idx"])  # Lance's default: a delta segment
+            assert segments(loc, "v_idx") == 2
+    planned = run_step("catchup", loc, StepOptions.of(cfg), execute=False)
+    assert planned.plan.options.num_indices_to_merge == 2
+    outcome = run_step("catchup", loc, StepOptions.of(cfg))
+    assert not outcome.errors and segments(loc, "v_idx") == 1, outcome.summary
