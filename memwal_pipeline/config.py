@@ -126,29 +126,12 @@ class TableConfig:
         return f"memwal_{self.name}"
 
 
-# A size with a unit as `memwal_core.options.parse_size` reads it ("256MB", "1.5g", "64KiB").
-_SIZE_TEXT = r"^\s*\d+(\.\d+)?\s*[kmgtKMGT]?([iI]?[bB])?\s*$"
-# A duration with a unit as `memwal_core.options.parse_duration` reads it ("7d", "12h", "90s").
-_DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*[smhdwSMHDW]?\s*$"
-
-
 def _section_schema(cls: type) -> dict[str, Any]:
     """A section's JSON schema (editors, `dg utils inspect-component`): the dataclass's own,
-    closed to unknown keys, with sizes that also take units ("256MB")."""
+    closed to unknown keys; sizes and durations take their units from their pydantic types
+    (`memwal_core.options.Size`, `Duration`: "256MB", "7d")."""
     schema = TypeAdapter(cls).json_schema()
     schema["additionalProperties"] = False
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("kind") == "size":
-            prop = schema["properties"][f.name]
-            schema["properties"][f.name] = {"anyOf": [{"type": "integer", "minimum": 1},
-                                                      {"type": "string", "pattern": _SIZE_TEXT}],
-                                            "title": prop.get("title"), "default": prop.get("default")}
-        if f.metadata.get("kind") == "duration":
-            prop = schema["properties"][f.name]
-            alts = [{"type": "number", "minimum": 0}, {"type": "string", "pattern": _DURATION_TEXT}]
-            if f.default is None:
-                alts.append({"type": "null"})
-            schema["properties"][f.name] = {"anyOf": alts, "title": prop.get("title"), "default": prop.get("default")}
     return schema
 
 
