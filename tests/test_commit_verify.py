@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.walls import append_behind_memwal, two_regions_pending
+from support.walls import append_behind_memwal, two_regions_merged_once, two_regions_pending
 
 from memwal_core.jobs import merge
 from memwal_core.jobs.merge import verify
@@ -117,11 +117,7 @@ def test_a_merge_over_a_duplicated_key_stops_the_region_for_good(table_loc, spar
     """A key written twice into the base table behind memwal's back: the merge that upserts it
     commits, the check finds the key twice, the region stops (permanent wall, recorded), and the
     next run keeps it stopped; the other region merges on."""
-    demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=20)
-    w = demo.Workload(table_loc, seed=3, key_space=20, max_memtable_rows=50)
-    w.write_round(40, overwrite=0.0, delete=0.0)
-    assert not merge.merge(table_loc, spark).region_errors
-    w.write_round(40, overwrite=0.5, delete=0.0)
+    w = two_regions_merged_once(table_loc, spark)
     plan = merge.plan_merge(table_loc)
     pending = plan.pending
     assert len(pending) == 2

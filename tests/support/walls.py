@@ -29,15 +29,22 @@ def append_behind_memwal(loc, ids) -> int:
     return lance.write_dataset(demo.rows_table([demo.row(i, 9) for i in ids]), loc.lance_uri, mode="append").version
 
 
-def two_regions_pending(loc, spark) -> tuple[demo.Workload, str, str, set[int]]:
-    """Two regions, merged once, then one more round each: one batch (one commit) of both.
-    Returns the workload, the two regions (`bad` sorts first) and the keys of the first
-    region's pending rows."""
+def two_regions_merged_once(loc, spark) -> demo.Workload:
+    """Two bucket regions over a 20-row base table, merged once, then one more round each
+    (pending); returns the workload."""
     demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
     w = demo.Workload(loc, seed=3, key_space=20, max_memtable_rows=50)
     w.write_round(40, overwrite=0.0, delete=0.0)
     assert not merge.merge(loc, spark).region_errors
     w.write_round(40, overwrite=0.5, delete=0.0)
+    return w
+
+
+def two_regions_pending(loc, spark) -> tuple[demo.Workload, str, str, set[int]]:
+    """`two_regions_merged_once`, planned as one batch (one commit) of both regions. Returns
+    the workload, the two regions (`bad` sorts first) and the keys of the first region's
+    pending rows."""
+    w = two_regions_merged_once(loc, spark)
     plan = merge.plan_merge(loc)
     assert len(plan.pending) == 2 and len(plan.batches) == 1  # both regions in one commit
     bad, good = sorted(plan.pending)
