@@ -224,8 +224,8 @@ class SnapshotOptions(_Checked):
 class CatchupOptions(_Checked):
     """How the base-table index catch-up calls `optimize_indices`. The default appends the merged
     rows as a delta segment and keeps the IVF centroids and PQ/SQ codebooks, as the spec requires
-    once MemWAL is enabled; `retrain` rebuilds them (only for an index no MemTable maintains:
-    distances would no longer compare across generations), `num_indices_to_merge` merges that
+    once MemWAL is enabled; `retrain` rebuilds them, for an index no MemTable maintains only
+    (a maintained one keeps its model: distances would no longer compare across generations), `num_indices_to_merge` merges that
     many segments into one in the same pass (None: Lance's default, a new delta segment)."""
 
     retrain: bool = False

@@ -243,3 +243,19 @@ def test_catchup_settings_in_memwal_yaml_reach_the_step(table_loc, tmp_path):
     assert planned.plan.options.num_indices_to_merge == 2
     outcome = run_step("catchup", loc, StepOptions.of(cfg))
     assert not outcome.errors and segments(loc, "v_idx") == 1, outcome.summary
+
+
+def test_retrain_never_touches_an_index_the_memtables_maintain(table_loc):
+    """`catchup: {retrain: true}` (a setting of the table now) retrains only indexes no MemTable
+    maintains: a maintained index's IVF centroids and PQ codebook stay (the spec requires them
+    stable once MemWAL is enabled), and it is caught up as usual."""
+    loc = table_loc
+    make_table(loc, maintained=["v_idx"])
+    regions: dict[int, str] = {}
+    write_regions(loc, list(range(280, 380)), 1, regions)
+    for rid in regions.values():
+        merge_generation(loc, rid, 1)
+    codebook = centroids(loc)
+    result = catchup.run_catchup(loc, retrain=True)
+    assert result.errors == {} and by_index(result)["v_idx"].caught_up
+    assert centroids(loc) == codebook
