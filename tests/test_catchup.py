@@ -73,6 +73,13 @@ def merge_generation(loc, rid: str, generation: int, *, empty: bool = False) -> 
      .mark_sstables_as_compacted([CompactedSsTable(rid, generation)]).execute(src))
 
 
+def write_and_merge(loc, keys: list[int], n: int, regions: dict[int, str]) -> None:
+    """Round `n`: one generation per touched region (`write_regions`), each merged."""
+    write_regions(loc, keys, n, regions)
+    for rid in regions.values():
+        merge_generation(loc, rid, n)
+
+
 def centroids(loc) -> list:
     return lance.dataset(loc.lance_uri).index_statistics("v_idx")["indices"][0]["centroids"]
 
@@ -188,27 +195,19 @@ def test_catchup_options_travel_with_the_plan(table_loc):
     loc = table_loc
     make_table(loc, maintained=["id_idx"])
     regions: dict[int, str] = {}
-    write_regions(loc, list(range(280, 340)), 1, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 1)
+    write_and_merge(loc, list(range(280, 340)), 1, regions)
     catchup.run_catchup(loc)
     assert segments(loc, "v_idx") == 2  # the trained segment and one delta
-    write_regions(loc, list(range(340, 380)), 2, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 2)
+    write_and_merge(loc, list(range(340, 380)), 2, regions)
     plan = catchup.plan_catchup(loc, ["v_idx"], CatchupOptions(num_indices_to_merge=2))
     assert plan.options.num_indices_to_merge == 2 and json.dumps(plan.to_dict())
     result = catchup.execute_catchup(loc, plan)
     assert segments(loc, "v_idx") == 1 and result.not_caught_up == []
     assert result.metrics()["optimized"] == 1 and result.metrics()["gap/v_idx"] == 0
-    write_regions(loc, list(range(380, 400)), 3, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 3)
+    write_and_merge(loc, list(range(380, 400)), 3, regions)
     catchup.run_catchup(loc, ["v_idx"])  # default options: a delta
     assert segments(loc, "v_idx") == 2
-    write_regions(loc, list(range(400, 420)), 4, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 4)
+    write_and_merge(loc, list(range(400, 420)), 4, regions)
     catchup.run_catchup(loc, ["v_idx"], num_indices_to_merge=2)
     assert segments(loc, "v_idx") == 1
 
@@ -233,9 +232,7 @@ def test_catchup_settings_in_memwal_yaml_reach_the_step(table_loc, tmp_path):
     make_table(loc, maintained=["id_idx"])
     regions: dict[int, str] = {}
     for n in (1, 2):
-        write_regions(loc, list(range(280 + 60 * n, 340 + 60 * n)), n, regions)
-        for rid in regions.values():
-            merge_generation(loc, rid, n)
+        write_and_merge(loc, list(range(280 + 60 * n, 340 + 60 * n)), n, regions)
         if n == 1:
             catchup.run_catchup(loc, ["v_idx"])  # Lance's default: a delta segment
             assert segments(loc, "v_idx") == 2
@@ -252,9 +249,7 @@ def test_retrain_never_touches_an_index_the_memtables_maintain(table_loc):
     loc = table_loc
     make_table(loc, maintained=["v_idx"])
     regions: dict[int, str] = {}
-    write_regions(loc, list(range(280, 380)), 1, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 1)
+    write_and_merge(loc, list(range(280, 380)), 1, regions)
     codebook = centroids(loc)
     result = catchup.run_catchup(loc, retrain=True)
     assert result.errors == {} and by_index(result)["v_idx"].caught_up
