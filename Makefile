@@ -57,7 +57,7 @@ mutate: $(STAMP)
 s3-demo: $(STAMP)
 	$(BIN)/python -m memwal_pipeline.s3_demo
 
-# memwal-env.tar.gz: this venv for a cluster's `spark.archives` (README "Running on a cluster").
+# memwal-env.tar.gz: this venv for a cluster's `spark.archives` (docs/spark.md, "Running on a cluster").
 spark-env: $(STAMP)
 	$(BIN)/memwal spark-env memwal-env.tar.gz --force
 

@@ -15,7 +15,9 @@ import re
 import typing
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Any, Mapping, TypeVar
+from typing import Annotated, Any, Mapping, TypeVar
+
+from pydantic import BeforeValidator, WithJsonSchema
 
 from memwal_core.errors import OptionError
 
@@ -96,6 +98,23 @@ def check_spark_master(value: Any, what: str = "spark master") -> str:
         raise OptionError(f"{what}: {value!r} is not a Spark master (use local[*], local[N], spark://HOST:PORT, "
                           "yarn, k8s://..., or sc://HOST:PORT)")
     return value.strip()
+
+
+# A size or a duration as its text is written ("256MB", "7d"): what `parse_size` and
+# `parse_duration` read, for the JSON schema editors and `dg utils inspect-component` show.
+SIZE_TEXT = r"^\s*\d+(\.\d+)?\s*[kmgtKMGT]?([iI]?[bB])?\s*$"
+DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*[smhdwSMHDW]?\s*$"
+
+# The pydantic types of the size and duration settings: bytes from an int or "256MB" (binary
+# units, as Spark reads sizes), seconds from a number or "7d". Validating an options dataclass
+# with pydantic parses them (`TypeAdapter(MergeOptions).validate_python({"budget_bytes": "64MB"})`),
+# and its JSON schema takes both spellings; `from_mapping` reads the same fields by their
+# `kind` metadata, with the setting's name in its messages.
+Size = Annotated[int, BeforeValidator(lambda v: parse_size(v, "size")),
+                 WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string", "pattern": SIZE_TEXT}]})]
+Duration = Annotated[float, BeforeValidator(lambda v: parse_duration(v, "duration")),
+                     WithJsonSchema({"anyOf": [{"type": "number", "minimum": 0},
+                                               {"type": "string", "pattern": DURATION_TEXT}]})]
 
 
 def _minimum(f) -> float:
@@ -190,7 +209,7 @@ class SparkOptions(_Checked):
 class MergeOptions(_Checked):
     """How much one merge batch takes (bytes of generations, and a count)."""
 
-    budget_bytes: int = field(default=256 * 1024 * 1024, metadata=_min(1, kind="size"))
+    budget_bytes: Size = field(default=256 * 1024 * 1024, metadata=_min(1, kind="size"))
     max_generations: int = field(default=256, metadata=_min(1))
 
 
@@ -205,8 +224,8 @@ class SnapshotOptions(_Checked):
 class CatchupOptions(_Checked):
     """How the base-table index catch-up calls `optimize_indices`. The default appends the merged
     rows as a delta segment and keeps the IVF centroids and PQ/SQ codebooks, as the spec requires
-    once MemWAL is enabled; `retrain` rebuilds them (only for an index no MemTable maintains:
-    distances would no longer compare across generations), `num_indices_to_merge` merges that
+    once MemWAL is enabled; `retrain` rebuilds them, for an index no MemTable maintains only
+    (a maintained one keeps its model: distances would no longer compare across generations), `num_indices_to_merge` merges that
     many segments into one in the same pass (None: Lance's default, a new delta segment)."""
 
     retrain: bool = False
@@ -247,12 +266,12 @@ class GcOptions(_Checked):
     """
 
     manifest_retention: int = field(default=10, metadata=_min(1))  # the latest is always kept
-    manifest_min_age_seconds: float = _duration(3600.0)
-    orphan_grace_seconds: float = _duration(86400.0)  # a day: far beyond any flush (Iceberg 3 d, Delta 7 d)
+    manifest_min_age_seconds: Duration = _duration(3600.0)
+    orphan_grace_seconds: Duration = _duration(86400.0)  # a day: far beyond any flush (Iceberg 3 d, Delta 7 d)
     # Lance's own cleanup_old_versions of the base table, run before planning (None: off).
-    cleanup_base_versions_older_than_seconds: float | None = _duration(None)
+    cleanup_base_versions_older_than_seconds: Duration | None = _duration(None)
     cleanup_base_versions_retain: int | None = field(default=None, metadata=_min(1))
-    cleanup_base_versions_floor_seconds: float = _duration(BASE_VERSION_FLOOR_SECONDS)
+    cleanup_base_versions_floor_seconds: Duration = _duration(BASE_VERSION_FLOOR_SECONDS)
     keep_current_epoch_wal: bool = True
     max_workers: int = field(default=16, metadata=_min(1))
     # Regions with data from before the MemWAL initialization (after an overwrite) are reported
@@ -267,7 +286,7 @@ class GcOptions(_Checked):
     # a LanceDB backfill) writes its files before its commit and takes no memwal lease, so a
     # file is a leak only once no commit can still be in flight for it. A week, as Lance's own
     # cleanup of unreferenced files; never below the retention floor (`leaked_grace`).
-    leaked_file_grace_seconds: float = _duration(7 * 86400.0)
+    leaked_file_grace_seconds: Duration = _duration(7 * 86400.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -363,12 +382,12 @@ class CompactionOptions(_Checked):
     small_fragment_rows: int = 262_144
     max_deleted_row_ratio: float = 0.1
     min_deleted_rows: int = 10_000
-    cheap_rewrite_bytes: int = field(default=64 << 20, metadata={"kind": "size"})
+    cheap_rewrite_bytes: Size = field(default=64 << 20, metadata={"kind": "size"})
     max_index_segments: int = 8
     # How Lance rewrites (its own options), and the per-run bounds.
     target_rows_per_fragment: int = 1_048_576
     materialize_deletions_threshold: float = 0.1
-    max_bytes_per_run: int = field(default=1 << 30, metadata={"kind": "size"})
+    max_bytes_per_run: Size = field(default=1 << 30, metadata={"kind": "size"})
     max_fragments_per_run: int = 256
     max_attempts: int = 3  # plans executed before giving up to concurrent commits
     restore_catchup: bool = True

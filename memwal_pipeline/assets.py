@@ -211,6 +211,22 @@ def _skipped(context, outcome: StepOutcome) -> dict[str, Any]:
     return {"status": MetadataValue.text(f"skipped: {outcome.error}")}
 
 
+def _run_checked(context, keys: TableKeys, cfg: TableConfig, step: str, *, spark: bool = False,
+                 regions: list[str] | None = None,
+                 log_problems: bool = True) -> tuple[StepOutcome, dict[str, Any] | None]:
+    """What every step asset does first: run the step; when another maintainer's lease kept it
+    from running, return the skip's metadata (see `_skipped`) for the asset to record; when it
+    failed or was refused, raise; otherwise log its problems (unless the asset reports them its
+    own way) and return the outcome with no skip."""
+    outcome = _run(context, keys, cfg, step, spark=spark, regions=regions)
+    if outcome.status is StepStatus.SKIPPED:
+        return outcome, _skipped(context, outcome)
+    raise_if_failed(outcome)
+    for line in outcome.problems if log_problems else []:
+        context.log.error(line)
+    return outcome, None
+
+
 def _labels(loc) -> RegionLabels:
     try:
         return RegionLabels.load(loc, read_memwal_state(loc))
@@ -301,11 +317,11 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
                        "reason, when a region could not be merged.")
     def base_table(context: AssetExecutionContext):
         regions = list(context.partition_keys)
-        outcome = _run(context, keys, cfg, "merge", spark=True, regions=regions)
-        if outcome.status is StepStatus.SKIPPED:  # no materialization: the sensor requests the regions again
-            yield AssetObservation(asset_key=context.asset_key, metadata=_skipped(context, outcome))
+        # merge_events logs the failures itself, with what Dagster does about them.
+        outcome, skipped = _run_checked(context, keys, cfg, "merge", spark=True, regions=regions, log_problems=False)
+        if skipped is not None:  # no materialization: the sensor requests the regions again
+            yield AssetObservation(asset_key=context.asset_key, metadata=skipped)
             return
-        raise_if_failed(outcome)
         yield from merge_events(context, _location(context, keys), outcome, regions)
 
     @asset(key=keys.asset("base_compaction"), kinds={"lance", "spark"}, deps=[base_table], group_name=group,
@@ -357,12 +373,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
     def index_catchup(context: AssetExecutionContext) -> MaterializeResult:
         # Every index, not only the run's partitions: an index created since the sensor's last
         # tick has no partition yet but gates GC all the same.
-        outcome = _run(context, keys, cfg, "catchup")
-        if outcome.status is StepStatus.SKIPPED:
-            return MaterializeResult(metadata=_skipped(context, outcome))
-        raise_if_failed(outcome)
-        for line in outcome.errors:
-            context.log.error(line)
+        outcome, skipped = _run_checked(context, keys, cfg, "catchup")
+        if skipped is not None:
+            return MaterializeResult(metadata=skipped)
         r = outcome.result
         if not (context.has_partition_key or context.has_partition_key_range):
             # A run without an index range (no index partition yet, or launched by hand): one
@@ -390,12 +403,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
            description="Snapshot of every region manifest in the MemWAL index (inline up to the "
                        "threshold, else an external Lance file); refreshes each region's WAL hint.")
     def memwal_index(context: AssetExecutionContext) -> MaterializeResult:
-        outcome = _run(context, keys, cfg, "index")
-        if outcome.status is StepStatus.SKIPPED:
-            return MaterializeResult(metadata=_skipped(context, outcome))
-        raise_if_failed(outcome)
-        for line in outcome.problems:
-            context.log.error(line)
+        outcome, skipped = _run_checked(context, keys, cfg, "index")
+        if skipped is not None:
+            return MaterializeResult(metadata=skipped)
         r = outcome.result
         return MaterializeResult(metadata=metric_values(outcome) | {
             "storage": MetadataValue.text(r.storage),
@@ -408,12 +418,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
            description="Garbage collection: merged and caught-up generations, their WAL files, old "
                        "manifest versions and orphaned directories; never what a reader still needs.")
     def garbage(context: AssetExecutionContext) -> MaterializeResult:
-        outcome = _run(context, keys, cfg, "gc")
-        if outcome.status is StepStatus.SKIPPED:
-            return MaterializeResult(metadata=_skipped(context, outcome))
-        raise_if_failed(outcome)
-        for line in outcome.problems:
-            context.log.error(line)
+        outcome, skipped = _run_checked(context, keys, cfg, "gc")
+        if skipped is not None:
+            return MaterializeResult(metadata=skipped)
         r = outcome.result
         for h in r.holds:
             context.log.info(f"GC keeps {h.describe()}")

@@ -27,7 +27,7 @@ class MemWalTable(dg.Component, TableSpec):
     """A Lance MemWAL table that memwal maintains: its region assets, manifest sensor, asset
     checks, merge / maintenance / checks jobs and schedules, table and Spark resources.
 
-    Sections spark, merge, snapshot, gc, slo, sensor, schedule and compaction are the options
+    Sections spark, merge, snapshot, gc, slo, sensor, schedule, compaction, lease and catchup are the options
     dataclasses of the same names in `memwal_core.options` (same keys, same defaults). A
     relative local `uri` is relative to the project root (the folder of pyproject.toml).
     """

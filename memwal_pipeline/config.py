@@ -32,6 +32,7 @@ from pydantic import (
 
 from memwal_core.errors import OptionError
 from memwal_core.options import (
+    CatchupOptions,
     CompactionOptions,
     GcOptions,
     LeaseOptions,
@@ -64,7 +65,7 @@ class ConfigError(OptionError):
 SECTIONS: dict[str, type] = {
     "spark": SparkOptions, "merge": MergeOptions, "snapshot": SnapshotOptions, "gc": GcOptions,
     "slo": SloOptions, "sensor": SensorOptions, "schedule": ScheduleOptions, "compaction": CompactionOptions,
-    "lease": LeaseOptions,
+    "lease": LeaseOptions, "catchup": CatchupOptions,
 }
 TOP_KEYS = ("tables",)
 
@@ -105,6 +106,7 @@ class TableConfig:
     schedule: ScheduleOptions = field(default_factory=ScheduleOptions)
     compaction: CompactionOptions = field(default_factory=CompactionOptions)
     lease: LeaseOptions = field(default_factory=LeaseOptions)
+    catchup: CatchupOptions = field(default_factory=CatchupOptions)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -124,29 +126,12 @@ class TableConfig:
         return f"memwal_{self.name}"
 
 
-# A size with a unit as `memwal_core.options.parse_size` reads it ("256MB", "1.5g", "64KiB").
-_SIZE_TEXT = r"^\s*\d+(\.\d+)?\s*[kmgtKMGT]?([iI]?[bB])?\s*$"
-# A duration with a unit as `memwal_core.options.parse_duration` reads it ("7d", "12h", "90s").
-_DURATION_TEXT = r"^\s*\d+(\.\d+)?\s*[smhdwSMHDW]?\s*$"
-
-
 def _section_schema(cls: type) -> dict[str, Any]:
     """A section's JSON schema (editors, `dg utils inspect-component`): the dataclass's own,
-    closed to unknown keys, with sizes that also take units ("256MB")."""
+    closed to unknown keys; sizes and durations take their units from their pydantic types
+    (`memwal_core.options.Size`, `Duration`: "256MB", "7d")."""
     schema = TypeAdapter(cls).json_schema()
     schema["additionalProperties"] = False
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("kind") == "size":
-            prop = schema["properties"][f.name]
-            schema["properties"][f.name] = {"anyOf": [{"type": "integer", "minimum": 1},
-                                                      {"type": "string", "pattern": _SIZE_TEXT}],
-                                            "title": prop.get("title"), "default": prop.get("default")}
-        if f.metadata.get("kind") == "duration":
-            prop = schema["properties"][f.name]
-            alts = [{"type": "number", "minimum": 0}, {"type": "string", "pattern": _DURATION_TEXT}]
-            if f.default is None:
-                alts.append({"type": "null"})
-            schema["properties"][f.name] = {"anyOf": alts, "title": prop.get("title"), "default": prop.get("default")}
     return schema
 
 
@@ -193,6 +178,7 @@ class TableSpec(dg.Model):
     schedule: _section(ScheduleOptions) = ScheduleOptions()
     compaction: _section(CompactionOptions) = CompactionOptions()
     lease: _section(LeaseOptions) = LeaseOptions()
+    catchup: _section(CatchupOptions) = CatchupOptions()
 
     @model_validator(mode="before")
     @classmethod

@@ -37,7 +37,7 @@ from .sensors import build_maintenance_schedule, build_sensor
 # before the run starts, docs/benchmarks.md §9). With this setting Dagster stores one event per
 # run instead; the price is that a failed run no longer marks its partitions failed (the run's
 # failure and `merge_lag` name the region instead). Read where runs are created: set it in the
-# daemon's and webserver's environment too (`make ui` does; see README).
+# daemon's and webserver's environment too (`make ui` does; see docs/operations.md).
 PLANNED_EVENTS_ENV = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 os.environ.setdefault(PLANNED_EVENTS_ENV, "true")
 

@@ -120,11 +120,13 @@ def test_layers_cover_every_core_module():
 
 def test_test_modules_import_only_the_support_package():
     """A test module is never a library: what several tests share lives in tests/support/, and the
-    top of tests/ holds only test modules and conftest.py."""
+    top of tests/ and its folders of tests (tests/wall/) hold only test modules and conftest.py."""
     tests = ROOT / "tests"
-    loose = [p.name for p in tests.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py"]
+    folders = [tests, *(d for d in sorted(tests.iterdir()) if d.is_dir() and any(d.glob("test_*.py")))]
+    loose = [str(p.relative_to(tests)) for d in folders for p in d.glob("*.py")
+             if not p.name.startswith("test_") and p.name != "conftest.py"]
     wrong = []
-    for path in sorted(tests.glob("test_*.py")):
+    for path in sorted(p for d in folders for p in d.glob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []

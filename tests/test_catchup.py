@@ -73,6 +73,13 @@ def merge_generation(loc, rid: str, generation: int, *, empty: bool = False) -> 
      .mark_sstables_as_compacted([CompactedSsTable(rid, generation)]).execute(src))
 
 
+def write_and_merge(loc, keys: list[int], n: int, regions: dict[int, str]) -> None:
+    """Round `n`: one generation per touched region (`write_regions`), each merged."""
+    write_regions(loc, keys, n, regions)
+    for rid in regions.values():
+        merge_generation(loc, rid, n)
+
+
 def centroids(loc) -> list:
     return lance.dataset(loc.lance_uri).index_statistics("v_idx")["indices"][0]["centroids"]
 
@@ -188,26 +195,62 @@ def test_catchup_options_travel_with_the_plan(table_loc):
     loc = table_loc
     make_table(loc, maintained=["id_idx"])
     regions: dict[int, str] = {}
-    write_regions(loc, list(range(280, 340)), 1, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 1)
+    write_and_merge(loc, list(range(280, 340)), 1, regions)
     catchup.run_catchup(loc)
     assert segments(loc, "v_idx") == 2  # the trained segment and one delta
-    write_regions(loc, list(range(340, 380)), 2, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 2)
+    write_and_merge(loc, list(range(340, 380)), 2, regions)
     plan = catchup.plan_catchup(loc, ["v_idx"], CatchupOptions(num_indices_to_merge=2))
     assert plan.options.num_indices_to_merge == 2 and json.dumps(plan.to_dict())
     result = catchup.execute_catchup(loc, plan)
     assert segments(loc, "v_idx") == 1 and result.not_caught_up == []
     assert result.metrics()["optimized"] == 1 and result.metrics()["gap/v_idx"] == 0
-    write_regions(loc, list(range(380, 400)), 3, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 3)
+    write_and_merge(loc, list(range(380, 400)), 3, regions)
     catchup.run_catchup(loc, ["v_idx"])  # default options: a delta
     assert segments(loc, "v_idx") == 2
-    write_regions(loc, list(range(400, 420)), 4, regions)
-    for rid in regions.values():
-        merge_generation(loc, rid, 4)
+    write_and_merge(loc, list(range(400, 420)), 4, regions)
     catchup.run_catchup(loc, ["v_idx"], num_indices_to_merge=2)
     assert segments(loc, "v_idx") == 1
+
+
+def test_catchup_settings_in_memwal_yaml_reach_the_step(table_loc, tmp_path):
+    """`catchup:` in memwal.yaml is read like every other section (a typo gets a did-you-mean)
+    and reaches the step runner the Dagster asset and the CLI share: its plan carries the
+    setting, and a catch-up with `num_indices_to_merge: 2` folds the new rows and the existing
+    delta into one segment."""
+    from memwal_pipeline.config import ConfigError, load_config
+
+    from memwal_core.steps.runner import StepOptions, run_step
+
+    loc = table_loc
+    path = tmp_path / "memwal.yaml"
+    path.write_text(f"tables:\n  - {{name: t, uri: {loc.lance_uri}, catchup: {{num_indices_to_merj: 2}}}}\n")
+    with pytest.raises(ConfigError, match="catchup: unknown key 'num_indices_to_merj'.*num_indices_to_merge"):
+        load_config(path)
+    path.write_text(f"tables:\n  - {{name: t, uri: {loc.lance_uri}, catchup: {{num_indices_to_merge: 2}}}}\n")
+    (cfg,) = load_config(path)
+    assert cfg.catchup == CatchupOptions(num_indices_to_merge=2)
+    make_table(loc, maintained=["id_idx"])
+    regions: dict[int, str] = {}
+    for n in (1, 2):
+        write_and_merge(loc, list(range(280 + 60 * n, 340 + 60 * n)), n, regions)
+        if n == 1:
+            catchup.run_catchup(loc, ["v_idx"])  # Lance's default: a delta segment
+            assert segments(loc, "v_idx") == 2
+    planned = run_step("catchup", loc, StepOptions.of(cfg), execute=False)
+    assert planned.plan.options.num_indices_to_merge == 2
+    outcome = run_step("catchup", loc, StepOptions.of(cfg))
+    assert not outcome.errors and segments(loc, "v_idx") == 1, outcome.summary
+
+
+def test_retrain_never_touches_an_index_the_memtables_maintain(table_loc):
+    """`catchup: {retrain: true}` (a setting of the table now) retrains only indexes no MemTable
+    maintains: a maintained index's IVF centroids and PQ codebook stay (the spec requires them
+    stable once MemWAL is enabled), and it is caught up as usual."""
+    loc = table_loc
+    make_table(loc, maintained=["v_idx"])
+    regions: dict[int, str] = {}
+    write_and_merge(loc, list(range(280, 380)), 1, regions)
+    codebook = centroids(loc)
+    result = catchup.run_catchup(loc, retrain=True)
+    assert result.errors == {} and by_index(result)["v_idx"].caught_up
+    assert centroids(loc) == codebook

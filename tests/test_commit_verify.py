@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.walls import append_behind_memwal, two_regions_merged_once, two_regions_pending
 
 from memwal_core.jobs import merge
 from memwal_core.jobs.merge import verify
@@ -31,11 +32,6 @@ def _base(tmp_path, n: int = 100, name: str = "t"):
     return loc
 
 
-def _append(loc, ids) -> int:
-    """Rows written straight into the base table, bypassing memwal (a key already there is then twice)."""
-    return lance.write_dataset(demo.rows_table([demo.row(i, 9) for i in ids]), loc.lance_uri, mode="append").version
-
-
 def test_a_clean_commit_passes(tmp_path):
     loc = _base(tmp_path)
     v = table.open_dataset(loc).version
@@ -46,7 +42,7 @@ def test_a_clean_commit_passes(tmp_path):
 
 def test_a_key_present_twice_is_found(tmp_path):
     loc = _base(tmp_path)
-    v = _append(loc, [5, 7])
+    v = append_behind_memwal(loc, [5, 7])
     c = verify.verify_commit(loc, v, {}, _keys([1, 5, 7, 8]), None, ["id"])
     assert c.bad_rows and c.counts["duplicates"] == 2 and c.duplicates == [{"id": 5}, {"id": 7}]
     assert "2 keys present more than once (e.g. 5, 7)" in c.describe()
@@ -65,7 +61,7 @@ def test_the_committed_version_is_checked_not_the_latest(tmp_path):
     """A later commit may legitimately change the keys; the duplicate made later is not this commit's."""
     loc = _base(tmp_path)
     v = table.open_dataset(loc).version
-    _append(loc, [5])
+    append_behind_memwal(loc, [5])
     assert not verify.verify_commit(loc, v, {}, _keys([5]), None, ["id"]).bad_rows
     gone = verify.verify_commit(loc, 999, {}, _keys([5]), None, ["id"])  # not readable: the latest, duplicates only
     assert gone.checked_version is None and not gone.landed and gone.counts == {"duplicates": 1}
@@ -82,7 +78,7 @@ def test_missing_progress_means_not_landed(tmp_path):
 
 def test_many_keys_read_the_whole_key_column_and_find_the_same(tmp_path):
     loc = _base(tmp_path, n=200)
-    v = _append(loc, [10, 150])
+    v = append_behind_memwal(loc, [10, 150])
     many = _keys(range(0, 200))  # more than a tenth of the rows: the whole key column is read
     c = verify.verify_commit(loc, v, {}, many, _keys([300]), ["id"])
     assert c.counts == {"duplicates": 2, "resurrected": 0, "missing": 0}
@@ -108,7 +104,7 @@ def test_counts_match_a_model(tmp_path_factory, base, extra, up, gone):
     ds = lance.dataset(loc.lance_uri)
     ds.initialize_mem_wal(bucket_column="id", num_buckets=2)
     if extra:
-        _append(loc, extra)
+        append_behind_memwal(loc, extra)
     rows = list(base) + list(extra)
     count = {k: rows.count(k) for k in set(rows)}
     c = verify.verify_commit(loc, table.open_dataset(loc).version, {}, _keys(sorted(up)), _keys(sorted(gone)), ["id"])
@@ -121,16 +117,12 @@ def test_a_merge_over_a_duplicated_key_stops_the_region_for_good(table_loc, spar
     """A key written twice into the base table behind memwal's back: the merge that upserts it
     commits, the check finds the key twice, the region stops (permanent wall, recorded), and the
     next run keeps it stopped; the other region merges on."""
-    demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=20)
-    w = demo.Workload(table_loc, seed=3, key_space=20, max_memtable_rows=50)
-    w.write_round(40, overwrite=0.0, delete=0.0)
-    assert not merge.merge(table_loc, spark).region_errors
-    w.write_round(40, overwrite=0.5, delete=0.0)
+    w = two_regions_merged_once(table_loc, spark)
     plan = merge.plan_merge(table_loc)
     pending = plan.pending
     assert len(pending) == 2
     # Every base key once more, straight into the base table: whatever the merge upserts is twice.
-    _append(table_loc, range(20))
+    append_behind_memwal(table_loc, range(20))
     result = merge.merge(table_loc, spark, budget_bytes=1)  # one batch per generation
     assert set(result.stuck_regions) == set(pending), result.region_errors
     for rid, err in result.stuck_regions.items():
@@ -220,35 +212,14 @@ def _markers(loc) -> list[str]:
     return [o.key for o in loc.store.list(layout.UNVERIFIED_DIR)]
 
 
-def _two_regions_pending(loc, spark) -> tuple[demo.Workload, str, str, set[int]]:
-    """Two regions, merged once, then one more round each: one batch (one commit) of both.
-    Returns the workload, the two regions and the keys of the first region's pending rows."""
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
-    w = demo.Workload(loc, seed=3, key_space=20, max_memtable_rows=50)
-    w.write_round(40, overwrite=0.0, delete=0.0)
-    assert not merge.merge(loc, spark).region_errors
-    w.write_round(40, overwrite=0.5, delete=0.0)
-    plan = merge.plan_merge(loc)
-    assert len(plan.pending) == 2 and len(plan.batches) == 1  # both regions in one commit
-    bad, good = sorted(plan.pending)
-    keys: set[int] = set()
-    from memwal_core.state import layout
-
-    for g in plan.batches[0].generations:
-        if g.region_id == bad:
-            gen = lance.dataset(loc.child_uri(layout.generation_dir(bad, g.path, g.generation)))
-            keys |= set(gen.to_table(columns=["id"]).column("id").to_pylist())
-    return w, bad, good, keys
-
-
 def test_a_commit_whose_merger_died_before_checking_it_is_checked_by_the_next_run(table_loc, spark):
     """The merger commits rows that are wrong for region A only (A's keys written into the base
     table behind memwal's back) and is killed before it checks them: progress is recorded for A
     and B, no wall anywhere, only the marker written before the commit. The next run checks
     that commit first: A stops for good (recorded), B, whose rows are as planned, merges on."""
     loc = table_loc
-    w, bad, good, keys = _two_regions_pending(loc, spark)
-    _append(loc, sorted(keys))
+    w, bad, good, keys = two_regions_pending(loc, spark)
+    append_behind_memwal(loc, sorted(keys))
     before = table.read_memwal_state(loc).merged
     _crashed_merger(loc, "merge.after_commit")
     committed = table.read_memwal_state(loc).merged
@@ -307,7 +278,7 @@ def test_a_marker_of_a_commit_that_never_landed_is_forgotten(table_loc, spark):
     """Killed inside the commit (data files written, the manifest not): the marker is there, no
     progress is. The next run forgets the marker and merges (and checks) the batch itself."""
     loc = table_loc
-    w, _, _, _ = _two_regions_pending(loc, spark)
+    w, _, _, _ = two_regions_pending(loc, spark)
     before = table.read_memwal_state(loc).merged
     _crashed_merger(loc, "merge.during_commit")
     assert table.read_memwal_state(loc).merged == before and len(_markers(loc)) == 1

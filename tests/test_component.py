@@ -185,3 +185,29 @@ def test_dg_check_defs(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-3000:]
     assert f"{module}/defs/events/defs.yaml:5" in text and "'budjet_bytes' was unexpected" in text, text[-3000:]
+
+
+def test_sizes_and_durations_are_pydantic_types():
+    """A size or duration setting is a pydantic type (`options.Size`, `options.Duration`):
+    validating an options dataclass with pydantic reads "64MB" and "2h" as `from_mapping` does
+    and refuses what it refuses, and the component's JSON schema takes both spellings."""
+    import re
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from memwal_core.options import CompactionOptions, GcOptions, MergeOptions
+
+    assert TypeAdapter(MergeOptions).validate_python({"budget_bytes": "64MB"}).budget_bytes == 64 << 20
+    gc = TypeAdapter(GcOptions).validate_python({"orphan_grace_seconds": "2h"})
+    assert gc.orphan_grace_seconds == 7200 and gc.cleanup_base_versions_older_than_seconds is None
+    assert TypeAdapter(CompactionOptions).validate_python({"max_bytes_per_run": "1.5g"}).max_bytes_per_run == 1536 << 20
+    for cls, raw, said in ((MergeOptions, {"budget_bytes": "lots"}, "expected a size in bytes"),
+                           (GcOptions, {"orphan_grace_seconds": "a week"}, "expected a duration")):
+        with pytest.raises(ValidationError, match=said):
+            TypeAdapter(cls).validate_python(raw)
+    schema = MemWalTable.get_model_cls().model_json_schema()["properties"]
+    for section, key, text in (("merge", "budget_bytes", "256MB"), ("compaction", "cheap_rewrite_bytes", "64 MiB"),
+                               ("gc", "cleanup_base_versions_older_than_seconds", "7d")):
+        alts = schema[section]["properties"][key]["anyOf"]
+        assert any(a.get("type") == "string" and re.match(a["pattern"], text) for a in alts), (key, alts)
+        assert not any(a.get("type") == "string" and re.match(a["pattern"], "lots") for a in alts)

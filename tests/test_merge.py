@@ -256,5 +256,5 @@ def test_delete_predicate_literals():
     assert merge.delete_predicate(keys, ["k"]) == "k IN ('a', 'it''s')"
     both = pa.table({"a": pa.array([1, 2], pa.int64()), "b": pa.array([True, False])})
     assert merge.delete_predicate(both, ["a", "b"]) == "(a = 1 AND b = true) OR (a = 2 AND b = false)"
-    # Any column name is quoted rather than refused (a table with such a key merges: test_wall.py).
+    # Any column name is quoted rather than refused (a table with such a key merges: tests/wall/test_wall_refusals.py).
     assert merge.delete_predicate(keys.rename_columns(["bad `col"]), ["bad `col"]) == "`bad ``col` IN ('a', 'it''s')"

@@ -2,7 +2,7 @@
 index's stored format (memwal_core.state.memwal_index).
 
 The index is a real Lance file here (encoded and decoded through pylance); tables, merges and
-GC over real regions are in test_snapshot.py, test_wall.py and test_gc.py.
+GC over real regions are in test_snapshot.py, tests/wall/ and test_gc.py.
 """
 
 from __future__ import annotations

@@ -194,8 +194,8 @@ def test_throttling_503_slowdown_is_retried_by_both_clients(px, raw, secret):
 
 # ------------------------------------------------------------- conditional region commits
 
-def test_store_conditional_put_semantics_and_readme_check(px, raw, secret):
-    """The README's check of a store (a second `If-None-Match: *` PUT must get 412), and what
+def test_store_conditional_put_semantics_and_the_documented_check(px, raw, secret):
+    """docs/object-stores.md's check of a store (a second `If-None-Match: *` PUT must get 412), and what
     memwal does with a store that answers 412, or refuses the header (501)."""
     import botocore
 

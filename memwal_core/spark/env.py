@@ -18,6 +18,14 @@ not, so for every non-local, non-Connect master the driver:
   on the executors therefore needs only memwal's dependencies, not memwal.
 
 `pack_environment` builds the `spark.archives` file for remote executors (`memwal spark-env`).
+It is written here rather than taken from venv-pack (0.2.0, the last release, 2018), which was
+tried on this project's own virtualenv and does not do the job as Spark 4 needs it: it stores
+`bin/python3.X` as a symlink to the base interpreter's absolute path, an entry pointing outside
+the archive (stored here as a copy of its target); it packs the editable-install hooks of
+`pip install -e` (its check looks only for `.pth` lines naming a directory, not for the
+`__editable__` finders pip writes today) and every `__pycache__`; and it writes `.tar` and
+`.zip` too, whose Spark unpacking drops the executable bits (refused here). conda-pack packs
+conda environments only.
 """
 
 from __future__ import annotations

@@ -284,24 +284,22 @@ def _read_generation(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, o
 def _read_with_retries(ds_uri: str, cfg: ReadConfig, check: RoutingCheck | None, options, region: int,
                        generation: int) -> tuple[pa.Table | None, GenerationStats]:
     """`_read_generation` and its stats, retried with back-off on failures that may pass (I/O,
-    object-store 5xx, a directory briefly missing); a `Refused` generation is not retried."""
-    import time
+    object-store 5xx, a directory briefly missing): `cfg.read_attempts` tries, waiting
+    `cfg.retry_backoff_s` before the second and doubling. A `Refused` generation is not retried."""
+    from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-    delay = cfg.retry_backoff_s
-    for attempt in range(1, max(1, cfg.read_attempts) + 1):
-        try:
-            table, routes, fields = _read_generation(ds_uri, cfg, check, options)
-            return table, GenerationStats(region, generation, table.num_rows, table.nbytes, routes, fields=fields)
-        except Refused as e:
-            return None, GenerationStats(region, generation, error=str(e), permanent=True,
-                                         fields=tuple((n, i) for n, i in e.fields))
-        except Exception as e:  # noqa: BLE001 - reported per generation; the region stops for this run
-            if attempt >= max(1, cfg.read_attempts):
-                return None, GenerationStats(region, generation, permanent=False,
-                                             error=f"unreadable after {attempt} tries: {one_line(e)}")
-            time.sleep(delay)
-            delay *= 2
-    raise AssertionError("unreachable")
+    attempts = max(1, cfg.read_attempts)
+    tries = Retrying(stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=cfg.retry_backoff_s),
+                     retry=retry_if_exception(lambda e: isinstance(e, Exception) and not isinstance(e, Refused)))
+    try:
+        table, routes, fields = tries(_read_generation, ds_uri, cfg, check, options)
+        return table, GenerationStats(region, generation, table.num_rows, table.nbytes, routes, fields=fields)
+    except Refused as e:
+        return None, GenerationStats(region, generation, error=str(e), permanent=True,
+                                     fields=tuple((n, i) for n, i in e.fields))
+    except RetryError as e:  # reported per generation; the region stops for this run
+        return None, GenerationStats(region, generation, permanent=False,
+                                     error=f"unreadable after {attempts} tries: {one_line(e.last_attempt.exception())}")
 
 
 def newest_rows(tables: list[pa.Table], pk: list[str]) -> pa.Table:

@@ -22,17 +22,16 @@ from __future__ import annotations
 
 import collections
 import re
-import time
 from datetime import timedelta
 from typing import Any, Iterable, Iterator, Mapping
 
 from memwal_core.state.objects import (
-    BODY_RETRY_BACKOFF_S,
-    BODY_RETRY_MAX_BACKOFF_S,
+    BrokeOff,
     NotFound,
     ObjectInfo,
     StoreError,
     _clean,
+    resend,
 )
 
 # URI scheme -> (object_store's config-key prefix, a name for messages).
@@ -170,8 +169,8 @@ class CloudStore:
         import obstore
 
         full = self._key(key)
-        delay = BODY_RETRY_BACKOFF_S
-        for attempt in range(1, self.attempts + 1):
+
+        def once() -> bytes:
             self.stats["get"] += 1
             try:
                 result = obstore.get(self._store, full)
@@ -184,13 +183,13 @@ class CloudStore:
             except _NOT_FOUND:  # deleted between the answer and the body
                 raise NotFound(key) from None
             except Exception as e:  # noqa: BLE001 - mid-body: GET again
-                if attempt == self.attempts:
-                    raise StoreError(f"{self.service} get {self._name(full)} failed: reading the body broke "
-                                     f"off {attempt} times, last: {_first_line(e, self._secrets)}") from None
-                self.stats["get_body_retry"] += 1
-                time.sleep(delay)
-                delay = min(delay * 2, BODY_RETRY_MAX_BACKOFF_S)
-        raise AssertionError("unreachable")
+                raise BrokeOff() from e
+
+        try:
+            return resend(self.attempts, self.stats, "get_body_retry")(once)
+        except BrokeOff as e:
+            raise StoreError(f"{self.service} get {self._name(full)} failed: reading the body broke off "
+                             f"{max(1, self.attempts)} times, last: {_first_line(e.__cause__, self._secrets)}") from None
 
     def head(self, key: str) -> ObjectInfo | None:
         import obstore
@@ -233,9 +232,9 @@ class CloudStore:
         from obstore.exceptions import AlreadyExistsError, GenericError, PreconditionError
 
         full = self._key(key)
-        delay = BODY_RETRY_BACKOFF_S
         sends = min(self.attempts, CREATE_SENDS)
-        for attempt in range(1, sends + 1):
+
+        def once() -> bool:
             self.stats["put_if_absent"] += 1
             try:
                 obstore.put(self._store, full, data, mode="create")
@@ -246,14 +245,14 @@ class CloudStore:
                 except NotFound:  # deleted meanwhile: it was not ours to keep
                     return False
             except GenericError as e:  # the connection broke (after object_store's own retries)
-                if attempt == sends:
-                    raise self._fail("put_if_absent", full, e) from None
-                self.stats["put_if_absent_retry"] += 1
-                time.sleep(delay)
-                delay = min(delay * 2, BODY_RETRY_MAX_BACKOFF_S)
+                raise BrokeOff() from e
             except Exception as e:  # noqa: BLE001 - not found (no bucket), denied, ...: no resend
                 raise self._fail("put_if_absent", full, e) from None
-        raise AssertionError("unreachable")
+
+        try:
+            return resend(sends, self.stats, "put_if_absent_retry")(once)
+        except BrokeOff as e:
+            raise self._fail("put_if_absent", full, e.__cause__) from None
 
     def _dir(self, prefix: str) -> str:
         full = self._key(prefix) if prefix else self.prefix

@@ -1,27 +1,30 @@
-"""MemWAL region routing, bit-exact with ``lance.mem_wal.evaluate_sharding_spec``.
+"""MemWAL region routing: each row's region value, as ``lance.mem_wal.evaluate_sharding_spec``
+gives it, in the shape the merger checks rows with.
 
-pylance calls a region a "shard" and a region spec a "sharding spec".  We compute
-region values ourselves (vectorized with numpy) so the merger can route and check
-rows without a Lance round trip, and so the rules are written down in one place.
+pylance calls a region a "shard" and a region spec a "sharding spec". The bucket hash is
+Lance's own: ``bucket_values`` calls ``evaluate_sharding_spec`` on the source column alone
+(a one-column batch and a one-field spec), so memwal never re-implements it and cannot drift
+from it. Measured on 2 shared cores (load ~16), 1M rows: pylance 29 ms for int64 and 64 ms for
+strings, against 221 and 332 ms for the numpy murmur3 this module held before; opening the
+dataset for its ``lance_schema`` is not needed (the one-column schema is built with
+``LanceSchema.from_pyarrow``). What stays here is what Lance does not offer on its own:
+reading the spec (``RegionSpec``), finding each field's source column (``source_columns_for``,
+by Lance field id, so a renamed or re-added column is told apart), refusing what Lance would
+refuse with memwal's errors before any work (``UnsupportedTransform``,
+``UnsupportedSourceType``, a bad ``num_buckets``), ``identity`` and ``unsharded`` (no hash),
+and comparing rows with a region's value (``misrouted_mask``, ``value_key``).
+``tests/test_routing.py`` checks the result against ``evaluate_sharding_spec`` on the whole
+table for every transform and every source type.
 
-Rules of pylance 14 (``rust/lance/src/dataset/mem_wal/sharding.rs``, confirmed by
-``tests/test_routing.py`` against the real ``evaluate_sharding_spec``):
+Rules of pylance 14 (``rust/lance/src/dataset/mem_wal/sharding.rs``), for reading values:
 
-* ``bucket``: ``(murmur3_x86_32(bytes, seed=0) & 0x7fffffff) % num_buckets`` as int32.
-  Bytes per type (little endian):
-  - int8/16/32, uint8/16/32, date32, time32, bool (0/1): the value as a 4-byte
-    int32 (signed widened by sign extension, unsigned by zero extension);
-  - int64, uint64, timestamp (any unit or tz, raw stored value, no unit
-    normalization), time64: the 8-byte int64;
-  - float32: its 4 bit-pattern bytes, float64: its 8; ``-0.0`` hashes as ``0.0``
-    and every NaN as the canonical quiet NaN (0x7fc00000 / 0x7ff8000000000000);
-  - utf8 / large_utf8: the UTF-8 bytes; whole 4-byte blocks as in standard
-    murmur3, but each tail byte is sign-extended to an int32 and mixed as its own
-    block (k1 mix + h1 mix), unlike standard murmur3 which packs the tail into one
-    k1 with no h1 mix.  The final mix uses the byte length.
-  - null: hash is the seed 0, so bucket 0.
-  Other types (binary, date64, decimal, dictionary, string_view, null, ...) are
-  refused by Lance as soon as a batch has a row.
+* ``bucket``: ``(murmur3_x86_32(bytes, seed=0) & 0x7fffffff) % num_buckets`` as int32, the
+  bytes little endian: int8/16/32, uint8/16/32, date32, time32 and bool as a 4-byte int32;
+  int64, uint64, timestamp (raw stored value) and time64 as 8 bytes; floats by bit pattern
+  (``-0.0`` as ``0.0``, every NaN canonical); strings by their UTF-8 bytes, each tail byte
+  mixed as its own block (not standard murmur3's tail). A null is bucket 0. Other types
+  (binary, date64, decimal, dictionary, string_view, null, ...) are refused by Lance as soon
+  as a batch has a row.
 * ``identity``: the source column unchanged (type kept, nulls kept).
 * ``unsharded``: int32 zeros.
 """
@@ -33,7 +36,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-import mmh3
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,7 +52,7 @@ __all__ = [
     "evaluate_region_spec",
     "value_key",
     "misrouted_mask",
-    "hash_array",
+    "bucket_values",
 ]
 
 BUCKET = "bucket"
@@ -252,10 +254,7 @@ def _evaluate_field(
     if field.transform == IDENTITY:
         return _source_array(field, batch, source_columns)
     if field.transform == BUCKET:
-        n = _num_buckets(field)
-        arr = _source_array(field, batch, source_columns)
-        h = hash_array(arr)
-        return pa.array(((h & np.uint32(0x7FFFFFFF)) % np.uint32(n)).astype(np.int32))
+        return bucket_values(_source_array(field, batch, source_columns), _num_buckets(field))
     raise UnsupportedTransform(
         f"region field {field.field_id!r}: transform {field.transform!r}"
         f" (expression {field.expression!r}) is not supported;"
@@ -311,151 +310,30 @@ def _np_bool(a: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
-# Hashing (Lance's murmur3_x86_32 variant, seed 0), vectorized
+# Hashing: Lance's own, one bucket field at a time
 # --------------------------------------------------------------------------
 
-_U32 = np.uint32
-_C1, _C2 = _U32(0xCC9E2D51), _U32(0x1B873593)
-_F1, _F2 = _U32(0x85EBCA6B), _U32(0xC2B2AE35)
-_F1_INV, _F2_INV = _U32(pow(0x85EBCA6B, -1, 1 << 32)), _U32(pow(0xC2B2AE35, -1, 1 << 32))
-_LONG_STRING_BLOCKS = 32  # rows with more whole blocks hash their blocks via mmh3 (C)
 
-_INT32_LIKE = {
-    pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32,
-    pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
-}  # fmt: skip
+def _hashable(t: pa.DataType) -> bool:
+    """The source types Lance's bucket transform hashes (others it refuses once a batch has a row)."""
+    return (pa.types.is_integer(t) or pa.types.is_boolean(t) or t in (pa.float32(), pa.float64())
+            or pa.types.is_date32(t) or pa.types.is_time32(t) or pa.types.is_time64(t)
+            or pa.types.is_timestamp(t) or pa.types.is_string(t) or pa.types.is_large_string(t))
 
 
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
-    return (x << _U32(r)) | (x >> _U32(32 - r))
-
-
-def _mix_k1(k: np.ndarray) -> np.ndarray:
-    return _rotl(k * _C1, 15) * _C2
-
-
-def _mix_h1(h: np.ndarray, k: np.ndarray) -> np.ndarray:
-    return _rotl(h ^ k, 13) * _U32(5) + _U32(0xE6546B64)
-
-
-def _fmix(h: np.ndarray, length: np.ndarray | np.uint32) -> np.ndarray:
-    h = h ^ length
-    h ^= h >> _U32(16)
-    h *= _F1
-    h ^= h >> _U32(13)
-    h *= _F2
-    h ^= h >> _U32(16)
-    return h
-
-
-def _unfmix(h: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Invert ``_fmix`` (every step is a bijection), recovering the running h1."""
-    h = h ^ (h >> _U32(16))
-    h *= _F2_INV
-    h = h ^ (h >> _U32(13)) ^ (h >> _U32(26))
-    h *= _F1_INV
-    h ^= h >> _U32(16)
-    return h ^ length
-
-
-def _hash_int(v: np.ndarray) -> np.ndarray:
-    """Hash of int32 values given as uint32 bit patterns (== mmh3 of 4 LE bytes)."""
-    return _fmix(_mix_h1(np.zeros_like(v), _mix_k1(v)), _U32(4))
-
-
-def _hash_long(v: np.ndarray) -> np.ndarray:
-    """Hash of int64 values given as uint64 bit patterns (== mmh3 of 8 LE bytes)."""
-    lo = (v & np.uint64(0xFFFFFFFF)).astype(_U32)
-    hi = (v >> np.uint64(32)).astype(_U32)
-    h = _mix_h1(np.zeros_like(lo), _mix_k1(lo))
-    return _fmix(_mix_h1(h, _mix_k1(hi)), _U32(8))
-
-
-def _values(arr: pa.Array, dtype: Any) -> np.ndarray:
-    """The value buffer as numpy (null slots hold arbitrary values)."""
-    buf = arr.buffers()[1]
-    if len(arr) == 0 or buf is None:
-        return np.zeros(0, dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + len(arr)]
-
-
-def _hash_strings(arr: pa.Array) -> np.ndarray:
-    n = len(arr)
-    bufs = arr.buffers()
-    off_t = np.int64 if pa.types.is_large_string(arr.type) else np.int32
-    offs = np.frombuffer(bufs[1], dtype=off_t)[arr.offset : arr.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-    starts, lens = offs[:-1], np.diff(offs)
-    nblocks = lens // 4
-    h = np.zeros(n, dtype=_U32)
-
-    # Long strings: let mmh3 (C) hash the whole blocks, then undo its final mix.
-    long_rows = np.flatnonzero(nblocks > _LONG_STRING_BLOCKS)
-    if long_rows.size:
-        digests = np.fromiter(
-            (
-                mmh3.hash(data[s : s + 4 * b].tobytes(), 0, signed=False)
-                for s, b in zip(starts[long_rows].tolist(), nblocks[long_rows].tolist())
-            ),
-            dtype=_U32,
-            count=long_rows.size,
-        )
-        h[long_rows] = _unfmix(digests, (4 * nblocks[long_rows]).astype(_U32))
-
-    # Short strings: one numpy pass per block index, over the rows that have it.
-    short_nb = np.where(nblocks > _LONG_STRING_BLOCKS, 0, nblocks)
-    order = np.argsort(-short_nb, kind="stable")
-    counts = np.bincount(short_nb, minlength=1)[::-1].cumsum()[::-1]  # counts[j] = #rows nb >= j
-    for j in range(1, len(counts)):
-        rows = order[: counts[j]]
-        p = starts[rows] + 4 * (j - 1)
-        word = (
-            data[p].astype(_U32)
-            | (data[p + 1].astype(_U32) << _U32(8))
-            | (data[p + 2].astype(_U32) << _U32(16))
-            | (data[p + 3].astype(_U32) << _U32(24))
-        )
-        h[rows] = _mix_h1(h[rows], _mix_k1(word))
-
-    # Tail: Lance mixes each leftover byte, sign-extended, as its own block.
-    tail_start = starts + 4 * nblocks
-    rem = lens - 4 * nblocks
-    for t in range(3):
-        rows = np.flatnonzero(rem > t)
-        if rows.size:
-            b = data[tail_start[rows] + t].view(np.int8).astype(np.int32).view(_U32)
-            h[rows] = _mix_h1(h[rows], _mix_k1(b))
-    return _fmix(h, lens.astype(_U32))
-
-
-def hash_array(arr: pa.Array) -> np.ndarray:
-    """Lance's 32-bit bucket hash of every row as uint32 (nulls hash to 0)."""
-    t = arr.type
-    if len(arr) == 0:
-        return np.zeros(0, dtype=_U32)
-    if t in _INT32_LIKE:
-        h = _hash_int(_values(arr, _INT32_LIKE[t]).astype(np.int32).view(_U32))
-    elif pa.types.is_date32(t) or pa.types.is_time32(t):
-        h = _hash_int(_values(arr, np.int32).view(_U32))
-    elif t in (pa.int64(), pa.uint64()) or pa.types.is_timestamp(t) or pa.types.is_time64(t):
-        h = _hash_long(_values(arr, np.uint64))
-    elif pa.types.is_boolean(t):
-        h = _hash_int(_np_bool(arr.fill_null(False)).astype(_U32))
-    elif t == pa.float32():
-        v = _values(arr, np.float32)
-        bits = np.where(v == 0, _U32(0), v.view(_U32))
-        h = _hash_int(np.where(np.isnan(v), _U32(0x7FC00000), bits))
-    elif t == pa.float64():
-        v = _values(arr, np.float64)
-        bits = np.where(v == 0, np.uint64(0), v.view(np.uint64))
-        h = _hash_long(np.where(np.isnan(v), np.uint64(0x7FF8000000000000), bits))
-    elif pa.types.is_string(t) or pa.types.is_large_string(t):
-        h = _hash_strings(arr)
-    else:
+def bucket_values(arr: pa.Array, num_buckets: int) -> pa.Array:
+    """Each row's bucket (int32) as pylance's `evaluate_sharding_spec` computes it: `arr` as the
+    only column of a batch, under a one-field bucket spec whose source is that column."""
+    if len(arr) and not _hashable(arr.type):
         raise UnsupportedSourceType(
-            f"bucket transform cannot hash source type {t}; Lance supports ints, uint,"
+            f"bucket transform cannot hash source type {arr.type}; Lance supports ints, uint,"
             " float32/64, bool, date32, time32/64, timestamp, utf8, large_utf8"
         )
-    if arr.null_count:
-        h = np.where(_np_bool(arr.is_valid()), h, _U32(0))
-    return h
+    from lance.mem_wal import evaluate_sharding_spec
+    from lance.schema import LanceSchema
+
+    batch = pa.record_batch([arr], names=["source"])
+    spec = {"spec_id": 1, "fields": [{"field_id": "bucket", "source_ids": [0], "transform": BUCKET,
+                                      "expression": None, "result_type": "int32",
+                                      "parameters": {"num_buckets": str(num_buckets)}}]}
+    return evaluate_sharding_spec(batch, spec, LanceSchema.from_pyarrow(batch.schema)).column(0)

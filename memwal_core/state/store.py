@@ -16,10 +16,11 @@ import contextlib
 import os
 import stat
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Protocol
 from urllib.parse import unquote, urlparse
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from memwal_core import faults
 from memwal_core.state import layout
@@ -28,10 +29,12 @@ from memwal_core.state.cloud_store import CloudStore
 from memwal_core.state.objects import (  # noqa: F401 - the store vocabulary, imported from here too
     BODY_RETRY_BACKOFF_S,
     BODY_RETRY_MAX_BACKOFF_S,
+    BrokeOff,
     NotFound,
     ObjectInfo,
     StoreError,
     _clean,
+    resend,
 )
 
 
@@ -122,16 +125,14 @@ class LocalStore:
         return self.head(key) is not None
 
     def _write_temp(self, path: str, data: bytes) -> str:
-        for attempt in range(20):
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".memwal-tmp-")
-                break
-            except (FileNotFoundError, FileExistsError):
-                # Another process's delete_many pruned the directory while it was being made
-                # (or made it again in between): make it again.
-                if attempt == 19:
-                    raise
+        def make() -> tuple[int, str]:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return tempfile.mkstemp(dir=os.path.dirname(path), prefix=".memwal-tmp-")
+
+        # Another process's delete_many pruned the directory while it was being made (or made
+        # it again in between): make it again, at once (a race between two calls, not a load).
+        fd, tmp = Retrying(stop=stop_after_attempt(20), reraise=True,
+                           retry=retry_if_exception_type((FileNotFoundError, FileExistsError)))(make)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -288,8 +289,8 @@ class S3Store:
         from botocore.exceptions import BotoCoreError, ClientError
 
         k = self._key(key)
-        delay = BODY_RETRY_BACKOFF_S
-        for attempt in range(1, self.attempts + 1):
+
+        def once() -> bytes:
             try:
                 body = self._call("get", self.client.get_object, Bucket=self.bucket, Key=k)["Body"]
             except ClientError as e:
@@ -300,13 +301,14 @@ class S3Store:
                 with contextlib.closing(body):
                     return body.read()
             except (BotoCoreError, OSError) as e:  # mid-body: botocore does not retry a streamed body
-                if attempt == self.attempts:
-                    raise StoreError(f"S3 get s3://{self.bucket}/{k} failed: reading the body broke off "
-                                     f"{attempt} times, last: {type(e).__name__}: {e}") from None
-                self.stats["get_body_retry"] += 1
-                time.sleep(delay)
-                delay = min(delay * 2, BODY_RETRY_MAX_BACKOFF_S)
-        raise AssertionError("unreachable")
+                raise BrokeOff() from e
+
+        try:
+            return resend(self.attempts, self.stats, "get_body_retry")(once)
+        except BrokeOff as e:
+            c = e.__cause__
+            raise StoreError(f"S3 get s3://{self.bucket}/{k} failed: reading the body broke off "
+                             f"{max(1, self.attempts)} times, last: {type(c).__name__}: {c}") from None
 
     def head(self, key: str) -> ObjectInfo | None:
         from botocore.exceptions import ClientError

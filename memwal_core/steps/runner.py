@@ -23,7 +23,14 @@ from typing import Any, Callable
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 from memwal_core.jobs.progress import ProgressFn, report
-from memwal_core.options import CompactionOptions, GcOptions, LeaseOptions, MergeOptions, SnapshotOptions
+from memwal_core.options import (
+    CatchupOptions,
+    CompactionOptions,
+    GcOptions,
+    LeaseOptions,
+    MergeOptions,
+    SnapshotOptions,
+)
 from memwal_core.state import lease
 from memwal_core.state.keys import UnsupportedKeyType, refuse_unsupported_keys
 from memwal_core.state.store import TableLocation
@@ -43,12 +50,14 @@ class StepOptions:
     snapshot: SnapshotOptions = field(default_factory=SnapshotOptions)
     gc: GcOptions = field(default_factory=GcOptions)
     lease: LeaseOptions = field(default_factory=LeaseOptions)
+    catchup: CatchupOptions = field(default_factory=CatchupOptions)
 
     @classmethod
     def of(cls, settings: Any) -> "StepOptions":
         """The step options of a table's settings (any object with these sections, such as the
         Dagster layer's `TableConfig`)."""
-        return cls(settings.merge, settings.compaction, settings.snapshot, settings.gc, settings.lease)
+        return cls(settings.merge, settings.compaction, settings.snapshot, settings.gc, settings.lease,
+                   settings.catchup)
 
 
 def describe_error(e: BaseException) -> str:
@@ -121,7 +130,7 @@ def _compact(loc: TableLocation, o: StepOptions, spark: SparkProvider | None, ex
 def _catchup(loc: TableLocation, o: StepOptions, spark: SparkProvider | None, execute: bool,
              regions: list[str] | None, progress: ProgressFn | None) -> StepOutcome:
     # Every index: one created since the last plan gates GC all the same.
-    plan = catchup.plan_catchup(loc)
+    plan = catchup.plan_catchup(loc, options=o.catchup)
     if not execute:
         return adapt.catchup_outcome(plan, None)
     return adapt.catchup_outcome(plan, catchup.execute_catchup(loc, plan, lease=o.lease))

@@ -20,6 +20,16 @@ from .result import CatchupResult, IndexOutcome
 log = logging.getLogger("memwal.catchup")
 
 
+def _kwargs(kw: dict[str, Any], ip: IndexPlan) -> dict[str, Any]:
+    """`optimize_indices`'s arguments for one index: `retrain` never for an index the MemTables
+    maintain (the spec keeps its centroids and codebooks once MemWAL is enabled: a retrained
+    model's distances no longer compare with the MemTables' index)."""
+    if kw.get("retrain") and ip.gating:
+        log.warning("index %s: not retrained (the MemTables maintain it); caught up with its model kept", ip.name)
+        return {**kw, "retrain": False}
+    return kw
+
+
 @lease.step("catchup")
 def execute_catchup(loc: TableLocation, plan: CatchupPlan | None = None, **overrides: Any) -> CatchupResult:
     """Run `optimize_indices` for each planned index, then read the recorded catch-up back.
@@ -50,7 +60,7 @@ def execute_catchup(loc: TableLocation, plan: CatchupPlan | None = None, **overr
         if optimize:
             try:
                 lease.fence(loc, f"index {ip.name} catch-up")
-                ds.optimize.optimize_indices(index_names=[ip.name], **kw)
+                ds.optimize.optimize_indices(index_names=[ip.name], **_kwargs(kw, ip))
                 log.info("index %s optimized (%s)", ip.name, ip.reason)
             except Exception as e:  # noqa: BLE001
                 error = one_line(e)

@@ -14,14 +14,12 @@ import lance
 import pyarrow as pa
 import pytest
 from support.helpers import plant_generation
+from support.walls import AGGRESSIVE_GC, PK, merged
 
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import checks, reader
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import layout, region, region_values, table
-
-PK = {b"lance-schema:unenforced-primary-key": b"true"}
-
 
 class GroupWorkload:
     """A table bucketed on `grp`, a column that is NOT the primary key (pylance allows it).
@@ -73,17 +71,8 @@ class GroupWorkload:
                         self.model.pop(k, None)
 
 
-AGGRESSIVE_GC = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                            cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1,
-                            cleanup_base_versions_floor_seconds=0)
-
-
 def rows(t: pa.Table, key: str = "id") -> dict:
     return {r[key]: r for r in t.to_pylist()}
-
-
-def merged(loc) -> dict[str, int]:
-    return table.read_memwal_state(loc).merged
 
 
 def gen_dir(loc, rid: str, g: region.Generation) -> str:
@@ -315,22 +304,6 @@ def test_a_region_may_not_adopt_a_value_another_region_owns(table_loc, spark):
     r = res.regions[a]
     assert r.permanent and "which region" in r.error and w.regions[b_b] in r.error, r
     assert 77 not in rows(table.open_dataset(table_loc).to_table())
-
-
-def test_a_generation_written_before_add_columns_merges_with_nulls(table_loc, spark):
-    """Pylance allows `add_columns` on a MemWAL table; a generation flushed
-    before it lacks the new column and reads as NULL there, not a permanent refusal."""
-    w = GroupWorkload(table_loc, num_buckets=1)
-    w.write([1, 2])
-    (rid,) = w.regions.values()
-    lance.dataset(table_loc.lance_uri).add_columns(pa.schema([pa.field("extra", pa.int64())]))
-    s2 = lance.dataset(table_loc.lance_uri).schema
-    with lance.dataset(table_loc.lance_uri).mem_wal_writer(rid, max_memtable_rows=100) as wr:
-        wr.put(pa.Table.from_pylist([{"id": 3, "grp": 3, "s": "c", "extra": 5}], schema=s2))
-    res = merge.merge(table_loc, spark)
-    assert not res.region_errors, res.region_errors
-    assert {k: r["extra"] for k, r in rows(table.open_dataset(table_loc).to_table()).items()} == \
-        {1: None, 2: None, 3: 5}
 
 
 @pytest.mark.s3

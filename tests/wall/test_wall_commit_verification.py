@@ -17,12 +17,13 @@ import subprocess
 import sys
 
 import lance
+from support.walls import append_behind_memwal, two_regions_pending
 
 from memwal_core.jobs import merge
 from memwal_core.state import layout, table, walls
 from memwal_core.tools import demo
 
-PROCS = os.path.join(os.path.dirname(__file__), "procs")
+PROCS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "procs")
 
 
 def test_a_failed_verification_keeps_its_region_stopped_after_the_merger_is_killed(table_loc, spark):
@@ -41,8 +42,7 @@ def test_a_failed_verification_keeps_its_region_stopped_after_the_merger_is_kill
     # Region `bad`'s first pending keys once more, straight into the base table (behind memwal's
     # back): its first commit then holds them twice and fails verification; the other region is clean.
     gen = lance.dataset(loc.child_uri(layout.generation_dir(bad, first.path, first.generation)))
-    keys = sorted(set(gen.to_table(columns=["id"]).column("id").to_pylist()))
-    lance.write_dataset(demo.rows_table([demo.row(k, 9) for k in keys]), loc.lance_uri, mode="append")
+    append_behind_memwal(loc, sorted(set(gen.to_table(columns=["id"]).column("id").to_pylist())))
     before = table.read_memwal_state(loc).merged.get(bad, 0)
 
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MEMWAL_")},
@@ -81,20 +81,8 @@ def test_a_failed_verification_stops_only_the_regions_whose_keys_are_wrong(table
     one commit. The check names the keys and the rows' origins name their region: A is walled
     for good, B (all its rows as planned) is not, and merges on in the next run."""
     loc = table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
-    w = demo.Workload(loc, seed=3, key_space=20, max_memtable_rows=50)
-    w.write_round(40, overwrite=0.0, delete=0.0)
-    assert not merge.merge(loc, spark).region_errors
-    w.write_round(40, overwrite=0.5, delete=0.0)
-    plan = merge.plan_merge(loc)
-    assert len(plan.pending) == 2 and len(plan.batches) == 1  # both regions in one commit
-    bad, good = sorted(plan.pending)
-    keys = set()
-    for g in plan.batches[0].generations:
-        if g.region_id == bad:
-            gen = lance.dataset(loc.child_uri(layout.generation_dir(bad, g.path, g.generation)))
-            keys |= set(gen.to_table(columns=["id"]).column("id").to_pylist())
-    lance.write_dataset(demo.rows_table([demo.row(k, 9) for k in sorted(keys)]), loc.lance_uri, mode="append")
+    w, bad, good, keys = two_regions_pending(loc, spark)
+    append_behind_memwal(loc, sorted(keys))
     result = merge.merge(loc, spark)
     assert bad in result.stuck_regions
     assert good not in result.stuck_regions, result.stuck_regions[good]

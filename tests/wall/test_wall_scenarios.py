@@ -10,12 +10,12 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
+from support.walls import AGGRESSIVE_GC, PK, merged
 
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import checks
 from memwal_core.state import layout, region, table
 
-PK = {b"lance-schema:unenforced-primary-key": b"true"}
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata=PK),
                     pa.field("grp", pa.int64()), pa.field("s", pa.string())])
 # pylance's bucket(grp, 2) on int64: grp 0, 1, 2, 4 -> bucket 0; grp 3, 5, 6, 7 -> bucket 1
@@ -46,10 +46,6 @@ def base(loc) -> dict[int, dict]:
     return {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()}
 
 
-def merged(loc) -> dict[str, int]:
-    return table.read_memwal_state(loc).merged
-
-
 def test_region_value_established_in_batch_1_is_forgotten_in_batch_2(table_loc, spark):
     """A region whose value is not known before the run (its first MAX_DERIVE_GENERATIONS
     generations hold only deletes, on a non-key bucket column, and no snapshot exists). Batch 1
@@ -67,11 +63,6 @@ def test_region_value_established_in_batch_1_is_forgotten_in_batch_2(table_loc, 
     res = merge.merge(table_loc, spark, max_generations=bad - 1)  # gens 1..bad-1, then `bad` alone
     assert res.regions[rid].wall == bad and res.regions[rid].permanent, res.regions[rid]
     assert merged(table_loc)[rid] == bad - 1
-
-
-AGGRESSIVE_GC = gc.GcOptions(manifest_retention=1, manifest_min_age_seconds=0, orphan_grace_seconds=0,
-                            cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_retain=1,
-                            cleanup_base_versions_floor_seconds=0)
 
 
 def test_after_gc_trims_the_first_generation_the_region_value_comes_from_an_unchecked_one(table_loc, spark):
@@ -226,7 +217,8 @@ def test_composite_string_key_with_odd_names_and_values(table_loc, spark, bucket
 def test_generation_written_before_add_columns_is_not_refused(table_loc, spark):
     """pylance allows `add_columns` on a MemWAL table and writers carry on. A generation flushed
     before the column was added lacks it; that is a valid generation (the column is NULL for its
-    rows), not a permanent refusal that sticks the region until 'repaired'."""
+    rows), not a permanent refusal that sticks the region until 'repaired'. (Also the control of
+    the schema-mismatch refusals in test_wall_refusals.py.)"""
     bucket_table(table_loc, column="id", num_buckets=1)
     rid = str(uuid.uuid4())
     generation(table_loc, rid, puts=[(1, 0), (2, 0)], deletes=[])
@@ -482,7 +474,7 @@ def test_snapshot_built_before_the_first_merge_records_unverified_values(table_l
 
 
 def test_control_without_snapshot_the_second_claim_on_a_value_is_refused(table_loc, spark):
-    """Control for the test above (holds on c0b37b5)."""
+    """Control for the test above: without a snapshot, the second region to claim bucket 1 is refused."""
     bucket_table(table_loc)
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     generation(table_loc, a, puts=[(1, 3), (2, 5)])
