@@ -249,7 +249,7 @@ def test_gc_keeps_the_generations_of_an_unverified_commit_until_it_is_checked(ta
     from memwal_core.state import region
 
     loc = table_loc
-    w, bad, good, _ = _two_regions_pending(loc, spark)
+    w, bad, good, _ = two_regions_pending(loc, spark)
     _crashed_merger(loc, "merge.after_commit")
     committed = table.read_memwal_state(loc).merged
     assert len(_markers(loc)) == 1
