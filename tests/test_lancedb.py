@@ -14,114 +14,24 @@ from __future__ import annotations
 import glob
 import json
 import os
-import struct
 import subprocess
 import sys
 import uuid
 
 import lance
 import lancedb
-import mmh3
 import pyarrow as pa
 import pytest
 from lance.mem_wal import evaluate_sharding_spec
-from lancedb import LsmWriteSpec
+from support.lancedb_table import SCHEMA, LdbTable, as_model, bucket_of, rows
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
-from memwal_core.observe import blockers, reader
+from memwal_core.observe import blockers
 from memwal_core.options import GcOptions
 from memwal_core.state import region, routing, table, wal
 from memwal_core.state.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("k", pa.int64(), nullable=False),
-                    pa.field("v", pa.string())])
-
-
-def k_of(i: int) -> int:
-    return i % 3
-
-
-def bucket_of(i: int, n: int) -> int:
-    """pylance's bucket of an int64 (see lance14-memwal-facts: standard murmur3 of '<q')."""
-    return (mmh3.hash(struct.pack("<q", i), 0, signed=True) & 0x7FFFFFFF) % n
-
-
-def rows(ids: list[int], tag: str) -> pa.Table:
-    return pa.table({"id": pa.array(ids, pa.int64()), "k": pa.array([k_of(i) for i in ids], pa.int64()),
-                     "v": [f"{tag}{i}" for i in ids]}, schema=SCHEMA)
-
-
-class LdbTable:
-    """A LanceDB table with an LSM write spec, and the model of what was written to it."""
-
-    def __init__(self, root: str, spec: str, *, buckets: int = 4, base: int = 30, index: bool = False):
-        self.db = lancedb.connect(root)
-        self.spec, self.buckets = spec, buckets
-        self.tbl = self.db.create_table("t", data=rows(list(range(base)), "base"), schema=SCHEMA)
-        self.tbl.set_unenforced_primary_key("id")
-        ws = {"bucket": lambda: LsmWriteSpec.bucket("id", buckets), "identity": lambda: LsmWriteSpec.identity("k"),
-              "unsharded": LsmWriteSpec.unsharded}[spec]()
-        if index:
-            self.tbl.create_scalar_index("v", index_type="BTREE")
-            ws = ws.with_maintained_indexes(["v_idx"])
-        self.tbl.set_lsm_write_spec(ws)
-        self.model = {i: (k_of(i), f"base{i}") for i in range(base)}
-        self.loc = open_store(os.path.join(root, "t.lance"))
-        self.route_open: object = None
-
-    def route(self, i: int) -> object:
-        return {"bucket": lambda: bucket_of(i, self.buckets), "identity": lambda: k_of(i),
-                "unsharded": lambda: 0}[self.spec]()
-
-    def upsert(self, ids: list[int], tag: str, per_call: int = 10**9) -> None:
-        """Rows of one shard per call, at most `per_call` rows (one WAL entry) per call (LanceDB
-        refuses a call that routes to another shard than the handle's open writer: close it first)."""
-        by_route: dict = {}
-        for i in ids:
-            by_route.setdefault(self.route(i), []).append(i)
-        for r, group in sorted(by_route.items()):
-            if self.route_open is not None and self.route_open != r:
-                self.tbl.close_lsm_writers()
-            self.route_open = r
-            for at in range(0, len(group), per_call):
-                chunk = group[at:at + per_call]
-                self.tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
-                    rows(chunk, tag))
-                self.model.update({i: (k_of(i), f"{tag}{i}") for i in chunk})
-
-    def flush(self) -> None:
-        self.tbl.close_lsm_writers()
-        self.route_open = None
-
-    def reopen(self) -> None:
-        """A new table handle: its writer claims the shard again (new epoch, fence sentinel)."""
-        self.flush()
-        self.tbl = self.db.open_table("t")
-
-    def expected(self) -> dict:
-        return dict(self.model)
-
-    def lancedb_read(self) -> dict:
-        t = self.db.open_table("t").search().use_lsm(True).limit(10**9).to_arrow()
-        return as_model(t)
-
-    def check(self, what: str) -> None:
-        assert self.lancedb_read() == self.expected(), f"LanceDB LSM read after {what}"
-        assert as_model(reader.lsm_table(self.loc)) == self.expected(), f"pylance LSM read after {what}"
-
-    def wal_entries(self) -> int:
-        return len(glob.glob(os.path.join(self.loc.lance_uri, "_mem_wal", "*", "wal", "*.arrow")))
-
-
-def as_model(t: pa.Table) -> dict:
-    d = t.select(["id", "k", "v"]).to_pydict()
-    out = {}
-    for i, k, v in zip(d["id"], d["k"], d["v"]):
-        assert i not in out, f"duplicate key {i}"
-        out[i] = (k, v)
-    return out
-
 
 # ----------------------------------------------------------------------------------------
 # One place for the key, the region spec and the maintained indexes (no Spark)

@@ -366,6 +366,56 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     assert now_pending > 0 and str(now_pending) in status_run.stdout
 
 
+def test_table_written_by_lancedb_is_maintained_by_the_cli(backend):
+    """LanceDB 0.40 (its own Lance 13 and object_store) writes a bucket-sharded MemWAL table on
+    the emulator, through several table handles (several writer epochs and fence sentinels per
+    shard); one `memwal maintain` in a subprocess, secrets in the environment only, merges it
+    all: the base table equals what LanceDB wrote, the WAL entries (which name no generation) of
+    merged generations are reclaimed but for fence sentinels, the current epoch's and the tail,
+    LanceDB's and pylance's LSM reads equal the model, and LanceDB keeps writing."""
+    import random
+
+    from support.lancedb_table import LdbTable
+
+    t = LdbTable(backend.new_uri("db"), "bucket", buckets=3, base=20, storage_options=backend.options())
+    rng = random.Random(3)
+    for rnd in range(3):
+        t.upsert(sorted({rng.randrange(400) for _ in range(80)}), f"r{rnd}_", per_call=10)
+        t.reopen()
+    t.check("writes")
+    before = t.wal_entries()
+
+    if backend.scheme == "az":
+        public = backend.server.public_options()
+        env = {"AZURE_STORAGE_ACCOUNT_NAME": "devstoreaccount1", "AZURE_STORAGE_ACCOUNT_KEY": backend.secret}
+    else:
+        public, env = backend.options(), {}
+    flags = [a for k, v in public.items() for a in ("--storage-option", f"{k}={v}")]
+    run = _memwal("maintain", t.loc.lance_uri, *flags, "--base-versions-older-than", "0", "--base-versions-floor",
+                  "0", "--json", "--spark-master", "local[2]", env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert backend.secret not in run.stdout + run.stderr
+    steps = json.loads(run.stdout)["steps"]
+    assert all(steps[s]["ok"] for s in ("merge", "compact", "catchup", "index", "gc")), steps
+    assert steps["gc"]["metrics"]["objects_deleted"] > 0, steps["gc"]
+
+    as_dict = lambda tbl: {r["id"]: (r["k"], r["v"]) for r in tbl.to_pylist()}  # noqa: E731
+    assert as_dict(table.open_dataset(t.loc).to_table()) == t.expected()
+    t.check("memwal maintain")
+    from memwal_core.state import region, wal
+
+    for rid in region.list_regions(t.loc.store).region_ids:
+        epoch = region.load_latest(t.loc.store, rid).writer_epoch
+        for p in t.wal_positions(rid)[:-1]:
+            e = wal.read_entry_meta(t.loc.store, rid, p)
+            assert e.generation is None and (e.fence_sentinel or e.writer_epoch == epoch), (rid, p, e)
+    assert t.wal_entries() < before
+
+    t.upsert([5, 6, 7, 401], "after")
+    t.flush()
+    t.check("LanceDB writes after memwal maintain")
+
+
 # ------------------------------------------------------------------ faults between client and server
 
 def test_azure_body_cut_and_lost_answer_through_a_proxy(azurite):
