@@ -313,6 +313,20 @@ def _memwal(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
+def _cli_credentials(backend: Backend) -> tuple[list[str], dict[str, str]]:
+    """The `--storage-option` flags and the environment of a `memwal` run: the credentials (the
+    Azure account and key, the GCS service account) in the environment only, which Lance and
+    memwal's store both read."""
+    if backend.scheme == "az":
+        public = backend.server.public_options()
+        public.pop("azure_storage_account_name")
+        env = {"AZURE_STORAGE_ACCOUNT_NAME": "devstoreaccount1", "AZURE_STORAGE_ACCOUNT_KEY": backend.secret}
+    else:
+        public = {k: v for k, v in backend.options().items() if k != "google_service_account"}
+        env = {"GOOGLE_SERVICE_ACCOUNT": backend.server.service_account}
+    return [a for k, v in public.items() for a in ("--storage-option", f"{k}={v}")], env
+
+
 def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     """pylance writes a MemWAL table on the emulator (ShardWriters, two rounds over three
     regions); `memwal maintain` in a subprocess, the account key in the environment only, merges
@@ -328,13 +342,7 @@ def test_table_written_by_shard_writers_is_maintained_by_the_cli(backend):
     pending = sum(len(r.pending_generations) for r in status.table_status(loc).regions)
     assert pending >= 3
 
-    if backend.scheme == "az":
-        public = backend.server.public_options()
-        env = {"AZURE_STORAGE_ACCOUNT_NAME": "devstoreaccount1",
-               "AZURE_STORAGE_ACCOUNT_KEY": backend.secret}
-    else:
-        public, env = backend.options(), {}
-    flags = [a for k, v in public.items() for a in ("--storage-option", f"{k}={v}")]
+    flags, env = _cli_credentials(backend)
     run = _memwal("maintain", uri, *flags, "--base-versions-older-than", "0", "--base-versions-floor", "0", "--json",
                   "--spark-master", "local[2]", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -385,12 +393,7 @@ def test_table_written_by_lancedb_is_maintained_by_the_cli(backend):
     t.check("writes")
     before = t.wal_entries()
 
-    if backend.scheme == "az":
-        public = backend.server.public_options()
-        env = {"AZURE_STORAGE_ACCOUNT_NAME": "devstoreaccount1", "AZURE_STORAGE_ACCOUNT_KEY": backend.secret}
-    else:
-        public, env = backend.options(), {}
-    flags = [a for k, v in public.items() for a in ("--storage-option", f"{k}={v}")]
+    flags, env = _cli_credentials(backend)
     run = _memwal("maintain", t.loc.lance_uri, *flags, "--base-versions-older-than", "0", "--base-versions-floor",
                   "0", "--json", "--spark-master", "local[2]", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
