@@ -127,6 +127,14 @@ def test_gcs_emulator_preconditions_answer_412(gcs_emulator):
     assert call("GET", "m/2")[2] == b"fourth"
     assert call("DELETE", "m/2")[0] == 204 and call("GET", "m/2")[0] == 404
     assert call("PUT", "m/2", b"again", x_goog_if_generation_match="0")[0] == 200
+    # A precondition the emulator does not implement is refused, never ignored.
+    assert call("PUT", "m/3", b"x", x_goog_if_metageneration_match="1")[0] == 501
+    assert call("GET", "m/3")[0] == 404
+    # The emulator's JSON API reads what the XML API wrote.
+    conn = http.client.HTTPConnection("127.0.0.1", gcs_emulator.port, timeout=10)
+    conn.request("GET", f"/storage/v1/b/{bucket}/o/m%2F1?alt=media")
+    r = conn.getresponse()
+    assert (r.status, r.read()) == (200, b"fourth")
 
 
 def test_gcs_emulator_multipart_ranges_and_copies(gcs_emulator):

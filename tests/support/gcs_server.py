@@ -18,13 +18,16 @@ multipart upload and no preconditions. So this module serves, for `/{bucket}/{ob
 - `GET /{bucket}?list-type=2`: prefix, delimiter, `start-after`, `max-keys` (at most 1,000 a page,
   as GCS), `continuation-token`.
 
-Everything else (`/storage/v1/...`, `/upload/...`, `/download/...`, `/batch/...`) is the
-emulator's own router. Object bodies and metadata live in the emulator's `Storage`; the server
-keeps nothing on disk.
+A precondition this module does not implement (`x-goog-if-metageneration-match`,
+`If-Modified-Since`, ...) is answered 501 rather than ignored. Everything else (`/storage/v1/...`,
+`/upload/...`, `/download/...`, `/batch/...`, `/b/...`: so no bucket may be named `storage`,
+`upload`, `download`, `batch` or `b`) is the emulator's own router. Object bodies and metadata
+live in the emulator's `Storage`; the server keeps nothing on disk.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 import threading
@@ -36,13 +39,15 @@ from email.utils import formatdate
 from http import server as http_server
 from xml.sax.saxutils import escape
 
+import google_crc32c
 from gcp_storage_emulator import server as emulator_server
 from gcp_storage_emulator.exceptions import NotFound
 from gcp_storage_emulator.storage import Storage
 
-_EMULATOR_PREFIXES = ("/storage/", "/upload/", "/download/", "/batch/", "/b/", "/b?")
+_EMULATOR_PREFIXES = ("/storage/", "/upload/", "/download/", "/batch/", "/b/")
 _PAGE = 1000  # GCS's XML listing answers at most 1,000 entries a page
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_IMPLEMENTED_CONDITIONS = {"x-goog-if-generation-match", "if-match", "if-none-match"}
 
 
 class _MemoryStorage(Storage):
@@ -67,7 +72,7 @@ class _Handler(emulator_server.RequestHandler):
     def _split(self) -> tuple[str, str | None, dict[str, list[str]]] | None:
         """(bucket, object or None, query) of an XML-API request; None for the emulator's routes."""
         raw_path, _, raw_query = self.path.partition("?")
-        if raw_path == "/" or raw_path.startswith(_EMULATOR_PREFIXES) or raw_path == "/wipe":
+        if raw_path in ("/", "/b", "/wipe") or raw_path.startswith(_EMULATOR_PREFIXES):
             return None
         bucket, _, obj = raw_path[1:].partition("/")
         query = urllib.parse.parse_qs(raw_query, keep_blank_values=True)
@@ -76,10 +81,11 @@ class _Handler(emulator_server.RequestHandler):
     def _dispatch(self, method: str) -> None:
         parts = self._split()
         if parts is None:
-            self.close_connection = True  # the emulator's handlers speak HTTP/1.0
+            self._closing = True  # the emulator's handlers may leave a body unread: one request a connection
             with self.server.lock:
                 emulator_server.Router(self).handle(method)
             return
+        self._closing = False
         bucket, name, query = parts
         body = self._body() if method in ("PUT", "POST") else b""
         with self.server.lock:
@@ -91,6 +97,11 @@ class _Handler(emulator_server.RequestHandler):
         self.end_headers()
         if method != "HEAD":
             self.wfile.write(payload)
+
+    def end_headers(self) -> None:
+        if getattr(self, "_closing", False):
+            self.send_header("Connection", "close")
+        super().end_headers()
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's names
         self._dispatch("GET")
@@ -123,6 +134,10 @@ class _Handler(emulator_server.RequestHandler):
 
     def _xml(self, method: str, bucket: str, name: str | None, query: dict, body: bytes):
         storage: _MemoryStorage = self.storage
+        unknown = sorted(h.lower() for h in self.headers if (h.lower().startswith(("x-goog-if-", "if-"))
+                                                             and h.lower() not in _IMPLEMENTED_CONDITIONS))
+        if unknown:
+            return _error(501, "NotImplemented", f"preconditions {unknown} are not implemented by this emulator")
         if storage.get_bucket(bucket) is None:
             return _error(404, "NoSuchBucket", f"bucket {bucket} does not exist")
         if name is None:
@@ -172,11 +187,16 @@ class _Handler(emulator_server.RequestHandler):
 
     def _store(self, bucket: str, name: str, data: bytes, content_type: str) -> dict:
         self.server.clock = max(self.server.clock + 1, time.time_ns())  # generations only grow
-        md5 = hashlib.md5(data).hexdigest()
-        obj = {"kind": "storage#object", "name": name, "bucket": bucket, "generation": str(self.server.clock),
-               "metageneration": "1", "contentType": content_type, "size": str(len(data)),
-               "md5Hex": md5, "etag": f'"{md5}"', "updatedEpoch": time.time(),
-               "updated": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())}
+        md5 = hashlib.md5(data)
+        now = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(now))
+        # The emulator's JSON API reads the same resource: its fields, with the XML API's ETag.
+        obj = {"kind": "storage#object", "id": f"{bucket}/{name}/{self.server.clock}", "name": name, "bucket": bucket,
+               "generation": str(self.server.clock), "metageneration": "1", "contentType": content_type,
+               "size": str(len(data)), "storageClass": "STANDARD", "timeCreated": stamp, "updated": stamp,
+               "md5Hash": base64.b64encode(md5.digest()).decode(),
+               "crc32c": base64.b64encode(google_crc32c.Checksum(data).digest()).decode(),
+               "etag": f'"{md5.hexdigest()}"', "updatedEpoch": now, "acl": []}
         self.storage.create_file(bucket, name, data, obj)
         return obj
 
