@@ -196,6 +196,40 @@ def test_gc_keeps_unmerged_entries_without_generation(tmp_path, spark):
     assert as_model(table.open_dataset(t.loc).to_table()) == t.expected()
 
 
+def test_gc_reads_each_wal_entry_once_and_the_next_pass_reads_few(tmp_path, spark, monkeypatch):
+    """GC decides entries without a generation by position: one pass reads each entry's metadata
+    at most once, and the next pass, with nothing new, does not read the WAL again (it stops at
+    the hole the first one left), so a table's GC cost does not grow with its history."""
+    import collections
+
+    t = LdbTable(str(tmp_path / "db"), "bucket", buckets=2)
+    for n in range(3):
+        t.upsert(list(range(n * 40, n * 40 + 40)), f"g{n}", per_call=5)
+        t.reopen()
+    while merge.plan_merge(t.loc).batches:
+        assert not merge.merge(t.loc, spark).region_errors
+    snapshot.build_snapshot(t.loc)  # the regions' values recorded: their merged generations are collectable
+    reads: collections.Counter = collections.Counter()
+    read = wal.read_entry_meta
+
+    def counted(store, rid, position):
+        reads[(rid, position)] += 1
+        return read(store, rid, position)
+
+    monkeypatch.setattr(wal, "read_entry_meta", counted)
+    res = gc.run_gc(t.loc, _gc_options())
+    assert not res.region_errors
+    deleted = [i for i in res.deleted if i.kind == gc.WAL]
+    assert len(deleted) >= 20 and max(reads.values()) == 1
+    first = sum(reads.values())
+    assert first >= len(deleted)
+    reads.clear()
+    res = gc.run_gc(t.loc, _gc_options())
+    assert not res.region_errors and not [i for i in res.deleted if i.kind == gc.WAL]
+    assert sum(reads.values()) <= 2 * len(region.list_regions(t.loc.store).region_ids) < first / 4, reads
+    t.check("two GC passes")
+
+
 # ----------------------------------------------------------------------------------------
 # What stops a merge is reported before a run is spent on it
 
