@@ -84,16 +84,13 @@ def azurite():
 
 @pytest.fixture(scope="session")
 def gcs_emulator():
-    """gcp-storage-emulator on 127.0.0.1 (a dev dependency); skips, naming the error, when it is
-    not installed or when object_store cannot write to it (see tests/support/emulators.py)."""
+    """A GCS emulator on 127.0.0.1 (gcp-storage-emulator, a dev dependency, with the XML API of
+    tests/support/gcs_server.py); skips only when it is not installed."""
     from support.emulators import GcsEmulator
 
-    if GcsEmulator.command() is None:
-        pytest.skip("gcp-storage-emulator is not installed (pip install -e '.[dev]')")
-    server = GcsEmulator().start()
-    why = server.unusable()
+    why = GcsEmulator.missing()
     if why:
-        server.stop()
-        pytest.skip(f"gcp-storage-emulator cannot serve object_store (Lance's and obstore's client): {why}")
+        pytest.skip(why)
+    server = GcsEmulator().start()
     yield server
     server.stop()

@@ -14,114 +14,24 @@ from __future__ import annotations
 import glob
 import json
 import os
-import struct
 import subprocess
 import sys
 import uuid
 
 import lance
 import lancedb
-import mmh3
 import pyarrow as pa
 import pytest
 from lance.mem_wal import evaluate_sharding_spec
-from lancedb import LsmWriteSpec
+from support.lancedb_table import SCHEMA, LdbTable, as_model, bucket_of, rows
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
-from memwal_core.observe import blockers, reader
+from memwal_core.observe import blockers
 from memwal_core.options import GcOptions
 from memwal_core.state import region, routing, table, wal
 from memwal_core.state.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("k", pa.int64(), nullable=False),
-                    pa.field("v", pa.string())])
-
-
-def k_of(i: int) -> int:
-    return i % 3
-
-
-def bucket_of(i: int, n: int) -> int:
-    """pylance's bucket of an int64 (see lance14-memwal-facts: standard murmur3 of '<q')."""
-    return (mmh3.hash(struct.pack("<q", i), 0, signed=True) & 0x7FFFFFFF) % n
-
-
-def rows(ids: list[int], tag: str) -> pa.Table:
-    return pa.table({"id": pa.array(ids, pa.int64()), "k": pa.array([k_of(i) for i in ids], pa.int64()),
-                     "v": [f"{tag}{i}" for i in ids]}, schema=SCHEMA)
-
-
-class LdbTable:
-    """A LanceDB table with an LSM write spec, and the model of what was written to it."""
-
-    def __init__(self, root: str, spec: str, *, buckets: int = 4, base: int = 30, index: bool = False):
-        self.db = lancedb.connect(root)
-        self.spec, self.buckets = spec, buckets
-        self.tbl = self.db.create_table("t", data=rows(list(range(base)), "base"), schema=SCHEMA)
-        self.tbl.set_unenforced_primary_key("id")
-        ws = {"bucket": lambda: LsmWriteSpec.bucket("id", buckets), "identity": lambda: LsmWriteSpec.identity("k"),
-              "unsharded": LsmWriteSpec.unsharded}[spec]()
-        if index:
-            self.tbl.create_scalar_index("v", index_type="BTREE")
-            ws = ws.with_maintained_indexes(["v_idx"])
-        self.tbl.set_lsm_write_spec(ws)
-        self.model = {i: (k_of(i), f"base{i}") for i in range(base)}
-        self.loc = open_store(os.path.join(root, "t.lance"))
-        self.route_open: object = None
-
-    def route(self, i: int) -> object:
-        return {"bucket": lambda: bucket_of(i, self.buckets), "identity": lambda: k_of(i),
-                "unsharded": lambda: 0}[self.spec]()
-
-    def upsert(self, ids: list[int], tag: str, per_call: int = 10**9) -> None:
-        """Rows of one shard per call, at most `per_call` rows (one WAL entry) per call (LanceDB
-        refuses a call that routes to another shard than the handle's open writer: close it first)."""
-        by_route: dict = {}
-        for i in ids:
-            by_route.setdefault(self.route(i), []).append(i)
-        for r, group in sorted(by_route.items()):
-            if self.route_open is not None and self.route_open != r:
-                self.tbl.close_lsm_writers()
-            self.route_open = r
-            for at in range(0, len(group), per_call):
-                chunk = group[at:at + per_call]
-                self.tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
-                    rows(chunk, tag))
-                self.model.update({i: (k_of(i), f"{tag}{i}") for i in chunk})
-
-    def flush(self) -> None:
-        self.tbl.close_lsm_writers()
-        self.route_open = None
-
-    def reopen(self) -> None:
-        """A new table handle: its writer claims the shard again (new epoch, fence sentinel)."""
-        self.flush()
-        self.tbl = self.db.open_table("t")
-
-    def expected(self) -> dict:
-        return dict(self.model)
-
-    def lancedb_read(self) -> dict:
-        t = self.db.open_table("t").search().use_lsm(True).limit(10**9).to_arrow()
-        return as_model(t)
-
-    def check(self, what: str) -> None:
-        assert self.lancedb_read() == self.expected(), f"LanceDB LSM read after {what}"
-        assert as_model(reader.lsm_table(self.loc)) == self.expected(), f"pylance LSM read after {what}"
-
-    def wal_entries(self) -> int:
-        return len(glob.glob(os.path.join(self.loc.lance_uri, "_mem_wal", "*", "wal", "*.arrow")))
-
-
-def as_model(t: pa.Table) -> dict:
-    d = t.select(["id", "k", "v"]).to_pydict()
-    out = {}
-    for i, k, v in zip(d["id"], d["k"], d["v"]):
-        assert i not in out, f"duplicate key {i}"
-        out[i] = (k, v)
-    return out
-
 
 # ----------------------------------------------------------------------------------------
 # One place for the key, the region spec and the maintained indexes (no Spark)
@@ -286,6 +196,40 @@ def test_gc_keeps_unmerged_entries_without_generation(tmp_path, spark):
     assert as_model(table.open_dataset(t.loc).to_table()) == t.expected()
 
 
+def test_gc_reads_each_wal_entry_once_and_the_next_pass_reads_few(tmp_path, spark, monkeypatch):
+    """GC decides entries without a generation by position: one pass reads each entry's metadata
+    at most once, and the next pass, with nothing new, does not read the WAL again (it stops at
+    the hole the first one left), so a table's GC cost does not grow with its history."""
+    import collections
+
+    t = LdbTable(str(tmp_path / "db"), "bucket", buckets=2)
+    for n in range(3):
+        t.upsert(list(range(n * 40, n * 40 + 40)), f"g{n}", per_call=5)
+        t.reopen()
+    while merge.plan_merge(t.loc).batches:
+        assert not merge.merge(t.loc, spark).region_errors
+    snapshot.build_snapshot(t.loc)  # the regions' values recorded: their merged generations are collectable
+    reads: collections.Counter = collections.Counter()
+    read = wal.read_entry_meta
+
+    def counted(store, rid, position):
+        reads[(rid, position)] += 1
+        return read(store, rid, position)
+
+    monkeypatch.setattr(wal, "read_entry_meta", counted)
+    res = gc.run_gc(t.loc, _gc_options())
+    assert not res.region_errors
+    deleted = [i for i in res.deleted if i.kind == gc.WAL]
+    assert len(deleted) >= 20 and max(reads.values()) == 1
+    first = sum(reads.values())
+    assert first >= len(deleted)
+    reads.clear()
+    res = gc.run_gc(t.loc, _gc_options())
+    assert not res.region_errors and not [i for i in res.deleted if i.kind == gc.WAL]
+    assert sum(reads.values()) <= 2 * len(region.list_regions(t.loc.store).region_ids) < first / 4, reads
+    t.check("two GC passes")
+
+
 # ----------------------------------------------------------------------------------------
 # What stops a merge is reported before a run is spent on it
 
@@ -355,14 +299,19 @@ def test_unknown_feature_is_flagged(tmp_path):
 
 
 def test_memwal_maintain_cli_thousands_of_upserts(tmp_path):
+    """Over 3,000 LanceDB upserts over four shards, through five table handles (ten rows a WAL
+    entry): one `memwal maintain` leaves the base table equal to what LanceDB wrote and nothing
+    to merge, and reclaims every WAL entry but fence sentinels, the current epoch's and the tail."""
     t = LdbTable(str(tmp_path / "db"), "bucket", buckets=4, base=200)
     rng = __import__("random").Random(7)
-    for rnd in range(4):  # several handles: several epochs per shard
-        ids = [rng.randrange(3000) for _ in range(500)]
-        t.upsert(sorted(set(ids)), f"r{rnd}_", per_call=10)
+    upserts = 0
+    for rnd in range(5):  # several handles: several epochs per shard
+        ids = sorted({rng.randrange(3000) for _ in range(700)})
+        t.upsert(ids, f"r{rnd}_", per_call=10)
+        upserts += len(ids)
         t.reopen()
     t.flush()
-    assert len(t.expected()) > 1500
+    assert upserts >= 3000 and len(t.expected()) > 2000
     t.check("writes")
     before = t.wal_entries()
     out = subprocess.run(

@@ -9,7 +9,7 @@ the service (account, key, endpoint, service account), the HTTP client keys (`al
 which both Lance and obstore read; memwal never prints an option's value.
 
 The guarantees match `S3Store`: `put_if_absent` is the server's conditional create
-(`If-None-Match: *` on Azure, `ifGenerationMatch=0` on GCS); listings follow the server's
+(`If-None-Match: *` on Azure, `x-goog-if-generation-match: 0` on GCS); listings follow the server's
 pagination (object_store pages through them); deletes go out in batches (Azure's blob batch,
 256 keys a request; GCS has no batch delete: object_store sends them concurrently); each request is
 retried with exponential backoff by object_store (which also resumes a body cut off mid-read);

@@ -1,8 +1,8 @@
 """Local Azure Blob (Azurite) and GCS emulators on 127.0.0.1, started by the tests like
 `moto_server`. The project installs them itself: Azurite (an npm package) into `.tools/azurite`
 of the checkout (`make emulators`, or the first test that needs it), the GCS emulator as a dev
-dependency (pyproject). A test skips only when an emulator cannot be installed or, for GCS,
-when the emulator cannot serve the object_store client (see `GcsEmulator.unusable`).
+dependency (pyproject) extended by tests/support/gcs_server.py. A test skips only when an
+emulator cannot be installed.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ class Azurite:
 
 
 class GcsEmulator:
-    """`gcp-storage-emulator` (a dev dependency) on 127.0.0.1, in memory."""
+    """A GCS emulator on 127.0.0.1 in a subprocess, in memory: `gcp-storage-emulator` (a dev
+    dependency) with the XML API `object_store` speaks (tests/support/gcs_server.py)."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -135,9 +136,13 @@ class GcsEmulator:
         self.service_account = os.path.join(self._dir.name, "service-account.json")
 
     @staticmethod
-    def command() -> list[str] | None:
-        exe = shutil.which("gcp-storage-emulator", path=os.path.dirname(sys.executable))
-        return [exe] if exe else None
+    def missing() -> str | None:
+        """Why the emulator cannot run here, or None."""
+        import importlib.util
+
+        if importlib.util.find_spec("gcp_storage_emulator") is None:
+            return "gcp-storage-emulator is not installed (pip install -e '.[dev]')"
+        return None
 
     def start(self, timeout: float = 30) -> "GcsEmulator":
         import json
@@ -145,10 +150,9 @@ class GcsEmulator:
         with open(self.service_account, "w") as f:  # object_store's emulator convention
             json.dump({"gcs_base_url": self.endpoint, "disable_oauth": True, "client_email": "",
                        "private_key": "", "private_key_id": ""}, f)
-        self.proc = subprocess.Popen(self.command() + ["start", "--host", "127.0.0.1", "--port", str(self.port),
-                                                       "--in-memory"],
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("gcs_server.py")), str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_listening(self.proc, self.port, "gcp-storage-emulator", timeout)
+        _wait_listening(self.proc, self.port, "the GCS emulator", timeout)
         return self
 
     def stop(self) -> None:
@@ -160,6 +164,7 @@ class GcsEmulator:
         return {"google_service_account": self.service_account, "allow_http": "true"}
 
     def create_bucket(self, name: str) -> None:
+        """A bucket, through the emulator's JSON API."""
         import json
 
         url = urllib.parse.urlsplit(self.endpoint)
@@ -170,15 +175,3 @@ class GcsEmulator:
         body = r.read()
         if r.status != 200:
             raise RuntimeError(f"creating GCS bucket {name} failed: {r.status} {body[:300]!r}")
-
-    def unusable(self) -> str | None:
-        """Why object_store (Lance's client, and obstore's) cannot use this emulator, or None:
-        one PUT through obstore, as every table write starts."""
-        from memwal_core.state.store import StoreError, open_store
-
-        self.create_bucket("memwalprobe")
-        try:
-            open_store("gs://memwalprobe/probe", {**self.options(), "client_max_retries": "0"}).store.put("probe", b"x")
-        except StoreError as e:
-            return str(e)
-        return None
