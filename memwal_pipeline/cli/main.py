@@ -1,0 +1,152 @@
+"""The `memwal` command line: its parser, and the one-line errors and exit statuses of every command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+
+from memwal_core.steps.outcome import STEPS
+
+from .demo import cmd_demo
+from .interrupts import Interrupted, stop_spark
+from .maintain import cmd_maintain
+from .output import one_line, say
+from .regions import cmd_regions_discard
+from .spark import cmd_spark_archive, cmd_spark_env, cmd_spark_server
+from .status import cmd_status
+
+
+def _table_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uri", nargs="?", help="the table (or --config FILE --table NAME)")
+    p.add_argument("--config", metavar="FILE", help="a memwal.yaml: work on one of its tables, with its settings")
+    p.add_argument("--table", metavar="NAME", help="the table's name in --config (optional if it has one)")
+    p.add_argument("--storage-option", action="append", metavar="K=V", default=[],
+                   help="over the table's storage_options (prefer the environment for secrets: `ps` shows flags)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`memwal`: parse the command line and run the command (one clear line per error, the exit
+    status of the command). Long because it is the argument parser's declaration."""
+    p = argparse.ArgumentParser(prog="memwal", description="Maintenance plane for MemWAL Lance tables.")
+    p.add_argument("--verbose", "-v", action="store_true", help="full tracebacks and Dagster logs")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="write a demo table with pylance ShardWriters and maintain it once")
+    d.add_argument("--path", default="demo_data/demo_table")
+    d.add_argument("--regions", type=int, default=4)
+    d.add_argument("--rows", type=int, default=400)
+    d.add_argument("--spark-master", default="local[*]")
+    d.add_argument("--force", action="store_true",
+                   help="replace --path even if it is not a previous demo table")
+    d.set_defaults(fn=cmd_demo)
+
+    m = sub.add_parser("maintain", help="one full maintenance pass over a MemWAL table",
+                       description="One maintenance pass over a table: its URI, or a table of a memwal.yaml "
+                                   "(--config FILE --table NAME, its settings; the flags below override "
+                                   "them). Progress goes to stderr; --json prints the report on stdout.")
+    _table_args(m)
+    m.add_argument("--budget", metavar="SIZE", help="merge.budget_bytes: bytes of generations per merge batch "
+                                                    "(e.g. 256MB)")
+    m.add_argument("--max-generations", metavar="N", help="merge.max_generations: generations per merge batch")
+    m.add_argument("--spark-master", metavar="MASTER",
+                   help="spark.master (default: the table's, else local[*]); the CLI runs its own session, "
+                        "not the table's spark.connect server (sc://HOST:PORT here asks for one)")
+    m.add_argument("--spark-conf", action="append", metavar="K=V", default=[],
+                   help="a Spark setting, merged over the table's spark.conf (repeatable)")
+    m.add_argument("--only", help=f"comma-separated subset of {','.join(STEPS)}")
+    m.add_argument("--base-versions-older-than", metavar="DURATION",  # checked by GcOptions: one line
+                   help="let GC first clean up base-table versions older than this (Lance's "
+                        "cleanup_old_versions; seconds or 7d, 12h, 30m, 90s); generations a retained "
+                        "version needs are always kept; refused below the retention floor (a day)")
+    m.add_argument("--base-versions-floor", metavar="DURATION",
+                   help="gc.cleanup_base_versions_floor_seconds: base-table versions younger than this are "
+                        "never cleaned up (default a day); lower it only where no commit can be in flight "
+                        "that long")
+    m.add_argument("--retrain-vector-indexes", action="store_true",
+                   help="compact step: retrain vector indexes that drifted past the threshold (never one "
+                        "MemTables maintain: the spec requires a stable codebook)")
+    m.add_argument("--lease-wait", metavar="SECONDS",
+                   help="lease.wait_seconds: how long a step waits for the table's lease while another "
+                        "maintainer holds it, before it is skipped (\"skipped: lease held by ... until ...\")")
+    m.add_argument("--dry-run", action="store_true",
+                   help="print what the chosen steps would do, with the same settings, and change nothing: "
+                        "GC lists what it would delete (base-table versions its cleanup removes included)")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(fn=cmd_maintain)
+
+    s = sub.add_parser("status", help="per-region lag of a MemWAL table")
+    _table_args(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_status)
+
+    r = sub.add_parser("regions", help="act on regions of a MemWAL table")
+    rsub = r.add_subparsers(dest="regions_cmd", required=True)
+    rd = rsub.add_parser("discard", help="never merge the generations of regions written before the MemWAL "
+                                         "initialization (after an overwrite); GC then collects them",
+                         description="memwal regions discard URI REGION... | --all  (or --config FILE [--table "
+                                     "NAME] REGION...). Records the regions' stale generations as handled in one "
+                                     "commit without rows: they never reach the table, later generations merge. "
+                                     "Only regions `memwal status` reports as stale are accepted.")
+    rd.add_argument("targets", nargs="*", metavar="URI|REGION", help="the table's URI (unless --config), then "
+                                                                    "region ids")
+    rd.add_argument("--config", metavar="FILE", help="a memwal.yaml: work on one of its tables")
+    rd.add_argument("--table", metavar="NAME", help="the table's name in --config (optional if it has one)")
+    rd.add_argument("--storage-option", action="append", metavar="K=V", default=[],
+                    help="over the table's storage_options")
+    rd.add_argument("--all", action="store_true", help="every stale region of the table")
+    rd.add_argument("--dry-run", action="store_true", help="say what would be discarded, change nothing")
+    rd.add_argument("--lease-wait", metavar="SECONDS",
+                    help="lease.wait_seconds: how long to wait for the table's lease while a maintainer holds "
+                         "it (then nothing is discarded, exit 1)")
+    rd.add_argument("--json", action="store_true")
+    rd.set_defaults(fn=cmd_regions_discard)
+
+    c = sub.add_parser("spark-server", help="start/stop the long-lived local Spark Connect server "
+                                            "(tables configured with spark master sc://127.0.0.1:PORT)")
+    c.add_argument("action", choices=["start", "stop", "status"])
+    c.add_argument("--port", type=int, default=15002)
+    c.add_argument("--master", default="local[*]")
+    c.set_defaults(fn=cmd_spark_server)
+
+    j = sub.add_parser("spark-archive", help="build/show/remove the class-data-sharing archive that starts "
+                                             "local Spark driver JVMs ~3 s sooner (make builds it)")
+    j.add_argument("action", nargs="?", default="build", choices=["build", "status", "remove"])
+    j.add_argument("--force", action="store_true", help="rebuild even if present")
+    j.set_defaults(fn=cmd_spark_archive)
+
+    e = sub.add_parser("spark-env", help="pack this virtualenv for spark.archives, so remote executors get "
+                                         "pylance and memwal's other dependencies")
+    e.add_argument("output", nargs="?", default="memwal-env.tar.gz", help="a .tar.gz or .tgz")
+    e.add_argument("--alias", default="memwal_env", help="directory the executors unpack it to")
+    e.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="leave out paths inside the env (fnmatch, * spans /; e.g. "
+                        "'lib/python3.11/site-packages/dagster*')")
+    e.add_argument("--force", action="store_true", help="overwrite OUTPUT")
+    e.set_defaults(fn=cmd_spark_env)
+
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not a.verbose:
+        # pylance logs a harmless "ERROR lance::index Index __lance_mem_wal has no fields" on
+        # every merge; keep real errors, drop that one source of noise.
+        os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
+    try:
+        return a.fn(a)
+    except KeyboardInterrupt:
+        say(f"error: {Interrupted(signal.SIGINT, None)}")
+        stop_spark()
+        return 128 + signal.SIGINT
+    except Interrupted as e:
+        if a.verbose:
+            raise
+        say(f"error: {e}")
+        stop_spark()
+        return 128 + e.signum
+    except Exception as e:  # noqa: BLE001 - one clear line unless --verbose
+        if a.verbose:
+            raise
+        say(f"error: {one_line(str(e)) or type(e).__name__}")
+        return 1
