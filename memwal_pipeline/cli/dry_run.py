@@ -4,6 +4,7 @@ plan for a person to read."""
 from __future__ import annotations
 
 from memwal_core.steps.outcome import STEPS, StepOutcome, StepStatus
+from memwal_core.units import size
 
 from .report import PassReport
 from .target import secret_values
@@ -43,7 +44,7 @@ def format_plan(report: PassReport) -> str:
         else:
             lines.append(f"{o.step}: {o.summary}")
             if o.step == "merge":
-                lines += [f"  batch of {len(b.generations)} generations, {b.bytes} bytes -> progress {b.progress}"
+                lines += [f"  batch of {len(b.generations)} generations, {size(b.bytes)} -> progress {b.progress}"
                           for b in o.plan.batches]
             lines += [f"  {line}" for line in o.problems + o.notes]
     return "\n".join(lines)
@@ -59,7 +60,7 @@ def _format_gc(o: StepOutcome, earlier: list[str]) -> list[str]:
     would = {k: m[f"would_delete/{k}/items"] for k in _KIND_NAMES}
     lines = ["gc: would delete " + ", ".join(f"{would[k]} {name}" for k, name in _KIND_NAMES.items())
              + f": {m['objects'] + m['would_delete/base_version/objects']} objects, "
-               f"{m['bytes'] + m['would_delete/base_version/bytes']} bytes"]
+               f"{size(m['bytes'] + m['would_delete/base_version/bytes'])}"]
     base = plan.base_cleanup
     if base:
         files = ", ".join(f"{n} {k}" for k, n in base.files.items())
@@ -67,7 +68,7 @@ def _format_gc(o: StepOutcome, earlier: list[str]) -> list[str]:
     lines += [f"  {note}" for note in o.notes]
     items = plan.items
     for item in items[:DRY_RUN_PATHS]:
-        lines.append(f"  {item.kind:<10} {item.path}  ({len(item.keys)} objects, {item.bytes} bytes)")
+        lines.append(f"  {item.kind:<10} {item.path}  ({len(item.keys)} objects, {size(item.bytes)})")
     if len(items) > DRY_RUN_PATHS:
         lines.append(f"  ... and {len(items) - DRY_RUN_PATHS} more (--json lists every one)")
     lines.append(f"  base versions left after it: {len(plan.retained_versions)}")

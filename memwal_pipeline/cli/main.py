@@ -3,24 +3,71 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import signal
+import sys
 
 from memwal_core.steps.outcome import STEPS
 
 from .demo import cmd_demo
 from .interrupts import Interrupted, stop_spark
 from .maintain import cmd_maintain
-from .output import one_line, say
+from .output import one_line, print_json_error, say
 from .regions import cmd_regions_discard
 from .spark import cmd_spark_archive, cmd_spark_env, cmd_spark_server
 from .status import cmd_status
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a did-you-mean for a mistyped flag or command, and a JSON error on stdout
+    when the command line asks for `--json`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def error(self, message: str):
+        argv = getattr(self, "argv", None) or sys.argv[1:]
+        message += _suggestion(self, message, argv)
+        if "--json" in argv:
+            print_json_error(message, "usage")
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str, argv: list[str]) -> str:
+    """` (did you mean --dry-run?)` for the first unknown flag or command of `message`."""
+    if "unrecognized arguments:" in message:
+        words = [w.split("=", 1)[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
+        cmd = next((w for w in argv if w in getattr(parser, "commands", {})), None)
+        known = [o for p in (parser, parser.commands.get(cmd)) if p for a in p._actions for o in a.option_strings]
+    elif "invalid choice:" in message:
+        words = [message.split("invalid choice:", 1)[1].split("'")[1]] if "'" in message else []
+        known = [c for a in parser._actions for c in (a.choices or ())]
+    else:
+        return ""
+    for w in words:
+        close = difflib.get_close_matches(w, known, n=1, cutoff=0.6)
+        if close:
+            return f" (did you mean {close[0]}?)"
+    return ""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("memwal-lance")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
+
+
 def _table_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uri", nargs="?", help="the table (or --config FILE --table NAME)")
-    p.add_argument("--config", metavar="FILE", help="a memwal.yaml: work on one of its tables, with its settings")
+    p.add_argument("--config", metavar="FILE", help="a memwal.yaml, a MemWalTable defs.yaml or a defs folder: work on one of its "
+                        "tables, with its settings")
     p.add_argument("--table", metavar="NAME", help="the table's name in --config (optional if it has one)")
     p.add_argument("--storage-option", action="append", metavar="K=V", default=[],
                    help="over the table's storage_options (prefer the environment for secrets: `ps` shows flags)")
@@ -29,8 +76,10 @@ def _table_args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`memwal`: parse the command line and run the command (one clear line per error, the exit
     status of the command). Long because it is the argument parser's declaration."""
-    p = argparse.ArgumentParser(prog="memwal", description="Maintenance plane for MemWAL Lance tables.")
+    p = _Parser(prog="memwal", description="Maintenance plane for MemWAL Lance tables.")
+    p.argv = sys.argv[1:] if argv is None else list(argv)
     p.add_argument("--verbose", "-v", action="store_true", help="full tracebacks and Dagster logs")
+    p.add_argument("--version", action="version", version=f"memwal {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="write a demo table with pylance ShardWriters and maintain it once")
@@ -43,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(fn=cmd_demo)
 
     m = sub.add_parser("maintain", help="one full maintenance pass over a MemWAL table",
-                       description="One maintenance pass over a table: its URI, or a table of a memwal.yaml "
+                       description="One maintenance pass over a table: its URI, or a table of a memwal.yaml or defs.yaml "
                                    "(--config FILE --table NAME, its settings; the flags below override "
                                    "them). Progress goes to stderr; --json prints the report on stdout.")
     _table_args(m)
@@ -91,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "Only regions `memwal status` reports as stale are accepted.")
     rd.add_argument("targets", nargs="*", metavar="URI|REGION", help="the table's URI (unless --config), then "
                                                                     "region ids")
-    rd.add_argument("--config", metavar="FILE", help="a memwal.yaml: work on one of its tables")
+    rd.add_argument("--config", metavar="FILE", help="a memwal.yaml, a defs.yaml or a defs folder: work on one of its tables")
     rd.add_argument("--table", metavar="NAME", help="the table's name in --config (optional if it has one)")
     rd.add_argument("--storage-option", action="append", metavar="K=V", default=[],
                     help="over the table's storage_options")
@@ -126,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--force", action="store_true", help="overwrite OUTPUT")
     e.set_defaults(fn=cmd_spark_env)
 
-    a = p.parse_args(argv)
+    p.commands = dict(sub.choices)
+    for c in p.commands.values():
+        c.argv = p.argv
+    a = p.parse_args(p.argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not a.verbose:
@@ -135,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
     try:
         return a.fn(a)
+    except BrokenPipeError:  # `memwal status | head`: the reader has what it wanted
+        _quiet_stdout()
+        return 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         say(f"error: {Interrupted(signal.SIGINT, None)}")
         stop_spark()
@@ -148,5 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - one clear line unless --verbose
         if a.verbose:
             raise
-        say(f"error: {one_line(str(e)) or type(e).__name__}")
+        message = one_line(str(e)) or type(e).__name__
+        if getattr(a, "json", False):
+            print_json_error(message, type(e).__name__)
+        say(f"error: {message}")
         return 1
+
+
+def _quiet_stdout() -> None:
+    """After the reader of stdout went away: point stdout at /dev/null, so that the interpreter's
+    final flush does not fail again ("Exception ignored ... BrokenPipeError")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

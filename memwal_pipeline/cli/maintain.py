@@ -3,7 +3,6 @@ Dagster assets and checks the daemon runs."""
 
 from __future__ import annotations
 
-import json
 import signal
 from dataclasses import replace
 from typing import Any
@@ -13,7 +12,7 @@ from memwal_core.steps.outcome import STEPS, StepOutcome, StepStatus
 from . import output
 from .dry_run import dry_run, format_plan
 from .interrupts import Interrupted, SignalWatch
-from .output import CliError, ProgressLine, one_line, say
+from .output import CliError, ProgressLine, one_line, print_json, say
 from .report import PassReport
 from .target import secret_values, target
 
@@ -197,11 +196,14 @@ def cmd_maintain(a) -> int:
             spark.prestart(cfg.spark.master, cfg.spark.conf)  # with its conf: the merge reuses this session
     if a.dry_run:
         report = dry_run(cfg, steps, secrets)
-        print(json.dumps(report.to_dict(), indent=2, default=str) if a.json else format_plan(report))
+        if a.json:
+            print_json(report.to_dict())
+        else:
+            print(format_plan(report))
     else:
         report = run_pass(cfg, steps, verbose=a.verbose, secrets=secrets)
         if a.json:
-            print(json.dumps(report.to_dict(), indent=2, default=str))
+            print_json(report.to_dict())
     for line in report.failed:
         say(f"error: {line}")
     return 1 if report.failed else 0

@@ -3,10 +3,16 @@ of numbers a person reads. stdout is the command's result (the `--json` report).
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import json
 import re
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
+
+from memwal_core.steps.outcome import SCHEMA_VERSION
 
 
 class CliError(Exception):
@@ -57,3 +63,26 @@ def one_line(msg: str) -> str:
     """The first line of an error, without the Rust source locations Lance appends."""
     first = (msg.strip().splitlines() or [""])[0]
     return re.sub(r",\s*/\S+\.rs:\d+:\d+", "", first).strip()
+
+
+def _plain(obj: Any) -> Any:
+    """A value json cannot write, as data (never its repr): an enum's value, a dataclass's fields."""
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=str)
+    if isinstance(obj, Path):
+        return str(obj)
+    return str(obj)
+
+
+def print_json(data: dict[str, Any]) -> None:
+    """A command's `--json` result on stdout (`schema_version` first)."""
+    print(json.dumps({"schema_version": SCHEMA_VERSION, **data}, indent=2, default=_plain), flush=True)
+
+
+def print_json_error(message: str, kind: str) -> None:
+    """A failed command's `--json` result: stdout is never empty for a program reading it."""
+    print_json({"ok": False, "error": {"type": kind, "message": message}})

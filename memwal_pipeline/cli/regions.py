@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from .output import CliError, say
+from .output import CliError, print_json, say
 from .target import target
 
 
@@ -29,8 +27,8 @@ def cmd_regions_discard(a) -> int:
         raise CliError(f"nothing discarded: table {loc.lance_uri} is held by {e.record.describe()}; run again "
                        "when that maintainer is done (or wait longer: --lease-wait SECONDS)") from None
     if a.json:
-        print(json.dumps({"table": loc.lance_uri, "dry_run": out.dry_run, "discarded": out.discarded,
-                          "refused": out.refused, "table_version": out.table_version}, indent=2))
+        print_json({"table": loc.lance_uri, "dry_run": out.dry_run, "discarded": out.discarded,
+                    "refused": out.refused, "table_version": out.table_version})
     else:
         verb = "would discard" if a.dry_run else "discarded"
         for rid, g in sorted(out.discarded.items()):

@@ -26,4 +26,4 @@ class PassReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, "table": self.table, "dry_run": self.dry_run,
-                "steps": {o.step: o.to_dict() for o in self.outcomes}, "failed": self.failed}
+                "ok": not self.failed, "steps": {o.step: o.to_dict() for o in self.outcomes}, "failed": self.failed}

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 
-from .output import say
+from .output import print_json, say
 from .target import target
 
 
@@ -36,9 +35,9 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
         say(f"warning: merge blockers not checked: {e}")
     bad = 1 if (st.region_errors or stuck or blocked) else 0
     if as_json:
-        print(json.dumps({**st.to_dict(), "stuck": [s.__dict__ for s in stuck],
-                          "merge_blockers": [b.to_dict() for b in blocked],
-                          "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]}, indent=2, default=str))
+        print_json({**st.to_dict(), "stuck": [s.__dict__ for s in stuck],
+                    "merge_blockers": [b.to_dict() for b in blocked],
+                    "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]})
         return bad
     print(f"table {st.table} (version {st.table_version}): {len(st.regions)} regions, "
           f"{st.pending_generations} pending generations")

@@ -50,9 +50,9 @@ def _configured_table(path: str, name: str | None):
     """Table `name` of the config file at `path` (`name` may be omitted when it has one table)."""
     import difflib
 
-    from ..config import load_config
+    from ..table_files import load_tables
 
-    tables = load_config(path)
+    tables = load_tables(path)
     names = [t.name for t in tables]
     if name is None:
         if len(tables) == 1:
@@ -127,6 +127,14 @@ def apply_flags(cfg, a) -> Any:
     return replace(cfg, merge=merge, spark=spark, gc=gc, compaction=compaction, lease=lease)
 
 
+def name_of(uri: str) -> str:
+    """The name a table given by its URI goes by (progress lines, the pass's Dagster assets):
+    its folder's name as an identifier (`s3://b/lake/my-events` -> `my_events`)."""
+    from ..scaffold import table_name
+
+    return table_name(uri.rstrip("/").rsplit("/", 1)[-1] or "table")
+
+
 def target(a) -> tuple[Any, dict[str, str]]:
     """The table a command works on (`URI`, or `--config FILE [--table NAME]`: exactly one),
     with the flags applied, and its secret storage options resolved."""
@@ -142,7 +150,7 @@ def target(a) -> tuple[Any, dict[str, str]]:
         raise CliError(f"give either a URI ({a.uri}) or --config FILE [--table NAME], not both")
     plain, secrets = split_secrets(key_values(a.storage_option))
     if a.config is None:
-        cfg = single_table(a.uri, plain)
+        cfg = single_table(a.uri, plain, name=name_of(a.uri))
     else:
         cfg = _configured_table(a.config, a.table)
         cfg = replace(cfg, storage_options={**cfg.storage_options, **plain})
