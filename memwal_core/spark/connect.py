@@ -44,14 +44,10 @@ class ForeignConnectServer(MemwalError, RuntimeError):
 def identity() -> str:
     """Who this memwal is, as far as a Connect server's workers are concerned: the version, the
     folder its code is imported from, and the interpreter (its packages)."""
-    from importlib.metadata import PackageNotFoundError, version
+    import memwal_core
 
-    try:
-        release = version("memwal-lance")
-    except PackageNotFoundError:
-        release = "unknown"
-    code = Path(__file__).resolve().parent.parent.parent
-    return f"memwal {release} at {code} (python {sys.executable})"
+    code = Path(memwal_core.__file__).resolve().parent.parent
+    return f"memwal {memwal_core.__version__} at {code} (python {sys.executable})"
 
 
 def check_identity(session, remote: str) -> None:

@@ -56,12 +56,9 @@ def _suggestion(parser: argparse.ArgumentParser, message: str, argv: list[str]) 
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    import memwal_core
 
-    try:
-        return version("memwal-lance")
-    except PackageNotFoundError:  # run from a checkout that is not installed
-        return "unknown"
+    return memwal_core.__version__
 
 
 def _table_args(p: argparse.ArgumentParser) -> None:
@@ -181,10 +178,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(p.argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if not a.verbose:
-        # pylance logs a harmless "ERROR lance::index Index __lance_mem_wal has no fields" on
-        # every merge; keep real errors, drop that one source of noise.
-        os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
     try:
         return a.fn(a)
     except BrokenPipeError:  # `memwal status | head`: the reader has what it wanted
