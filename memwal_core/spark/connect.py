@@ -51,15 +51,15 @@ def identity() -> str:
 
 
 def check_identity(session, remote: str) -> None:
-    """Refuse a server another memwal started (or one that does not say who started it): its
-    workers would run that memwal's code, not this one's."""
+    """Refuse a server another memwal started: its workers would run that memwal's code, not this
+    one's. A server that does not say who started it is one an operator runs (memwal starts
+    none without its identity): used as it is."""
     have = session.conf.get(IDENTITY_KEY, None)
     have = unquote(have) if have else have
     mine = identity()
-    if have != mine:
-        who = f"by {have}" if have else "by something other than this memwal (it does not say who)"
+    if have and have != mine:
         raise ForeignConnectServer(
-            f"the Spark Connect server at {remote} was started {who}; this is {mine}. Its workers run the "
+            f"the Spark Connect server at {remote} was started by {have}; this is {mine}. Its workers run the "
             "code of whoever started it: give this project its own spark.connect port, or stop that server "
             "(memwal spark-server stop --port PORT) and let this one start its own")
 

@@ -70,18 +70,21 @@ def _launch_jvm(conf: dict[str, str]) -> None:
     """Start the driver JVM (pyspark's gateway) as pyspark would, with its stderr passed through
     a thread that drops `JVM_NOISE` lines and forwards every other line as it comes. A no-op
     when this process already has a JVM (a session ran before, or the caller started one)."""
-    import subprocess
-
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     with SparkContext._lock:
-        if SparkContext._gateway is not None:
-            return
+        if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+            return  # a JVM already (or one pyspark connects to instead of starting it)
         spark_conf = SparkConf(loadDefaults=False).setAll(list(conf.items()))
-        gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": subprocess.PIPE})
-    threading.Thread(target=_forward_stderr, args=(gateway.proc.stderr,), name="memwal-jvm-stderr",
-                     daemon=True).start()
+        # Forwarding starts before the launch: a JVM that fails to start says why on stderr.
+        read, write = os.pipe()
+        threading.Thread(target=_forward_stderr, args=(os.fdopen(read, "rb"),), name="memwal-jvm-stderr",
+                         daemon=True).start()
+        try:
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": write})
+        finally:
+            os.close(write)  # the JVM has its own copy: the forwarder ends when the JVM does
     SparkContext._ensure_initialized(gateway=gateway)
 
 

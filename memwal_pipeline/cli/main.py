@@ -173,34 +173,70 @@ def main(argv: list[str] | None = None) -> int:
     e.set_defaults(fn=cmd_spark_env)
 
     p.commands = dict(sub.choices)
-    for c in p.commands.values():
+    for c in _parsers(p):
         c.argv = p.argv
     a = p.parse_args(p.argv)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    return _run(a)
+
+
+def _parsers(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`p` and every subcommand's parser, nested ones included."""
+    subs = [c for action in p._actions if isinstance(action, argparse._SubParsersAction)
+            for c in action.choices.values()]
+    return [p, *(q for c in subs for q in _parsers(c))]
+
+
+def _run(a) -> int:
+    """Run the command: its exit status, one clear line per error (and under `--json` an error
+    object on stdout), a traceback only with --verbose."""
+    as_json = getattr(a, "json", False)
     try:
         return a.fn(a)
-    except BrokenPipeError:  # `memwal status | head`: the reader has what it wanted
-        _quiet_stdout()
-        return 128 + signal.SIGPIPE
+    except BrokenPipeError as e:
+        if _stdout_gone():  # `memwal status | head`: the reader has what it wanted
+            _quiet_stdout()
+            return 128 + signal.SIGPIPE
+        return _failed(a, e, as_json)
     except KeyboardInterrupt:
-        say(f"error: {Interrupted(signal.SIGINT, None)}")
-        stop_spark()
-        return 128 + signal.SIGINT
+        return _interrupted(Interrupted(signal.SIGINT, None), as_json)
     except Interrupted as e:
         if a.verbose:
             raise
-        say(f"error: {e}")
-        stop_spark()
-        return 128 + e.signum
+        return _interrupted(e, as_json)
     except Exception as e:  # noqa: BLE001 - one clear line unless --verbose
-        if a.verbose:
-            raise
-        message = one_line(str(e)) or type(e).__name__
-        if getattr(a, "json", False):
-            print_json_error(message, type(e).__name__)
-        say(f"error: {message}")
-        return 1
+        return _failed(a, e, as_json)
+
+
+def _failed(a, e: BaseException, as_json: bool) -> int:
+    if a.verbose:
+        raise e
+    message = one_line(str(e)) or type(e).__name__
+    if as_json:
+        print_json_error(message, type(e).__name__)
+    say(f"error: {message}")
+    return 1
+
+
+def _interrupted(e: Interrupted, as_json: bool) -> int:
+    if as_json:
+        print_json_error(str(e), "interrupted")
+    say(f"error: {e}")
+    stop_spark()
+    return 128 + e.signum
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more (and not, say, a broken socket elsewhere)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _quiet_stdout() -> None:

@@ -132,7 +132,8 @@ def name_of(uri: str) -> str:
     its folder's name as an identifier (`s3://b/lake/my-events` -> `my_events`)."""
     from ..scaffold import table_name
 
-    return table_name(uri.rstrip("/").rsplit("/", 1)[-1] or "table")
+    path = uri if "://" in uri else os.path.abspath(uri)
+    return table_name(path.rstrip("/").rsplit("/", 1)[-1] or "table")
 
 
 def target(a) -> tuple[Any, dict[str, str]]:
