@@ -38,7 +38,7 @@ def _clear_demo_path(path: str, *, force: bool) -> None:
         say(f"removing {path}")
         os.remove(path)
         return
-    raise CliError(f"{path} exists and is not a table `memwal demo` wrote: not touching it "
+    raise CliError(f"{path} exists and is not a table memwal demo wrote: not touching it "
                    "(choose another --path, or --force to replace it)")
 
 

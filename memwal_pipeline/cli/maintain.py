@@ -179,7 +179,7 @@ def cmd_maintain(a) -> int:
     steps = [s.strip() for s in (a.only.split(",") if a.only else STEPS)]
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
-        raise CliError(f"--only: unknown step(s) {unknown}; choose from {','.join(STEPS)}")
+        raise CliError(f"--only: unknown step(s) {', '.join(unknown)}; choose from {','.join(STEPS)}")
     # Checked first: a bad option is one line, before any JVM starts or any step runs.
     cfg, secrets = target(a)
     loc = open_table(cfg.uri, {**cfg.storage_options, **secrets})

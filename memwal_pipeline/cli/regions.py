@@ -36,7 +36,7 @@ def cmd_regions_discard(a) -> int:
         if not out.discarded and not out.refused:
             print("no stale region to discard")
         if out.discarded and not a.dry_run:
-            print(f"table version {out.table_version}; run `memwal maintain {cfg.uri} --only gc` to collect now")
+            print(f"table version {out.table_version}; to collect now: memwal maintain {cfg.uri} --only gc")
     for rid, why in sorted(out.refused.items()):
         say(f"error: {why}" if why.startswith("region ") else f"error: region {rid}: {why}")
     return 1 if out.refused else 0

@@ -56,7 +56,7 @@ def cmd_spark_env(a) -> int:
     for f in skipped:
         say(f"left out (editable install; memwal_core is shipped with each job): {f}")
     print(f"packed {sys.prefix} into {path} ({path.stat().st_size / 1e6:.0f} MB). Spark settings "
-          f"(memwal.yaml `spark.conf`, or --conf):\n"
+          f"(spark.conf in memwal.yaml or defs.yaml, or --conf):\n"
           f"  spark.archives: {path}#{alias}\n"
           f"  spark.pyspark.python: ./{alias}/bin/python   # memwal's default when spark.archives has #{alias}\n"
           f"The nodes need Python {sys.version.split()[0]} installed at {sys.base_prefix} "
