@@ -65,7 +65,11 @@ def _component_tables(path: Path, docs: list[Any], *, required: bool) -> list[Ta
         types.append(kind)
         if kind.rsplit(".", 1)[-1] != COMPONENT_TYPE:
             continue
-        cfg = table_from_mapping(doc.get("attributes") or {}, f"{where}: attributes")
+        attributes = doc.get("attributes") or {}
+        if "{{" in yaml.safe_dump(attributes):
+            raise ConfigError(f"{where}: its attributes use a Dagster template ({{{{ ... }}}}), which only Dagster "
+                              "resolves: give memwal the table's URI (and --storage-option) instead")
+        cfg = table_from_mapping(attributes, f"{where}: attributes")
         tables.append(replace(cfg, uri=resolve_uri(cfg.uri, project_root(path))))
     if required and not tables:
         raise ConfigError(f"{path}: no {COMPONENT_TYPE} component (its type: {', '.join(types) or 'none'})")
