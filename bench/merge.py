@@ -332,7 +332,7 @@ def cold_cli(path: str, master: str) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"FAIL cold CLI exited {out.returncode}: {out.stderr[-2000:]}")
     step = json.loads(out.stdout)["steps"]["merge"]
-    return {"commits": step["metrics"].get("commits"), "step_s": step.get("seconds")}
+    return {"commits": step["metrics"].get("commits"), "step_s": step.get("duration_s")}
 
 
 def page_in(root: str) -> None:

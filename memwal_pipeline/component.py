@@ -21,8 +21,10 @@ import dagster as dg
 
 from .config import ConfigError, TableSpec, check_tables
 from .definitions import build_definitions
+from .scaffold import MemWalTableScaffolder
 
 
+@dg.scaffold_with(MemWalTableScaffolder)
 class MemWalTable(dg.Component, TableSpec):
     """A Lance MemWAL table that memwal maintains: its region assets, manifest sensor, asset
     checks, merge / maintenance / checks jobs and schedules, table and Spark resources.

@@ -115,10 +115,10 @@ class TableConfig:
             raise ConfigError(f"table {self.name}: 'uri' is required (a path, s3://, gs:// or az://)")
         for key in self.secrets:
             if key not in SECRET_OPTIONS:
-                raise ConfigError(f"table {self.name}: secret option {key!r} is not one of {SECRET_OPTIONS}")
+                raise ConfigError(f"table {self.name}: secret option {key!r} is not one of {', '.join(SECRET_OPTIONS)}")
         leaked = [k for k in self.storage_options if k.lower() in _SECRET_ALIASES]
         if leaked:
-            raise ConfigError(f"table {self.name}: put {leaked} under 'secrets' as an environment variable "
+            raise ConfigError(f"table {self.name}: put {', '.join(leaked)} under 'secrets' as an environment variable "
                               "name, not in storage_options")
 
     @property
@@ -235,7 +235,7 @@ def check_tables(tables: list[TableConfig], where: str = "memwal") -> None:
     Spark Connect server."""
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
-        raise ConfigError(f"{where}: table names must be unique, got {names}")
+        raise ConfigError(f"{where}: table names must be unique, got {', '.join(names)}")
     # One table under two names (or spellings of its path) would get two pools: its commits
     # would no longer be serialized.
     seen: dict[tuple[str, ...], str] = {}

@@ -63,6 +63,8 @@ class MemWalSpark(LazyPySparkResource):
                 spark_connect.ensure_server(remote, master=master, conf=spark_connect.server_conf(conf))
             # A session of its own (not getOrCreate): its settings must not leak to another table.
             session = SparkSession.builder.remote(remote).appName("memwal").create()
+            if autostart:  # a local server memwal manages: it must run this memwal's code
+                spark_connect.check_identity(session, remote)
             spark_connect.apply_session_conf(session, remote, asked, conf)
             self._spark_session = session
         else:

@@ -97,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spark-master", default="local[*]")
     p.add_argument("--verbose", "-v", action="store_true")
     a = p.parse_args(argv)
-    if not a.verbose:
-        os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
     with LocalS3() as s3:
         print(f"moto S3 server on {s3.endpoint}", file=sys.stderr)
         rc = run_demo(s3, bucket=a.bucket, regions=a.regions, rows=a.rows, spark_master=a.spark_master,

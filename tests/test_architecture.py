@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # Lower layers first: a module may import its own layer and the ones before it.
-LAYERS = ["memwal_core.faults", "memwal_core.errors", "memwal_core.failures", "memwal_core.options", "memwal_core.proto",
+LAYERS = ["memwal_core.faults", "memwal_core.units", "memwal_core.errors", "memwal_core.failures", "memwal_core.options", "memwal_core.proto",
           "memwal_core.state", "memwal_core.spark", "memwal_core.jobs", "memwal_core.observe", "memwal_core.steps",
           "memwal_core.tools"]
 

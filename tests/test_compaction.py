@@ -347,7 +347,7 @@ def test_one_maintain_merges_and_compacts_a_fragmented_table_with_a_backlog(tabl
     assert c["status"] == "compacted" and c["fragments_before"] == 31 and c["fragments"] == 1
     assert c["indexed_first"] == ["id_btree"]
     assert c["deleted_row_ratio"] == 0 and c["deletion_file_ratio"] == 0 and rep["steps"]["compact"]["status"] == "ok"
-    assert c["bytes_after"] < c["bytes_before"] and c["index_segments"] == 1 and c["segments/id_btree"] == 1
+    assert c["bytes_after"] < c["bytes_before"] and c["index_segments"] == 1 and c["segments"]["id_btree"] == 1
     h = compaction.read_health(table_loc)
     assert h.fragments == 1 and h.fragments_with_deletions == 0 and h.deleted_rows == 0
     state = table.read_memwal_state(table_loc)

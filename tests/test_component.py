@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import ComponentTree
 
 from memwal_pipeline import definitions
@@ -211,3 +212,28 @@ def test_sizes_and_durations_are_pydantic_types():
         alts = schema[section]["properties"][key]["anyOf"]
         assert any(a.get("type") == "string" and re.match(a["pattern"], text) for a in alts), (key, alts)
         assert not any(a.get("type") == "string" and re.match(a["pattern"], "lots") for a in alts)
+
+
+def test_dg_scaffold_writes_a_table_that_loads(tmp_path):
+    """`dg scaffold defs memwal_pipeline.component.MemWalTable my-events --uri ...` in an operator's
+    project writes a defs.yaml with the table's name (from the folder) and uri, which `dg check
+    defs` loads as it is; a mistyped key in it is named with its line (Dagster's schema check, before
+    the component's own did-you-mean, which `memwal --config defs.yaml` shows: test_cli_output.py)."""
+    root, module = _project(tmp_path, {})
+    scaffold = subprocess.run([str(BIN / "dg"), "scaffold", "defs", "memwal_pipeline.component.MemWalTable", "my-events",
+                               "--uri", "data/events"], cwd=root, env=_env(), capture_output=True, text=True,
+                              timeout=300)
+    assert scaffold.returncode == 0, scaffold.stdout[-3000:] + scaffold.stderr[-3000:]
+    written = root / module / "defs" / "my-events" / "defs.yaml"
+    spec = yaml.safe_load(written.read_text())
+    assert spec == {"type": "memwal_pipeline.component.MemWalTable",
+                    "attributes": {"name": "my_events", "uri": "data/events"}}
+    check = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=root, env=_env(), capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
+    written.write_text(written.read_text().replace("uri: data/events", "uri: data/events\n  merge: {budgt_bytes: 1KB}"))
+    check = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=root, env=_env(), capture_output=True, text=True,
+                           timeout=300)
+    text = check.stdout + check.stderr
+    assert check.returncode != 0 and "defs/my-events/defs.yaml:8" in text and "'budgt_bytes' was unexpected" in text, \
+        text[-3000:]

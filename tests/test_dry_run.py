@@ -183,9 +183,9 @@ def test_cli_dry_run_lists_what_maintain_then_deletes(templates):
     assert tree(root) == files
     assert plan["dry_run"] and list(plan["steps"]) == ["gc"]
     g, w = plan["steps"]["gc"]["plan"], plan["steps"]["gc"]["metrics"]
-    assert w["would_delete/generation/items"] > 0 and w["would_delete/base_version/items"] == len(versions) - 1
-    assert sum(w[f"would_delete/{k}/objects"] for k in ("generation", "wal", "manifest", "orphan")) == g["objects"]
-    assert len(g["items"]) == sum(w[f"would_delete/{k}/items"] for k in ("generation", "wal", "manifest", "orphan"))
+    assert w["would_delete"]["generation"]["items"] > 0 and w["would_delete"]["base_version"]["items"] == len(versions) - 1
+    assert sum(w["would_delete"][k]["objects"] for k in ("generation", "wal", "manifest", "orphan")) == g["objects"]
+    assert len(g["items"]) == sum(w["would_delete"][k]["items"] for k in ("generation", "wal", "manifest", "orphan"))
 
     real = _memwal("maintain", root, "--only", "gc", "--base-versions-older-than", str(OLD), "--base-versions-floor", "0", "--json")
     assert real.returncode == 0, real.stderr
@@ -222,7 +222,7 @@ def test_cli_dry_run_respects_only_and_lists_paths(templates, capsys):
     plan = json.loads(capsys.readouterr().out)
     assert list(plan["steps"]) == ["merge", "gc"]
     gc_step = plan["steps"]["gc"]
-    assert gc_step["plan"]["base_cleanup"] is None and gc_step["metrics"]["would_delete/base_version/items"] == 0
+    assert gc_step["plan"]["base_cleanup"] is None and gc_step["metrics"]["would_delete"]["base_version"]["items"] == 0
     assert cli.main(["maintain", root, "--only", "merge,gc", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count("\nmerge: ") == 1 and "compact:" not in out and "run first" in out
@@ -239,9 +239,9 @@ def test_cli_dry_run_models_the_age_flag(templates, capsys):
     for age in ("604800", str(OLD)):
         assert cli.main(["maintain", root, "--only", "gc", "--base-versions-older-than", age, "--base-versions-floor", "0", "--dry-run", "--json"]) == 0
         got[age] = json.loads(capsys.readouterr().out)["steps"]["gc"]["metrics"]
-    assert got["604800"]["would_delete/base_version/items"] == 0 and got["604800"]["would_delete/generation/items"] == 0
-    assert got[str(OLD)]["would_delete/base_version/items"] == n - 1
-    assert got[str(OLD)]["would_delete/generation/items"] > 0
+    assert got["604800"]["would_delete"]["base_version"]["items"] == 0 and got["604800"]["would_delete"]["generation"]["items"] == 0
+    assert got[str(OLD)]["would_delete"]["base_version"]["items"] == n - 1
+    assert got[str(OLD)]["would_delete"]["generation"]["items"] > 0
     shutil.rmtree(os.path.dirname(root), ignore_errors=True)
 
 

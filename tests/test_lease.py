@@ -256,7 +256,7 @@ def test_memwal_maintain_skips_the_steps_of_a_held_table_and_says_by_whom(tmp_pa
         other.release()
     assert p.returncode == 0, p.stderr[-3000:]
     for step in ("index", "gc"):
-        assert f"[table] {step} skipped: lease held by " in p.stderr, p.stderr
+        assert f"[t] {step} skipped: lease held by " in p.stderr, p.stderr
     assert f"pid {os.getpid()} (merge, run other-run) until " in p.stderr
     assert table.open_dataset(loc).version == version
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)

@@ -39,7 +39,7 @@ def test_a_dry_run_plans_every_step_and_changes_nothing(table_loc):
     assert by["merge"].status is StepStatus.PLANNED and by["merge"].metrics["generations_planned"] > 0
     assert by["merge"].plan.batches and by["merge"].result is None
     report = json.loads(json.dumps([o.to_dict() for o in outcomes], default=str))
-    assert all(d["schema_version"] == 1 and d["ok"] and not d["executed"] for d in report)
+    assert all(d["schema_version"] == 2 and d["ok"] and not d["executed"] for d in report)
     assert report[0]["plan"]["batches"] and report[0]["status"] == "planned"
 
 

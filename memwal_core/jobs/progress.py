@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from memwal_core.units import size
+
 ProgressFn = Callable[[Any], None]  # gets an event; str(event) is its log line
 
 _listeners: list[ProgressFn] = []
@@ -44,15 +46,6 @@ class MergeProgress:
                     f"({size(self.batch_bytes)}) of {self.batch_regions} regions")
         return (f"batch {self.batch}/{self.batches} merged: {self.generations_merged}/{self.generations} "
                 f"generations, {size(self.bytes_merged)} of {size(self.bytes)}, {self.regions} regions")
-
-
-def size(n: float) -> str:
-    """Bytes in binary units, as memwal reads sizes ("256MB" is 256 MiB)."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def report(progress: ProgressFn | None, event: Any) -> None:

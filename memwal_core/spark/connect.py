@@ -4,6 +4,12 @@ Every Dagster run is a new process; with `spark.master = local[*]` each would st
 JVM (~10 s here), which dominates a small merge. Pointing the table at `sc://127.0.0.1:PORT`
 instead makes each run a thin client of one warm server: `ensure_server` starts it once
 (pyspark ships `sbin/start-connect-server.sh`) and later runs find it listening.
+
+A port is machine-wide, but a server runs the memwal code and Python of whoever started it:
+its Python workers import that checkout's memwal_core. So the server carries its starter's
+identity (`identity()`: version, code location, interpreter) in its conf, and a run of another
+checkout or version that finds it listening refuses it (`check_identity`) instead of silently
+running the other code.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote, unquote, urlparse
 
 from memwal_core.errors import MemwalError
 from memwal_core.spark import archive as jvm_archive
@@ -26,6 +32,36 @@ def listening(host: str, port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+IDENTITY_KEY = "spark.memwal.server_identity"  # a spark.* key: the server keeps it (percent-encoded)
+
+
+class ForeignConnectServer(MemwalError, RuntimeError):
+    """The local Connect server on a table's port was started by another memwal (checkout or version)."""
+
+
+def identity() -> str:
+    """Who this memwal is, as far as a Connect server's workers are concerned: the version, the
+    folder its code is imported from, and the interpreter (its packages)."""
+    import memwal_core
+
+    code = Path(memwal_core.__file__).resolve().parent.parent
+    return f"memwal {memwal_core.__version__} at {code} (python {sys.executable})"
+
+
+def check_identity(session, remote: str) -> None:
+    """Refuse a server another memwal started: its workers would run that memwal's code, not this
+    one's. A server that does not say who started it is one an operator runs (memwal starts
+    none without its identity): used as it is."""
+    have = session.conf.get(IDENTITY_KEY, None)
+    have = unquote(have) if have else have
+    mine = identity()
+    if have and have != mine:
+        raise ForeignConnectServer(
+            f"the Spark Connect server at {remote} was started by {have}; this is {mine}. Its workers run the "
+            "code of whoever started it: give this project its own spark.connect port, or stop that server "
+            "(memwal spark-server stop --port PORT) and let this one start its own")
 
 
 def spark_home() -> str:
@@ -56,7 +92,7 @@ def ensure_server(remote: str, *, master: str = "local[*]", conf: dict[str, str]
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.sql.execution.arrow.pyspark.enabled=true",
             "--conf", f"spark.sql.shuffle.partitions={max(2, os.cpu_count() or 2)}",
-            "--conf", "spark.ui.enabled=false"]
+            "--conf", "spark.ui.enabled=false", "--conf", f"{IDENTITY_KEY}={quote(identity(), safe='')}"]
     conf = dict(conf or {})
     archive = jvm_archive.java_options()  # the server's driver JVM starts sooner too
     if archive:

@@ -61,6 +61,42 @@ def prestart(master: str = "local[*]", conf: dict[str, str] | None = None) -> No
         _prestarting.start()
 
 
+# What the driver JVM prints on every start and nobody can act on: Spark 4's launcher always adds
+# the incubating vector module, and the JVM says so on stderr (no option turns that off).
+JVM_NOISE = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
+
+
+def _launch_jvm(conf: dict[str, str]) -> None:
+    """Start the driver JVM (pyspark's gateway) as pyspark would, with its stderr passed through
+    a thread that drops `JVM_NOISE` lines and forwards every other line as it comes. A no-op
+    when this process already has a JVM (a session ran before, or the caller started one)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    with SparkContext._lock:
+        if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+            return  # a JVM already (or one pyspark connects to instead of starting it)
+        spark_conf = SparkConf(loadDefaults=False).setAll(list(conf.items()))
+        # Forwarding starts before the launch: a JVM that fails to start says why on stderr.
+        read, write = os.pipe()
+        threading.Thread(target=_forward_stderr, args=(os.fdopen(read, "rb"),), name="memwal-jvm-stderr",
+                         daemon=True).start()
+        try:
+            gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": write})
+        finally:
+            os.close(write)  # the JVM has its own copy: the forwarder ends when the JVM does
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _forward_stderr(stream) -> None:
+    for line in iter(stream.readline, b""):
+        if not line.rstrip().startswith(JVM_NOISE):
+            try:
+                os.write(2, line)
+            except OSError:  # stderr is gone: nothing left to tell
+                return
+
+
 def _import_worker_modules(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     import lance  # noqa: F401  (the import is the point: it takes a fresh worker ~1 s)
 
@@ -122,6 +158,7 @@ def _build_session(master: str, conf: dict[str, str] | None = None, app_name: st
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in {**defaults, **conf}.items():
         builder = builder.config(k, v)
+    _launch_jvm({"spark.master": master, "spark.app.name": app_name, **defaults, **conf})
     session = builder.getOrCreate()
     if spark_env.is_cluster(master):
         spark_env.ship_package(session)

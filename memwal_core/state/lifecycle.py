@@ -165,10 +165,10 @@ class Lifecycle:
         if v.open:
             return (f"region {region_id}: {what}; not merged{later}. Repair: a writer re-opening the region replays "
                     "those WAL rows into its next generation, which is stale too; discard the region after that "
-                    f"flush (`memwal regions discard URI {region_id}`). If no writer will open it again, nothing "
+                    f"flush (memwal regions discard URI {region_id}). If no writer will open it again, nothing "
                     f"in it belongs to this table any more: delete {layout.region_dir(region_id)}/ by hand")
         return (f"region {region_id}: {what}; not merged{later}. Repair: if the overwrite was meant to replace "
-                f"these rows, `memwal regions discard URI {region_id}` (then GC collects them); to keep them, "
+                f"these rows, run memwal regions discard URI {region_id} (then GC collects them); to keep them, "
                 "write them into the table again")
 
 

@@ -13,11 +13,13 @@ from typing import Any
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
 from memwal_core.steps.outcome import StepOutcome, StepStatus
+from memwal_core.units import size
 
 
 def _fields(values: dict[str, Any], names: tuple[str, ...]) -> str:
-    """`generations merged 8, commits 2` for the named values that are present."""
-    return ", ".join(f"{n.replace('_', ' ')} {values[n]}" for n in names if n in values)
+    """`generations merged 8, bytes reclaimed 4.1 KiB` for the named values that are present."""
+    return ", ".join(f"{n.replace('_', ' ')} {size(values[n]) if 'bytes' in n else values[n]}"
+                     for n in names if n in values)
 
 
 # ---------------------------------------------------------------------------------------- merge
@@ -208,13 +210,15 @@ def gc_outcome(r: gc.GcResult) -> StepOutcome:
     notes = gc_notes(r)
     if r.dry_run:
         metrics = gc_dry_metrics(r)
-        summary = f"would delete {metrics['objects']} objects, {metrics['bytes']} bytes"
+        summary = f"would delete {metrics['objects']} objects, {size(metrics['bytes'])}"
         status = StepStatus.PLANNED if r.plan.items or r.plan.base_cleanup else StepStatus.NOTHING_TO_DO
         return StepOutcome("gc", status, False, failures, notes=notes, metrics=metrics, summary=summary,
                            plan=r.plan, result=r)
     metrics = gc_metrics(r)
-    summary = _fields(metrics | {"kept": {str(k): n for k, n in r.kept.items()}}, ("objects_deleted", "bytes_reclaimed", "generations_deleted",
-                                                         "leaked_objects_deleted", "kept", "retained_base_versions"))
+    kept = ", ".join(f"{k} {n}" for k, n in sorted((str(k), n) for k, n in r.kept.items()))
+    summary = _fields(metrics | {"kept": f"({kept})" if kept else "nothing"},
+                      ("objects_deleted", "bytes_reclaimed", "generations_deleted", "leaked_objects_deleted", "kept",
+                       "retained_base_versions"))
     removed = r.deleted_objects or (r.base_cleanup or {}).get("old_versions")
     status = StepStatus.PARTIAL if failures else StepStatus.OK if removed else StepStatus.NOTHING_TO_DO
     return StepOutcome("gc", status, True, failures, notes=notes, metrics=metrics, summary=summary,

@@ -9,7 +9,10 @@ exit status from them. Neither reads the other's output back, so a metadata key 
 without changing what the command says or returns.
 
 `to_dict()` is the `--json` shape of one step, versioned by `SCHEMA_VERSION` (bumped when a key
-changes meaning or goes away; adding a key is not a change).
+changes meaning or goes away; adding a key is not a change). It is plain data for a program:
+one duration (`duration_s`, the step's wall time), numbers unformatted, and no key with a `/`:
+a metric Dagster names `would_delete/generation/items` is `{"would_delete": {"generation":
+{"items": ...}}}` there.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Mapping
 
 from memwal_core.failures import RegionFailure
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STEPS = ("merge", "compact", "catchup", "index", "gc")  # in the order a maintenance pass runs them
 
 Number = int | float
@@ -97,16 +100,39 @@ class StepOutcome:
             "status": self.status.value,
             "ok": not self.failed,
             "executed": self.executed,
-            "seconds": round(self.seconds, 3),
+            "duration_s": round(self.seconds, 3),
             "summary": self.summary,
             "error": self.error,
             "failures": [f.to_dict() for f in self.failures],
             "errors": list(self.errors),
             "notes": list(self.notes),
-            "metrics": dict(self.metrics),
-            "plan": as_dict(self.plan),
-            "result": as_dict(self.result),
+            "metrics": nested({k: v for k, v in self.metrics.items() if k not in DURATIONS}),
+            "plan": _without_durations(as_dict(self.plan)),
+            "result": _without_durations(as_dict(self.result)),
         }
+
+
+DURATIONS = ("duration_s", "plan_seconds", "execute_seconds")  # the job's own timings: `duration_s` is the step's
+
+
+def _without_durations(d: Any) -> Any:
+    return {k: v for k, v in d.items() if k not in DURATIONS} if isinstance(d, dict) else d
+
+
+def nested(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"a/b/c": 1}` as `{"a": {"b": {"c": 1}}}` (Dagster's metadata keys as JSON objects). A key
+    under a prefix that is itself a value (`a` and `a/b`) keeps its flat spelling."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = key.split("/")
+        if any("/".join(parts[:i]) in flat for i in range(1, len(parts))):
+            out[key] = value
+            continue
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
 
 
 def as_dict(obj: Any) -> Any:

@@ -18,6 +18,7 @@ from memwal_core.jobs import catchup
 from memwal_core.options import CompactionOptions
 from memwal_core.state import table
 from memwal_core.state.store import TableLocation
+from memwal_core.units import size
 
 log = logging.getLogger("memwal.compaction")
 
@@ -80,7 +81,7 @@ class TableHealth:
         if self.fragments <= 1 and not self.fragments_with_deletions:
             return None
         return (f"{self.fragments} fragments, {self.fragments_with_deletions} with deletions, in a table of "
-                f"{self.bytes} bytes <= cheap_rewrite_bytes {o.cheap_rewrite_bytes}: kept fully compacted")
+                f"{size(self.bytes)} <= cheap_rewrite_bytes {size(o.cheap_rewrite_bytes)}: kept fully compacted")
 
     def reasons(self, o: CompactionOptions) -> list[str]:
         """The data triggers that fire (empty: healthy)."""

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from memwal_core.units import size
+
 
 class KeepReason(enum.StrEnum):
     """Why GC keeps an object: `kind:why`, the readable key of the `kept` counters in JSON and
@@ -134,7 +136,7 @@ class GcHold:
         if self.keep_reason is KeepReason.GENERATION_TIME_TRAVEL:
             when = (f" until {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(self.until))}" if self.until
                     else " until old base-table versions are cleaned up (no cleanup configured)")
-        return f"{self.generations} generations ({self.bytes} bytes) in {self.regions} regions: {self.reason}{when}"
+        return f"{self.generations} generations ({size(self.bytes)}) in {self.regions} regions: {self.reason}{when}"
 
 
 def summarize_holds(holds: Iterable[Hold]) -> list[GcHold]:

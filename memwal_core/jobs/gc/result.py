@@ -10,6 +10,7 @@ from memwal_core.failures import RegionFailure
 from memwal_core.jobs.gc.holds import GcHold, KeepReason, readable
 from memwal_core.jobs.gc.items import GENERATION, KINDS, LEAKS_KEY, MANIFEST, ORPHAN, WAL, GcItem
 from memwal_core.jobs.gc.plan import GcPlan
+from memwal_core.units import size
 
 
 @dataclass
@@ -74,9 +75,9 @@ class GcResult:
         """One line for a person."""
         c = self.counts()
         if self.dry_run and self.plan is not None:
-            head = f"gc dry run: would delete {self.plan.objects} objects ({self.plan.bytes} bytes)"
+            head = f"gc dry run: would delete {self.plan.objects} objects ({size(self.plan.bytes)})"
         else:
-            head = (f"gc: deleted {self.deleted_objects} objects ({self.bytes_reclaimed} bytes: {c[GENERATION]} "
+            head = (f"gc: deleted {self.deleted_objects} objects ({size(self.bytes_reclaimed)}: {c[GENERATION]} "
                     f"generations, {c[WAL]} WAL entries, {c[MANIFEST]} manifest versions, {c[ORPHAN]} orphans, "
                     f"{self.leaked_objects} leaked files), {self.manifest_commits} manifest commits")
         held = sum(h.generations for h in self.holds)
