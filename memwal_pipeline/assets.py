@@ -153,32 +153,41 @@ def run_metadata(outcome: StepOutcome, regions: list[str]) -> dict[str, Any]:
         "region_errors": MetadataValue.json(bounded.fit(_reasons(outcome.failures)))}
 
 
-def _known(f: RegionFailure, history: failures.RegionHistory | None) -> bool:
+def _known(f: RegionFailure, history: failures.RegionHistory | None, stuck_after: int) -> bool:
     """A failure already reported: a wall at the same generation, or the same failure recorded
-    in `STUCK_AFTER` failed runs (the region is stuck; `merge_lag` says so)."""
+    in `stuck_after` (`sensor.merge_attempts`) failed runs (the region is stuck; `merge_lag` says so)."""
     if history is None:
         return False
     same = [h for h in history.failures if h.generation == f.generation]
-    return (f.permanent and any(h.permanent for h in same)) or len(same) >= failures.STUCK_AFTER
+    return (f.permanent and any(h.permanent for h in same)) or len(same) >= stuck_after
 
 
-def merge_failed(new: list[RegionFailure]) -> MergeFailed:
-    """The run's failure: the regions not merged, each with generation, permanence and reason;
-    retried by a run retry policy only when one of them is transient."""
-    shown = "; ".join(f.describe() for f in new[:5])
-    more = f" (and {len(new) - 5} more)" if len(new) > 5 else ""
-    return MergeFailed(description=f"{len(new)} region(s) not merged: {shown}{more}",
+def merge_failed(new: list[RegionFailure], labels: RegionLabels | None = None) -> MergeFailed:
+    """The run's failure: the regions not merged, each with its value, generation, permanence,
+    reason (offending rows and values as the merger counted them) and the repair; retried by a
+    run retry policy only when one of them is transient."""
+    labels = labels or RegionLabels()
+    shown = "\n".join(f"- {failures.explain(f, labels.label(f.region_id))}" for f in new[:5])
+    more = f"\n(and {len(new) - 5} more regions)" if len(new) > 5 else ""
+    return MergeFailed(description=f"{len(new)} region(s) not merged:\n{shown}{more}",
                        metadata={"regions_failed": MetadataValue.int(len(new)),
+                                 "region_values": MetadataValue.json(bounded.fit(
+                                     {f.region_id: labels.label(f.region_id) for f in new})),
+                                 "offending_rows": MetadataValue.int(sum(f.offending_rows for f in new)),
                                  "region_errors": MetadataValue.json(bounded.fit(_reasons(new)))},
                        allow_retries=not all(f.permanent for f in new))
 
 
 def raise_if_failed(outcome: StepOutcome) -> None:
-    """A step that failed or was refused fails its asset with the error as raised."""
+    """A step that failed or was refused fails its asset with a `Failure` that says why in
+    memwal's words (the error as raised stays its cause, for the full trace)."""
     if outcome.status in (StepStatus.FAILED, StepStatus.REFUSED):
+        error = outcome.error or f"{outcome.step} failed"
+        md = {"step": MetadataValue.text(outcome.step), "status": MetadataValue.text(outcome.status.value)}
         if outcome.exception is not None:
-            raise outcome.exception
-        raise Failure(description=outcome.error or f"{outcome.step} failed")
+            md["error_type"] = MetadataValue.text(type(outcome.exception).__name__)
+        raise Failure(description=f"{outcome.step} {outcome.status.value}: {error}", metadata=md,
+                      allow_retries=outcome.status is not StepStatus.REFUSED) from outcome.exception
 
 
 def _table(context, keys: TableKeys) -> TableResource:
@@ -218,7 +227,7 @@ def _labels(loc) -> RegionLabels:
         return RegionLabels()
 
 
-def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iterator[Any]:
+def merge_events(context, loc, outcome: StepOutcome, regions: list[str], stuck_after: int) -> Iterator[Any]:
     """A merge run's events: the run's totals (one observation), one materialization per region
     it merged, and, when regions are left unmerged and not already known to be, the run's
     failure (tagged with the failures, so checks and `memwal status` find them).
@@ -230,8 +239,8 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iter
     merged = sorted(rid for rid, r in result.regions.items() if r.generations_merged)
     labels = _labels(loc) if merged or outcome.failures else RegionLabels()
     for rid in merged:
-        context.log.info(f"region {rid}: merged generations {result.regions[rid].generations_merged} "
-                         f"(now at {adapt.merged_after(outcome.plan, result, rid)})")
+        context.log.info(f"region {rid} ({labels.label(rid)}): merged generations "
+                         f"{result.regions[rid].generations_merged} (now at {adapt.merged_after(outcome.plan, result, rid)})")
     context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
                      f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
                      f"table version {result.table_version}")
@@ -244,11 +253,11 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iter
     if not outcome.failures:
         return
     for f in outcome.failures:
-        context.log.error(f.describe())
+        context.log.error(failures.explain(f, labels.label(f.region_id)))
     history = failures.recent_failures(context.instance, context.job_name, regions=sorted(failing))
-    new = [f for f in outcome.failures if not _known(f, history.get(f.region_id))]
+    new = [f for f in outcome.failures if not _known(f, history.get(f.region_id), stuck_after)]
     if not new:
-        # Every failure is a known one (a wall, or recorded STUCK_AFTER times already): the
+        # Every failure is a known one (a wall, or recorded `stuck_after` times already): the
         # partitions stay failed from before and `merge_lag` reports them; failing again
         # would only fail the other regions' runs.
         context.log.warning(f"{len(outcome.failures)} regions still cannot be merged (known, see merge_lag)")
@@ -263,7 +272,7 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iter
             yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
                                        metadata=merge_region_metadata(outcome, rid, labels.label(rid)))
     context.instance.add_run_tags(context.run_id, failures.run_tags(outcome.failures))
-    raise merge_failed(new)
+    raise merge_failed(new, labels)
 
 
 def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
@@ -306,7 +315,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
             yield AssetObservation(asset_key=context.asset_key, metadata=_skipped(context, outcome))
             return
         raise_if_failed(outcome)
-        yield from merge_events(context, _location(context, keys), outcome, regions)
+        yield from merge_events(context, _location(context, keys), outcome, regions, cfg.sensor.merge_attempts)
 
     @asset(key=keys.asset("base_compaction"), kinds={"lance", "spark"}, deps=[base_table], group_name=group,
            pool=cfg.pool, required_resource_keys=table_res | {keys.spark_resource},

@@ -125,12 +125,13 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
     @asset_check(asset=keys.asset("base_table"), name="merge_lag", required_resource_keys=res,
                  description=f"The oldest pending generation is younger than {cfg.slo.merge_lag_seconds:.0f} s "
                              "(WARN), and no region is stuck: refused by the merger, or failing merge run "
-                             f"after run ({failures.STUCK_AFTER}), or unreadable (ERROR).")
+                             f"after run ({cfg.sensor.merge_attempts} runs, sensor.merge_attempts: the sensor "
+                             "stops requesting merges then), or unreadable (ERROR).")
     def merge_lag(context) -> AssetCheckResult:
         st = status.table_status(loc_of(context))
         merged = {r.region_id: r.merged_generation for r in st.regions}
         history = failures.recent_failures(context.instance, merge_job_name, regions=merged)
-        stuck = failures.stuck_regions(history, merged)
+        stuck = failures.stuck_regions(history, merged, cfg.sensor.merge_attempts)
         stuck += sensor_gave_up(context.instance, cfg.name, {s.region_id for s in stuck}, merged)
         known = {s.region_id for s in stuck}  # walls the merger recorded (memwal_core.state.walls)
         stuck += [failures.StuckRegion(r.region_id, r.wall, r.error or "", 0, True) for r in st.regions

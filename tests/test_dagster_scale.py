@@ -112,7 +112,7 @@ def test_stuck_region_fails_its_partition_and_merge_lag(table_loc, tmp_path, spa
     lag_job = defs.resolve_job_def("t_checks")
     asset_key = AssetKey(["t", "base_table"])
     stuck_seen = None
-    for attempt in range(1, failures.STUCK_AFTER + 1):
+    for attempt in range(1, cfg.sensor.merge_attempts + 1):
         out = merge_job.execute_in_process(instance=instance, tags=_range(regions), raise_on_error=False)
         assert not out.success
         step_failure = next(e for e in out.all_events if e.is_step_failure)

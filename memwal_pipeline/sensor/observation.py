@@ -78,6 +78,15 @@ class RunCover:
 
 
 @dataclass(frozen=True)
+class Wall:
+    """A permanent merge refusal the merger recorded for a region: the first generation it will
+    not merge and why. Retrying cannot pass it; only a repair (and a merge by hand) can."""
+
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Maintenance:
     """What decides a maintenance request: is one queued already, and the newest base_table
     materialization (its storage id; 0: none)."""
@@ -98,6 +107,9 @@ class Observation:
     need it: no region changed, none pending or sealed); `in_flight`: the merge runs covering
     partitions (read with `merged`); `catchup`: per gating index, its recorded catch-up per
     region, None when not read (no sealed, fully merged region that could retire).
+    `walls`: the permanent merge refusals recorded in the table (region -> the refused
+    generation and why), read when a region the sensor requested a merge for is still pending
+    (None: not read).
     `statuses` / `labels`: what the observation events of changed regions show (emit only).
     """
 
@@ -115,6 +127,7 @@ class Observation:
     in_flight: tuple[RunCover, ...] = ()
     catchup: Mapping[str, Mapping[str, int]] | None = None
     maintenance: Maintenance = Maintenance()
+    walls: Mapping[str, "Wall"] | None = None
     statuses: Mapping[str, Any] = field(default_factory=dict, compare=False)
     labels: Mapping[str, str] = field(default_factory=dict, compare=False)
 
