@@ -255,7 +255,7 @@ def test_gc_dry_run_on_s3(s3_table_loc, spark):
     w.write_round(40, puts_per_batch=10)
     assert not merge.merge(loc, spark).region_errors
     snapshot.build_snapshot(loc)
-    cfg = gc.GcOptions(cleanup_base_versions_retain=1, manifest_min_age_seconds=0, cleanup_base_versions_floor_seconds=0)
+    cfg = gc.GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1, manifest_min_age_seconds=0, cleanup_base_versions_floor_seconds=0)
     objects = {o.key for o in loc.store.list("")}
     versions = {int(v["version"]) for v in lance.dataset(loc.lance_uri, storage_options=loc.storage_options).versions()}
     dry = gc.run_gc(loc, cfg, dry_run=True)

@@ -222,14 +222,19 @@ def test_sensor_reports_corrupt_region_and_continues(table_loc, instance):
 
 
 def test_gc_without_base_version_cleanup_warns_what_it_keeps_forever(table_loc, instance, spark):
-    """Shipped GC defaults configure no base-version cleanup: every retained version holds its
-    generations and every pass reads every version. The garbage asset says so (a WARNING in the
-    run's log, with the count it plots); with a cleanup configured (by age, or by count alone)
-    it does not."""
+    """GC with the base-version cleanup turned off (`null`) keeps every retained version's
+    generations and reads every version each pass: the garbage asset says so (a WARNING in the
+    run's log, with the count it plots). With a cleanup (the shipped default of a week, by age,
+    or by count alone) it does not; the default keeps the young versions' generations and says
+    until when."""
     w = make_table(table_loc, regions=2, rounds=1)
-    retain_only = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_retain=1,
-                           cleanup_base_versions_floor_seconds=0)
-    for gc_options, warns in ((GcOptions(), True), (None, False), (retain_only, False)):
+    fast = dict(manifest_min_age_seconds=0, orphan_grace_seconds=0)
+    retain_only = GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1,
+                            cleanup_base_versions_floor_seconds=0, **fast)
+    off = GcOptions(cleanup_base_versions_older_than_seconds=None, **fast)
+    # (options, warns, collects): None is cfg_for's cleanup of every version (no floor).
+    for gc_options, warns, collects in ((off, True, False), (GcOptions(**fast), False, False), (None, False, True),
+                                        (retain_only, False, True)):
         td = table_definitions(cfg_for(table_loc, **({"gc": gc_options} if gc_options else {})))
         instance.add_dynamic_partitions(td.partitions.name, sorted(w.regions.values()))
         by = {a.key.path[-1]: a for a in td.assets}
@@ -246,10 +251,13 @@ def test_gc_without_base_version_cleanup_warns_what_it_keeps_forever(table_loc, 
                 and "no base-version cleanup is configured" in e.user_message]
         assert len(said) == warns, said
         if warns:
-            assert md["generations_deleted"].value == 0 and versions > 1
             assert f"{versions} retained base-table versions" in said[0]
-        else:
+        if collects:
             assert md["generations_deleted"].value > 0 and versions == 1
+        else:
+            assert md["generations_deleted"].value == 0 and versions > 1
+            held = md["held"].value
+            assert ("no cleanup configured" in held) == warns and ("until 20" in held) != warns, held
     assert rows(table_loc) == w.expected()
 
 
