@@ -286,8 +286,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
 
     @asset(key=keys.asset("region_generations"), partitions_def=partitions, group_name=group, kinds={"lance"},
            required_resource_keys=table_res,
-           description="Flushed generations of one region, observed from its latest manifest "
-                       "(the manifest sensor records observations; materializing refreshes them).")
+           description="Flushed generations of one region, written by the table's writers: the manifest "
+                       "sensor records a materialization of the region's partition whenever its manifest "
+                       "moves (generations, lag, region value); materializing reads it again.")
     def region_generations(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
         rid = context.partition_key

@@ -58,8 +58,9 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
                          f"{pools.POOL_LIMIT} (one run of the table at a time; memwal_pipeline/pools.py)")
     index_parts = index_parts or index_partitions(cfg.name)
     cursor = Cursor.parse(context.cursor)
+    keys = TableKeys(cfg.name)
     watched = Watched(cfg.name, loc, partitions.name, merge_job_name, maintenance_job_name,
-                      TableKeys(cfg.name).asset("base_table"))
+                      keys.asset("base_table"), keys.asset("garbage"))
     seen, memory = observe.observe(context.instance, watched, cursor, cfg.sensor, now)
     decision = decide.decide(seen, cursor, cfg.sensor)
     upkeep = (observe.index_partitions(context.instance, index_parts.name, loc)

@@ -124,7 +124,7 @@ def test_index_partitions_region_values_and_per_index_catchup(table_loc, instanc
     assert md["exists"].value is True and "region_gaps" in md and md["run/indexes"].value == 1
     assert instance.get_materialized_partitions(idx_key) == {"id_btree"}
 
-    # A flush in one region: its observation names its value (the snapshot knows it by now).
+    # A flush in one region: its materialization names its value (the snapshot knows it by now).
     value, rid = min(w.regions.items())
     keys = [k for k in range(300, 600) if w.region_value([k])[0] == value][:3]
     with w.dataset().mem_wal_writer(rid) as writer:
@@ -134,8 +134,8 @@ def test_index_partitions_region_values_and_per_index_catchup(table_loc, instanc
     ds.create_scalar_index("n", "BTREE", name="n_btree")
     table.open_dataset(table_loc).drop_index("id_btree")
     cursor, maint = drive(cursor)
-    obs = instance.fetch_observations(AssetKey(["t", "region_generations"]), limit=20).records
-    mine = [o.asset_observation for o in obs if o.asset_observation.partition == rid]
+    obs = instance.fetch_materializations(AssetKey(["t", "region_generations"]), limit=20).records
+    mine = [o.asset_materialization for o in obs if o.asset_materialization.partition == rid]
     assert mine and mine[0].metadata["region_value"].value == f"bucket={value}"
     assert instance.get_dynamic_partitions(td.index_partitions.name) == ["n_btree"]
     assert maint and maint[-1]["dagster/asset_partition_range_end"] == "n_btree"

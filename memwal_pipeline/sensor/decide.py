@@ -268,13 +268,22 @@ def decide(obs: Observation, cursor: Cursor, options: SensorOptions) -> Decision
     maintenance = None
     if merge is None and not obs.maintenance.queued and obs.maintenance.latest_merge > cursor.maintained_after:
         maintenance = obs.maintenance.latest_merge
+    first = False
+    if maintenance is None and merge is None and not obs.maintenance.queued and not obs.maintenance.ever \
+            and not cursor.first_maintenance and not new_partitions:
+        # An instance that never maintained this table (a new deployment of a table maintained
+        # elsewhere): one maintenance run now, not at the next schedule tick, so its assets
+        # show their state instead of "Missing". Once per cursor, and not on a tick that adds
+        # partitions: the base_table events emit records for them come first (the watermark).
+        maintenance, first = obs.maintenance.latest_merge, True
     changed = tuple(rid for rid in active if obs.probes.get(rid) and obs.probes[rid].ok and obs.probes[rid].changed)
     return Decision(
         regions=regions, memory=memory,
         add_partitions=tuple(rid for rid in new_partitions if rid not in set(retire)),
         delete_partitions=tuple(rid for rid in retire if rid in existing),
         merge=merge, maintenance=maintenance,
-        cursor=replace(cursor, maintained_after=maintenance if maintenance is not None else cursor.maintained_after),
+        cursor=replace(cursor, maintained_after=maintenance if maintenance is not None else cursor.maintained_after,
+                       first_maintenance=cursor.first_maintenance or first or maintenance is not None),
         observed=changed,
         notices=tuple(_notices(obs, regions, memory, set(changed), policy, options)))
 

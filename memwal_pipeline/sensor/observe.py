@@ -64,6 +64,7 @@ class Watched:
     merge_job: str
     maintenance_job: str
     base_table: AssetKey
+    garbage: AssetKey | None = None  # the maintenance job's last asset (None: not followed)
 
 
 def observe(instance: DagsterInstance, w: Watched, cursor: Cursor, options: SensorOptions,
@@ -141,7 +142,8 @@ def gating_catchup(loc: TableLocation, mstate: MemWalState) -> dict[str, dict[st
 def maintenance(instance: DagsterInstance, w: Watched) -> Maintenance:
     queued = bool(instance.get_runs(filters=RunsFilter(job_name=w.maintenance_job, statuses=QUEUED), limit=1))
     records = instance.fetch_materializations(w.base_table, limit=1).records
-    return Maintenance(queued, records[0].storage_id if records else 0)
+    ever = w.garbage is None or bool(instance.fetch_materializations(w.garbage, limit=1).records)
+    return Maintenance(queued, records[0].storage_id if records else 0, ever)
 
 
 def index_partitions(instance: DagsterInstance, partitions: str, loc: TableLocation) -> decide.IndexPartitions:
