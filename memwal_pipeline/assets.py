@@ -221,10 +221,7 @@ def _skipped(context, outcome: StepOutcome) -> dict[str, Any]:
 
 
 def _labels(loc) -> RegionLabels:
-    try:
-        return RegionLabels.load(loc, read_memwal_state(loc))
-    except Exception:  # noqa: BLE001 - a label never fails a run that did its work
-        return RegionLabels()
+    return RegionLabels.of(loc)
 
 
 def merge_events(context, loc, outcome: StepOutcome, regions: list[str], stuck_after: int) -> Iterator[Any]:

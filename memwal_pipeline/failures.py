@@ -109,10 +109,12 @@ class StuckRegion:
     failed_runs: int
     permanent: bool
 
-    def describe(self) -> str:
+    def describe(self, label: str | None = None) -> str:
+        """One line; `label`: the region's value (`bucket=2`), shown next to its id."""
+        name = f"region {self.region_id}" + (f" ({label})" if label else "")
         at = f" at generation {self.generation}" if self.generation is not None else ""
         why = "permanent merge refusal" if self.permanent else f"stuck after {self.failed_runs} failed merge runs"
-        return f"region {self.region_id}{at}: {why}: {_without_region(self.reason, self.region_id)}"
+        return f"{name}{at}: {why}: {_without_region(self.reason, self.region_id)}"
 
 
 def _without_region(text: str, region_id: str) -> str:
