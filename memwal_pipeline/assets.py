@@ -236,8 +236,9 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str], stuck_a
     merged = sorted(rid for rid, r in result.regions.items() if r.generations_merged)
     labels = _labels(loc) if merged or outcome.failures else RegionLabels()
     for rid in merged:
+        after = adapt.merged_after(outcome.plan, result, rid)
         context.log.info(f"region {rid} ({labels.label(rid)}): merged generations "
-                         f"{result.regions[rid].generations_merged} (now at {adapt.merged_after(outcome.plan, result, rid)})")
+                         f"{result.regions[rid].generations_merged} (now at {after})")
     context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
                      f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
                      f"table version {result.table_version}")

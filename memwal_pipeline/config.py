@@ -144,7 +144,8 @@ def _section_schema(cls: type) -> dict[str, Any]:
                                             "title": prop.get("title"), "default": prop.get("default")}
         if f.metadata.get("kind") == "duration":
             prop = schema["properties"][f.name]
-            alts = [{"type": "number", "minimum": f.metadata.get("min", 0)}, {"type": "string", "pattern": _DURATION_TEXT}]
+            alts = [{"type": "number", "minimum": f.metadata.get("min", 0)},
+                    {"type": "string", "pattern": _DURATION_TEXT}]
             if type(None) in typing.get_args(typing.get_type_hints(cls)[f.name]):  # optional: null or "off"
                 alts += [{"type": "null"}, {"type": "string", "enum": ["off", "none", "null"]}]
             schema["properties"][f.name] = {"anyOf": alts, "title": prop.get("title"), "default": prop.get("default")}

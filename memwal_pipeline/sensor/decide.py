@@ -14,9 +14,10 @@ partitions or runs:
 - `BACKOFF`: it was requested before and its progress has not moved; it is requested again at
   `due` (the backoff doubles from the sensor interval, capped: a finite time);
 - `STUCK`: `merge_attempts` runs made no progress, or the merger recorded a permanent refusal
-  (a wall) at its next generation after the first run: retrying cannot pass it, so no JVM is
-  started for it again; no more automatic runs, and the region is reported (an error and an observation when it becomes stuck, a warning every tick after,
-  `liveness.stuck_regions` for the checks) until its progress moves.
+  (a wall) above its progress after the first run (retrying cannot pass it, so no JVM is
+  started for it again); no more automatic runs, and the region is reported (an error and an
+  observation when it becomes stuck, a warning every tick after, `liveness.stuck_regions` for
+  the checks) until its progress moves.
 A region that cannot be read is `UNREADABLE` (an error naming it, every tick). The property
 is checked on arbitrary observations in tests/test_sensor_decide.py.
 
@@ -328,7 +329,8 @@ def _notices(obs: Observation, regions: Mapping[str, RegionDecision], memory: Ma
                                          f"after {st.attempts - 1} merge run(s); requesting attempt {st.attempts} "
                                          f"of {policy.max_attempts}"))
         elif d.became_stuck:
-            out.append(Notice("error", f"{t}: {stuck_reason(rid, st, (obs.walls or {}).get(rid), obs.labels.get(rid))}"))
+            why = stuck_reason(rid, st, (obs.walls or {}).get(rid), obs.labels.get(rid))
+            out.append(Notice("error", f"{t}: {why}"))
         elif d.verdict == Verdict.RETIRE:
             out.append(Notice("info", f"{t}: region {rid} is sealed, fully merged and caught up: retiring its "
                                       "partition"))

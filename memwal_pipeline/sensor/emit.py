@@ -72,7 +72,8 @@ def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list
         out.append(AssetObservation(asset_key=key, partition=rid, metadata={
             "stuck": MetadataValue.bool(True), "stuck_generation": MetadataValue.int(st.base + 1),
             "failed_attempts": MetadataValue.int(st.attempts),
-            "reason": MetadataValue.text(decide.stuck_reason(rid, st, (obs.walls or {}).get(rid), obs.labels.get(rid))),
+            "reason": MetadataValue.text(decide.stuck_reason(rid, st, (obs.walls or {}).get(rid),
+                                                             obs.labels.get(rid))),
             **({"region_value": MetadataValue.text(obs.labels[rid])} if rid in obs.labels else {})}))
     return out
 
