@@ -161,12 +161,14 @@ def needs_progress(memory: Mapping[str, RegionState], probes: Mapping[str, Probe
     return False
 
 
-def needs_walls(memory: Mapping[str, RegionState], probes: Mapping[str, Probe]) -> bool:
-    """The recorded walls must be read (one listing): a region the sensor requested a merge
-    for still has generations above its progress (did that run stop at a permanent refusal?)."""
+def needs_walls(memory: Mapping[str, RegionState], probes: Mapping[str, Probe], now: float,
+                policy: RetryPolicy) -> bool:
+    """The recorded walls must be read (one listing): a region the sensor requested a merge for
+    still has generations above its progress and is due for another request (did that run stop
+    at a permanent refusal? then no request). Within the backoff nothing is requested anyway."""
     for rid, p in probes.items():
         st = p.applied(memory.get(rid))
-        if st is not None and st.pending and st.attempts:
+        if st is not None and st.pending and st.attempts and now - st.last_request >= policy.backoff(st.attempts):
             return True
     return False
 
@@ -270,12 +272,14 @@ def decide(obs: Observation, cursor: Cursor, options: SensorOptions) -> Decision
     if merge is None and not obs.maintenance.queued and obs.maintenance.latest_merge > cursor.maintained_after:
         maintenance = obs.maintenance.latest_merge
     first = False
+    waiting = any(d.verdict in (Verdict.REQUEST, Verdict.IN_FLIGHT, Verdict.BACKOFF) for d in regions.values())
     if maintenance is None and merge is None and not obs.maintenance.queued and not obs.maintenance.ever \
-            and not cursor.first_maintenance and not new_partitions:
+            and not cursor.first_maintenance and not new_partitions and not waiting:
         # An instance that never maintained this table (a new deployment of a table maintained
         # elsewhere): one maintenance run now, not at the next schedule tick, so its assets
-        # show their state instead of "Missing". Once per cursor, and not on a tick that adds
-        # partitions: the base_table events emit records for them come first (the watermark).
+        # show their state instead of "Missing". Once per cursor; not while merges are on
+        # their way (maintenance follows them), nor on a tick that adds partitions (the
+        # base_table events emit records for them come first: the watermark).
         maintenance, first = obs.maintenance.latest_merge, True
     changed = tuple(rid for rid in active if obs.probes.get(rid) and obs.probes[rid].ok and obs.probes[rid].changed)
     return Decision(

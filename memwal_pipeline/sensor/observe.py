@@ -13,7 +13,8 @@ rules say they matter (the predicates live in `decide`):
    still has something to merge or retire (`decide.needs_progress`); the readable region
    values then, for the observations of changed regions;
 5. the permanent refusals the merger recorded (one listing), when a region the sensor requested
-   a merge for still waits (`decide.needs_walls`): the first refusal stops the retries;
+   a merge for still waits and is due again (`decide.needs_walls`): the first refusal stops
+   the retries;
 6. the gating indexes' recorded catch-up, when a sealed region merged to its end might retire;
 7. whether a maintenance run is queued, and the newest base_table materialization.
 The table's base-table indexes are read only on ticks that request maintenance
@@ -89,7 +90,8 @@ def observe(instance: DagsterInstance, w: Watched, cursor: Cursor, options: Sens
     progress = decide.needs_progress(base.memory, probes)
     changed = sorted(rid for rid, o in seen.items() if o.changed)
     merged = dict(merged_once()) if progress else None
-    recorded = walls_of(w.loc) if progress and decide.needs_walls(base.memory, probes) else None
+    due = progress and decide.needs_walls(base.memory, probes, now, decide.policy_of(options))
+    recorded = walls_of(w.loc) if due else None
     named = changed + sorted(recorded or ())
     labels = RegionLabels.load(w.loc, memwal_state()) if named else None  # one snapshot read
     candidates = decide.retire_candidates(base.memory, probes, merged) if merged is not None else []
