@@ -91,15 +91,6 @@ def parse_duration(value: Any, what: str) -> float:
     return seconds(value, what)
 
 
-def format_duration(seconds_: float) -> str:
-    """Seconds as the largest whole unit the parser reads back ("7d", "12h", "90s")."""
-    for unit in ("w", "d", "h", "m"):
-        n = _DURATION_UNITS[unit]
-        if seconds_ >= n and seconds_ % n == 0:
-            return f"{seconds_ / n:g}{unit}"
-    return f"{seconds_:g}s"
-
-
 def check_spark_master(value: Any, what: str = "spark master") -> str:
     """A Spark master Spark can start (checked before a JVM is started for it)."""
     if not isinstance(value, str) or not _SPARK_MASTER.match(value.strip()):
@@ -257,8 +248,8 @@ class GcOptions(_Checked):
     measured with the cleaning machine's clock against the committer's. A day leaves 24 times
     the longest run for that (Delta refuses less than 7 days, Iceberg expires after 5, Lance's
     own default is 2 weeks; memwal's shipped retention, `cleanup_base_versions_older_than_seconds`,
-    is a week). Its cost: the versions of a
-    day stay readable (about 14,000 for a table merged every 30 s, and a GC pass reads each).
+    is a week). Its cost: the versions of a day stay readable (about 14,000 for a table merged
+    every 30 s, and a GC pass reads each).
     Lower the floor only where no commit can be in flight for that long (tests, a table one
     process maintains); 0 turns it off.
     """

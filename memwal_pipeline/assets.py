@@ -6,9 +6,9 @@ Each step asset is a thin adapter: it runs its step through the core runner
 (`memwal_core.steps.run_step`: plan + execute under the table's lease) and turns the
 `StepOutcome` into events: numeric metadata the UI plots (the outcome's metrics, plus a few
 texts and bounded maps), check results, and a Dagster `Failure` for what failed. Every asset
-that commits to the table runs in the table's pool (limit 1, set by the sensor when the instance
-has none: `pools.py`), so runs of one table are serialized within one Dagster instance; the lease the runner holds
-around plan and commits (`memwal_core/state/lease.py`) serializes it with every other
+that commits to the table runs in the table's pool (limit 1, set by the sensor when the
+instance has none: `pools.py`), so runs of one table are serialized within one Dagster
+instance; the lease the runner holds around plan and commits (`memwal_core/state/lease.py`) serializes it with every other
 maintainer (another instance, `memwal maintain`, a library caller). A lease held past
 `lease.wait_seconds` skips the step: `status` says "skipped: ... held by <holder> until <time>"
 and the steps after it still run.
