@@ -4,7 +4,8 @@ The jobs take these dataclasses, the `MemWalTable` Dagster component embeds them
 `memwal.yaml` maps 1:1 onto them (a section per class, a key per field) and the CLI builds them
 from flags, so a setting has one name and one default everywhere. `from_mapping` is the one
 parser for hand-written mappings: unknown keys get a did-you-mean, sizes accept "256MB",
-durations "7d", "12h", "30m", "90s".
+durations "7d", "12h", "30m", "90s", and an optional setting is turned off by `null`, "none"
+or "off".
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def _convert(f, hint: Any, value: Any, what: str) -> Any:
     """One field's value from a hand-written mapping, by the field's type and metadata."""
     args = typing.get_args(hint)
     if type(None) in args:  # `X | None`
-        if value is None:
+        # `off` unquoted is YAML's false: for an optional setting it means off too.
+        if value is None or value is False or (isinstance(value, str) and value.strip().lower() in _OFF):
             return None
         hint = next(a for a in args if a is not type(None))
     kind = f.metadata.get("kind")
@@ -234,10 +236,15 @@ class CatchupOptions(_Checked):
 
 # The base-version retention floor (`GcOptions.cleanup_base_versions_floor_seconds`), see there.
 BASE_VERSION_FLOOR_SECONDS = 86400.0
+# The shipped base-version retention (`GcOptions.cleanup_base_versions_older_than_seconds`).
+DEFAULT_BASE_VERSION_RETENTION_SECONDS = 7 * 86400.0
+# What turns an optional setting off when written as text (a CLI flag, `off` in YAML).
+_OFF = ("none", "null", "off")
 
 
-def _duration(default: float | None) -> Any:
-    return field(default=default, metadata={"kind": "duration"})
+def _duration(default: float | None, minimum: float = 0) -> Any:
+    """A duration setting: seconds, or text with a unit ("7d", "12h", "30m", "90s")."""
+    return field(default=default, metadata={"kind": "duration", "min": minimum})
 
 
 @dataclass(frozen=True)
@@ -259,8 +266,9 @@ class GcOptions(_Checked):
     only marks the run failed: a worker that lives on can still commit later, and the age is
     measured with the cleaning machine's clock against the committer's. A day leaves 24 times
     the longest run for that (Delta refuses less than 7 days, Iceberg expires after 5, Lance's
-    own default is 2 weeks; memwal's shipped retention is a week). Its cost: the versions of a
-    day stay readable (about 14,000 for a table merged every 30 s, and a GC pass reads each).
+    own default is 2 weeks; memwal's shipped retention, `cleanup_base_versions_older_than_seconds`,
+    is a week). Its cost: the versions of a day stay readable (about 14,000 for a table merged
+    every 30 s, and a GC pass reads each).
     Lower the floor only where no commit can be in flight for that long (tests, a table one
     process maintains); 0 turns it off.
     """
@@ -268,8 +276,11 @@ class GcOptions(_Checked):
     manifest_retention: int = field(default=10, metadata=_min(1))  # the latest is always kept
     manifest_min_age_seconds: Duration = _duration(3600.0)
     orphan_grace_seconds: Duration = _duration(86400.0)  # a day: far beyond any flush (Iceberg 3 d, Delta 7 d)
-    # Lance's own cleanup_old_versions of the base table, run before planning (None: off).
-    cleanup_base_versions_older_than_seconds: Duration | None = _duration(None)
+    # Lance's own cleanup_old_versions of the base table, run before planning: versions older
+    # than this go (a week by default, as LanceDB's `optimize`; Lance's own is 2 weeks; never
+    # below the floor). None (`null`, `off`): no cleanup by age, and then every retained version
+    # holds its generations forever unless `cleanup_base_versions_retain` limits them by count.
+    cleanup_base_versions_older_than_seconds: Duration | None = _duration(DEFAULT_BASE_VERSION_RETENTION_SECONDS)
     cleanup_base_versions_retain: int | None = field(default=None, metadata=_min(1))
     cleanup_base_versions_floor_seconds: Duration = _duration(BASE_VERSION_FLOOR_SECONDS)
     keep_current_epoch_wal: bool = True
@@ -277,7 +288,7 @@ class GcOptions(_Checked):
     # Regions with data from before the MemWAL initialization (after an overwrite) are reported
     # and kept; this long after they were first reported GC discards them (None: only by hand,
     # `memwal regions discard`). A week, as the shipped base-version retention.
-    discard_stale_after_seconds: float | None = field(default=7 * 86400.0, metadata=_min(0))
+    discard_stale_after_seconds: Duration | None = _duration(7 * 86400.0)
     # Base-table files no retained version references (commits that lost a race or crashed),
     # older than `leaked_file_grace_seconds` (`jobs/gc/leaks.py`; costs a listing of data/,
     # _deletions/, _transactions/ and _indices/ per pass).
@@ -291,7 +302,9 @@ class GcOptions(_Checked):
     def __post_init__(self) -> None:
         super().__post_init__()
         age, floor = self.cleanup_base_versions_older_than_seconds, self.cleanup_base_versions_floor_seconds
-        if age is not None and age < floor:
+        # The shipped age rises to a floor raised above it (`base_cleanup_older_than`); an age
+        # written below the floor is refused.
+        if age is not None and age < floor and age != DEFAULT_BASE_VERSION_RETENTION_SECONDS:
             raise OptionError(
                 f"gc.cleanup_base_versions_older_than_seconds: {age:g} s is below the retention floor of "
                 f"{floor:g} s (gc.cleanup_base_versions_floor_seconds): cleaning up base-table versions a "
@@ -328,15 +341,15 @@ class LeaseOptions(_Checked):
     `ttl_seconds` must exceed the clock skew between maintainer hosts by a wide margin."""
 
     enabled: bool = True
-    ttl_seconds: float = field(default=60.0, metadata=_min(1))
-    wait_seconds: float = 30.0
+    ttl_seconds: Duration = _duration(60.0, minimum=1)
+    wait_seconds: Duration = _duration(30.0)
 
 
 @dataclass(frozen=True)
 class SloOptions(_Checked):
     """When the `merge_lag` and `catchup_gap` checks turn red."""
 
-    merge_lag_seconds: float = 600.0
+    merge_lag_seconds: Duration = _duration(600.0)
     catchup_gap_generations: int = 10
 
 
@@ -348,10 +361,10 @@ class SensorOptions(_Checked):
     # Merge requests per region while its progress stays put (backoff doubling from the
     # interval, capped); then the region is reported stuck instead of retried forever.
     merge_attempts: int = field(default=6, metadata=_min(1))
-    max_backoff_seconds: float = 3600.0
+    max_backoff_seconds: Duration = _duration(3600.0)
     # A merge run still STARTED after this long is failed by run monitoring (its worker may
     # have died with the code server: the default run launcher cannot tell), freeing the pool.
-    merge_max_runtime_seconds: float = 3600.0
+    merge_max_runtime_seconds: Duration = _duration(3600.0)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ Each step asset is a thin adapter: it runs its step through the core runner
 (`memwal_core.steps.run_step`: plan + execute under the table's lease) and turns the
 `StepOutcome` into events: numeric metadata the UI plots (the outcome's metrics, plus a few
 texts and bounded maps), check results, and a Dagster `Failure` for what failed. Every asset
-that commits to the table runs in the table's pool (limit 1 in dagster_home/dagster.yaml), so
-commits to one table are serialized within one Dagster instance; the lease the runner holds
-around plan and commits (`memwal_core/state/lease.py`) serializes it with every other
+that commits to the table runs in the table's pool (limit 1, set by the sensor when the
+instance has none: `pools.py`), so runs of one table are serialized within one Dagster
+instance; the lease the runner holds around plan and commits (`memwal_core/state/lease.py`) serializes it with every other
 maintainer (another instance, `memwal maintain`, a library caller). A lease held past
 `lease.wait_seconds` skips the step: `status` says "skipped: ... held by <holder> until <time>"
 and the steps after it still run.
@@ -153,32 +153,41 @@ def run_metadata(outcome: StepOutcome, regions: list[str]) -> dict[str, Any]:
         "region_errors": MetadataValue.json(bounded.fit(_reasons(outcome.failures)))}
 
 
-def _known(f: RegionFailure, history: failures.RegionHistory | None) -> bool:
+def _known(f: RegionFailure, history: failures.RegionHistory | None, stuck_after: int) -> bool:
     """A failure already reported: a wall at the same generation, or the same failure recorded
-    in `STUCK_AFTER` failed runs (the region is stuck; `merge_lag` says so)."""
+    in `stuck_after` (`sensor.merge_attempts`) failed runs (the region is stuck; `merge_lag` says so)."""
     if history is None:
         return False
     same = [h for h in history.failures if h.generation == f.generation]
-    return (f.permanent and any(h.permanent for h in same)) or len(same) >= failures.STUCK_AFTER
+    return (f.permanent and any(h.permanent for h in same)) or len(same) >= stuck_after
 
 
-def merge_failed(new: list[RegionFailure]) -> MergeFailed:
-    """The run's failure: the regions not merged, each with generation, permanence and reason;
-    retried by a run retry policy only when one of them is transient."""
-    shown = "; ".join(f.describe() for f in new[:5])
-    more = f" (and {len(new) - 5} more)" if len(new) > 5 else ""
-    return MergeFailed(description=f"{len(new)} region(s) not merged: {shown}{more}",
+def merge_failed(new: list[RegionFailure], labels: RegionLabels | None = None) -> MergeFailed:
+    """The run's failure: the regions not merged, each with its value, generation, permanence,
+    reason (offending rows and values as the merger counted them) and the repair; retried by a
+    run retry policy only when one of them is transient."""
+    labels = labels or RegionLabels()
+    shown = "\n".join(f"- {failures.explain(f, labels.label(f.region_id))}" for f in new[:5])
+    more = f"\n(and {len(new) - 5} more regions)" if len(new) > 5 else ""
+    return MergeFailed(description=f"{len(new)} region(s) not merged:\n{shown}{more}",
                        metadata={"regions_failed": MetadataValue.int(len(new)),
+                                 "region_values": MetadataValue.json(bounded.fit(
+                                     {f.region_id: labels.label(f.region_id) for f in new})),
+                                 "offending_rows": MetadataValue.int(sum(f.offending_rows for f in new)),
                                  "region_errors": MetadataValue.json(bounded.fit(_reasons(new)))},
                        allow_retries=not all(f.permanent for f in new))
 
 
 def raise_if_failed(outcome: StepOutcome) -> None:
-    """A step that failed or was refused fails its asset with the error as raised."""
+    """A step that failed or was refused fails its asset with a `Failure` that says why in
+    memwal's words (the error as raised stays its cause, for the full trace)."""
     if outcome.status in (StepStatus.FAILED, StepStatus.REFUSED):
+        error = outcome.error or f"{outcome.step} failed"
+        md = {"step": MetadataValue.text(outcome.step), "status": MetadataValue.text(outcome.status.value)}
         if outcome.exception is not None:
-            raise outcome.exception
-        raise Failure(description=outcome.error or f"{outcome.step} failed")
+            md["error_type"] = MetadataValue.text(type(outcome.exception).__name__)
+        raise Failure(description=f"{outcome.step} {outcome.status.value}: {error}", metadata=md,
+                      allow_retries=outcome.status is not StepStatus.REFUSED) from outcome.exception
 
 
 def _table(context, keys: TableKeys) -> TableResource:
@@ -228,13 +237,10 @@ def _run_checked(context, keys: TableKeys, cfg: TableConfig, step: str, *, spark
 
 
 def _labels(loc) -> RegionLabels:
-    try:
-        return RegionLabels.load(loc, read_memwal_state(loc))
-    except Exception:  # noqa: BLE001 - a label never fails a run that did its work
-        return RegionLabels()
+    return RegionLabels.of(loc)
 
 
-def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iterator[Any]:
+def merge_events(context, loc, outcome: StepOutcome, regions: list[str], stuck_after: int) -> Iterator[Any]:
     """A merge run's events: the run's totals (one observation), one materialization per region
     it merged, and, when regions are left unmerged and not already known to be, the run's
     failure (tagged with the failures, so checks and `memwal status` find them).
@@ -246,8 +252,9 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iter
     merged = sorted(rid for rid, r in result.regions.items() if r.generations_merged)
     labels = _labels(loc) if merged or outcome.failures else RegionLabels()
     for rid in merged:
-        context.log.info(f"region {rid}: merged generations {result.regions[rid].generations_merged} "
-                         f"(now at {adapt.merged_after(outcome.plan, result, rid)})")
+        after = adapt.merged_after(outcome.plan, result, rid)
+        context.log.info(f"region {rid} ({labels.label(rid)}): merged generations "
+                         f"{result.regions[rid].generations_merged} (now at {after})")
     context.log.info(f"merge run: {len(regions)} regions, {result.generations_merged} generations merged "
                      f"in {result.commits} commits, {len(outcome.failures)} regions failed, "
                      f"table version {result.table_version}")
@@ -260,11 +267,11 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iter
     if not outcome.failures:
         return
     for f in outcome.failures:
-        context.log.error(f.describe())
+        context.log.error(failures.explain(f, labels.label(f.region_id)))
     history = failures.recent_failures(context.instance, context.job_name, regions=sorted(failing))
-    new = [f for f in outcome.failures if not _known(f, history.get(f.region_id))]
+    new = [f for f in outcome.failures if not _known(f, history.get(f.region_id), stuck_after)]
     if not new:
-        # Every failure is a known one (a wall, or recorded STUCK_AFTER times already): the
+        # Every failure is a known one (a wall, or recorded `stuck_after` times already): the
         # partitions stay failed from before and `merge_lag` reports them; failing again
         # would only fail the other regions' runs.
         context.log.warning(f"{len(outcome.failures)} regions still cannot be merged (known, see merge_lag)")
@@ -279,7 +286,7 @@ def merge_events(context, loc, outcome: StepOutcome, regions: list[str]) -> Iter
             yield AssetMaterialization(asset_key=context.asset_key, partition=rid,
                                        metadata=merge_region_metadata(outcome, rid, labels.label(rid)))
     context.instance.add_run_tags(context.run_id, failures.run_tags(outcome.failures))
-    raise merge_failed(new)
+    raise merge_failed(new, labels)
 
 
 def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
@@ -293,8 +300,9 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
 
     @asset(key=keys.asset("region_generations"), partitions_def=partitions, group_name=group, kinds={"lance"},
            required_resource_keys=table_res,
-           description="Flushed generations of one region, observed from its latest manifest "
-                       "(the manifest sensor records observations; materializing refreshes them).")
+           description="Flushed generations of one region, written by the table's writers: the manifest "
+                       "sensor records a materialization of the region's partition whenever its manifest "
+                       "moves (generations, lag, region value); materializing reads it again.")
     def region_generations(context: AssetExecutionContext) -> MaterializeResult:
         loc = _location(context, keys)
         rid = context.partition_key
@@ -322,7 +330,7 @@ def build_assets(cfg: TableConfig, partitions: DynamicPartitionsDefinition,
         if skipped is not None:  # no materialization: the sensor requests the regions again
             yield AssetObservation(asset_key=context.asset_key, metadata=skipped)
             return
-        yield from merge_events(context, _location(context, keys), outcome, regions)
+        yield from merge_events(context, _location(context, keys), outcome, regions, cfg.sensor.merge_attempts)
 
     @asset(key=keys.asset("base_compaction"), kinds={"lance", "spark"}, deps=[base_table], group_name=group,
            pool=cfg.pool, required_resource_keys=table_res | {keys.spark_resource},

@@ -22,10 +22,11 @@ from . import failures
 from . import metadata as bounded
 from .assets import TableKeys
 from .config import TableConfig
+from .partitions import RegionLabels
 
 
 def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckRegion],
-               n: int = bounded.TOP_N) -> tuple[bool, AssetCheckSeverity, dict]:
+               n: int = bounded.TOP_N, labels: RegionLabels | None = None) -> tuple[bool, AssetCheckSeverity, dict]:
     # Stuck and unreadable regions carry a reason each: fewer of them fit in the bound.
     """merge_lag's verdict and bounded metadata (a pure function of the table status and the
     stuck regions, so its size can be tested at thousands of regions)."""
@@ -53,8 +54,10 @@ def lag_report(st: status.TableStatus, slo_s: float, stuck: list[failures.StuckR
         "regions_failed": MetadataValue.int(len(failed)),
         "region_errors": MetadataValue.json(bounded.top(failed, n // 2, text_limit=100)),
     }
+    labels = labels or RegionLabels()
     if stuck:
-        md["description"] = MetadataValue.text(bounded.short("; ".join(s.describe() for s in stuck[:2])))
+        md["description"] = MetadataValue.text(bounded.short("; ".join(s.describe(labels.label(s.region_id))
+                                                                       for s in stuck[:2])))
     elif failed:
         md["description"] = MetadataValue.text(bounded.short(
             f"{len(failed)} region(s) cannot be read: " + "; ".join(list(failed.values())[:2])))
@@ -125,19 +128,22 @@ def build_checks(cfg: TableConfig, merge_job_name: str | None = None) -> list:
     @asset_check(asset=keys.asset("base_table"), name="merge_lag", required_resource_keys=res,
                  description=f"The oldest pending generation is younger than {cfg.slo.merge_lag_seconds:.0f} s "
                              "(WARN), and no region is stuck: refused by the merger, or failing merge run "
-                             f"after run ({failures.STUCK_AFTER}), or unreadable (ERROR).")
+                             f"after run ({cfg.sensor.merge_attempts} runs, sensor.merge_attempts: the sensor "
+                             "stops requesting merges then), or unreadable (ERROR).")
     def merge_lag(context) -> AssetCheckResult:
-        st = status.table_status(loc_of(context))
+        loc = loc_of(context)
+        st = status.table_status(loc)
         merged = {r.region_id: r.merged_generation for r in st.regions}
         history = failures.recent_failures(context.instance, merge_job_name, regions=merged)
-        stuck = failures.stuck_regions(history, merged)
+        stuck = failures.stuck_regions(history, merged, cfg.sensor.merge_attempts)
         stuck += sensor_gave_up(context.instance, cfg.name, {s.region_id for s in stuck}, merged)
         known = {s.region_id for s in stuck}  # walls the merger recorded (memwal_core.state.walls)
         stuck += [failures.StuckRegion(r.region_id, r.wall, r.error or "", 0, True) for r in st.regions
                   if r.wall is not None and r.region_id not in known]
+        labels = RegionLabels.of(loc) if stuck else RegionLabels()
         for s in stuck:
-            context.log.error(s.describe())
-        passed, severity, md = lag_report(st, cfg.slo.merge_lag_seconds, stuck)
+            context.log.error(s.describe(labels.label(s.region_id)))
+        passed, severity, md = lag_report(st, cfg.slo.merge_lag_seconds, stuck, labels=labels)
         desc = md.pop("description", None)
         return AssetCheckResult(passed=passed, severity=severity, metadata=md,
                                 description=desc.value if desc else None)

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import posixpath
 import re
+import typing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Mapping
@@ -132,6 +133,12 @@ def _section_schema(cls: type) -> dict[str, Any]:
     (`memwal_core.options.Size`, `Duration`: "256MB", "7d")."""
     schema = TypeAdapter(cls).json_schema()
     schema["additionalProperties"] = False
+    hints = typing.get_type_hints(cls, include_extras=False)
+    for f in dataclasses.fields(cls):  # an optional duration is also turned off by "off" (YAML: false)
+        if f.metadata.get("kind") == "duration" and type(None) in typing.get_args(hints[f.name]):
+            prop = schema["properties"][f.name]
+            alts = prop.get("anyOf", [prop])
+            prop["anyOf"] = alts + [{"type": "string", "enum": ["off", "none", "null"]}, {"type": "boolean", "const": False}]
     return schema
 
 

@@ -25,6 +25,7 @@ from dagster import (
     definitions,
 )
 
+from . import pools
 from .assets import TableKeys, build_assets
 from .checks import build_checks
 from .config import DEFAULT_CONFIG, REPO_ROOT, TableConfig, TableSpec, check_connect_servers, check_tables, load_config  # noqa: F401
@@ -106,6 +107,7 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
 
 def build_definitions(tables: list[TableConfig]) -> Definitions:
     check_tables(tables)
+    pools.warn_if_unlimited([t.pool for t in tables])  # runs of one table apart: memwal_pipeline/pools.py
     parts = [table_definitions(t) for t in tables]
     return Definitions(
         assets=[a for p in parts for a in p.assets],

@@ -8,7 +8,9 @@ by earlier versions, with short keys, still read). Readers look at the most rece
 only (`RECENT_RUNS`), one query, so the cost does not grow with the number of regions or runs.
 
 A region is **stuck** when, since it last merged past the failing generation, its latest
-failure was permanent (a wall) or it failed in `STUCK_AFTER` runs.
+failure was permanent (a wall) or it failed in `sensor.merge_attempts` runs: the threshold at
+which the sensor stops requesting merges of it, so the check, the sensor and `memwal status`
+call the same regions stuck.
 """
 
 from __future__ import annotations
@@ -18,13 +20,30 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from memwal_core.failures import RegionFailure
+from memwal_core.options import SensorOptions
 
 FAILED_TAG = "memwal/failed"
 FAILURES_TAG = "memwal/merge_failures"
 RECENT_RUNS = 50  # failed runs read by a check
-STUCK_AFTER = 3  # failed merge runs that make a region stuck
 MAX_TAGGED_REGIONS = 20
 MAX_ERROR_CHARS = 300
+
+
+REPAIR_PERMANENT = ("Repair: rewrite the generation's directory with rows that belong to this region (same "
+                    "generation number), or discard a stale region (`memwal regions discard`); then materialize "
+                    "the region's base_table partition (the sensor does not retry a permanent refusal)")
+REPAIR_TRANSIENT = "The sensor requests the region again after a backoff, up to sensor.merge_attempts runs"
+
+
+def explain(failure: RegionFailure, label: str | None = None) -> str:
+    """A failure as a person reads it: region id and value, generation, permanence, reason, and
+    the repair (unless the reason names its own)."""
+    name = f"region {failure.region_id}" + (f" ({label})" if label else "")
+    at = f" at generation {failure.generation}" if failure.generation is not None else ""
+    reason = failure.reason.removeprefix(f"region {failure.region_id}: ").rstrip(". ")
+    kind = "permanent" if failure.permanent else "transient"
+    repair = "" if "Repair:" in reason else " " + (REPAIR_PERMANENT if failure.permanent else REPAIR_TRANSIENT)
+    return f"{name}{at} ({kind}): {reason}.{repair}"
 
 
 def tagged(failure: RegionFailure) -> dict[str, Any]:
@@ -90,10 +109,12 @@ class StuckRegion:
     failed_runs: int
     permanent: bool
 
-    def describe(self) -> str:
+    def describe(self, label: str | None = None) -> str:
+        """One line; `label`: the region's value (`bucket=2`), shown next to its id."""
+        name = f"region {self.region_id}" + (f" ({label})" if label else "")
         at = f" at generation {self.generation}" if self.generation is not None else ""
         why = "permanent merge refusal" if self.permanent else f"stuck after {self.failed_runs} failed merge runs"
-        return f"region {self.region_id}{at}: {why}: {_without_region(self.reason, self.region_id)}"
+        return f"{name}{at}: {why}: {_without_region(self.reason, self.region_id)}"
 
 
 def _without_region(text: str, region_id: str) -> str:
@@ -102,12 +123,14 @@ def _without_region(text: str, region_id: str) -> str:
 
 
 def stuck_regions(history: dict[str, RegionHistory], merged: dict[str, int],
-                  stuck_after: int = STUCK_AFTER) -> list[StuckRegion]:
+                  stuck_after: int | None = None) -> list[StuckRegion]:
     """Regions whose failures still hold: not merged past the failing generation since.
+    `stuck_after`: the table's `sensor.merge_attempts` (default: its default).
 
     Failures of a region are counted newest first while their generation is still unmerged
     (`merged[region] < generation`); a failure without a generation always counts.
     """
+    stuck_after = SensorOptions().merge_attempts if stuck_after is None else stuck_after
     out = []
     for rid, h in sorted(history.items()):
         current = [f for f in h.failures if f.generation is None or merged.get(rid, 0) < f.generation]

@@ -74,6 +74,18 @@ class RegionLabels:
             values = {}
         return cls(values, unsharded)
 
+    @classmethod
+    def of(cls, loc: TableLocation) -> RegionLabels:
+        """`load` on the table's current state; no labels (ids only) when that cannot be read:
+        a label never fails a run, a check or `memwal status` that did its work."""
+        from memwal_core.state.table import read_memwal_state
+
+        try:
+            return cls.load(loc, read_memwal_state(loc))
+        except Exception as e:  # noqa: BLE001
+            log.warning("region values unavailable (%s): regions show their id only", e)
+            return cls()
+
     def label(self, region_id: str) -> str:
         if self.unsharded:
             return UNSHARDED

@@ -35,6 +35,7 @@ from dagster import (
 
 from memwal_core.state.store import TableLocation
 
+from . import pools
 from .assets import TableKeys
 from .config import TableConfig
 from .partitions import index_partitions, index_range_tags
@@ -52,10 +53,14 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
                   index_parts: DynamicPartitionsDefinition | None = None) -> SensorResult | SkipReason:
     """One tick of `cfg`'s sensor at `now` (default: the clock): observe, decide, emit."""
     now = time.time() if now is None else now
+    if pools.ensure_limit(context.instance, cfg.pool):
+        context.log.info(f"{cfg.name}: pool {cfg.pool} had no limit in this Dagster instance: set to "
+                         f"{pools.POOL_LIMIT} (one run of the table at a time; memwal_pipeline/pools.py)")
     index_parts = index_parts or index_partitions(cfg.name)
     cursor = Cursor.parse(context.cursor)
+    keys = TableKeys(cfg.name)
     watched = Watched(cfg.name, loc, partitions.name, merge_job_name, maintenance_job_name,
-                      TableKeys(cfg.name).asset("base_table"))
+                      keys.asset("base_table"), keys.asset("garbage"))
     seen, memory = observe.observe(context.instance, watched, cursor, cfg.sensor, now)
     decision = decide.decide(seen, cursor, cfg.sensor)
     upkeep = (observe.index_partitions(context.instance, index_parts.name, loc)
@@ -91,6 +96,7 @@ def build_maintenance_schedule(cfg: TableConfig, maintenance_job, indexes: Dynam
               cron_schedule=cfg.schedule.maintenance_cron, default_status=DefaultScheduleStatus.RUNNING,
               description="Periodic maintenance even without merges (orphans, WAL hints, retention).")
     def maintenance_schedule(context: ScheduleEvaluationContext) -> RunRequest:
+        pools.ensure_limit(context.instance, cfg.pool)
         return RunRequest(tags={"memwal/table": cfg.name, **index_range_tags(context.instance, indexes)})
 
     return maintenance_schedule

@@ -573,10 +573,10 @@ def test_gc_after_compaction_keeps_what_retained_versions_read(table_loc, spark)
     old_version, old_rows = ds.version, as_dict(ds.to_table())
     assert compaction.compact(table_loc, spark).status == "compacted"
     keep = table.open_dataset(table_loc).version - old_version + 1
-    gc.run_gc(table_loc, GcOptions(cleanup_base_versions_retain=keep, cleanup_base_versions_floor_seconds=0))
+    gc.run_gc(table_loc, GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=keep, cleanup_base_versions_floor_seconds=0))
     assert old_version in [v["version"] for v in table.open_dataset(table_loc).versions()]
     assert as_dict(table.open_dataset(table_loc, version=old_version).to_table()) == old_rows
-    gc.run_gc(table_loc, GcOptions(cleanup_base_versions_retain=1, cleanup_base_versions_floor_seconds=0))
+    gc.run_gc(table_loc, GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1, cleanup_base_versions_floor_seconds=0))
     assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
     assert as_dict(reader.lsm_table(table_loc)) == w.expected()
     assert not unreferenced_data_files(table_loc)

@@ -124,7 +124,7 @@ def test_index_partitions_region_values_and_per_index_catchup(table_loc, instanc
     assert md["exists"].value is True and "region_gaps" in md and md["run/indexes"].value == 1
     assert instance.get_materialized_partitions(idx_key) == {"id_btree"}
 
-    # A flush in one region: its observation names its value (the snapshot knows it by now).
+    # A flush in one region: its materialization names its value (the snapshot knows it by now).
     value, rid = min(w.regions.items())
     keys = [k for k in range(300, 600) if w.region_value([k])[0] == value][:3]
     with w.dataset().mem_wal_writer(rid) as writer:
@@ -134,8 +134,8 @@ def test_index_partitions_region_values_and_per_index_catchup(table_loc, instanc
     ds.create_scalar_index("n", "BTREE", name="n_btree")
     table.open_dataset(table_loc).drop_index("id_btree")
     cursor, maint = drive(cursor)
-    obs = instance.fetch_observations(AssetKey(["t", "region_generations"]), limit=20).records
-    mine = [o.asset_observation for o in obs if o.asset_observation.partition == rid]
+    obs = instance.fetch_materializations(AssetKey(["t", "region_generations"]), limit=20).records
+    mine = [o.asset_materialization for o in obs if o.asset_materialization.partition == rid]
     assert mine and mine[0].metadata["region_value"].value == f"bucket={value}"
     assert instance.get_dynamic_partitions(td.index_partitions.name) == ["n_btree"]
     assert maint and maint[-1]["dagster/asset_partition_range_end"] == "n_btree"
@@ -165,3 +165,29 @@ def test_maintenance_schedule_spans_index_partitions(table_loc, tmp_path):
         with build_schedule_context(instance=inst) as ctx:
             (req,) = td.schedule.evaluate_tick(ctx).run_requests
         assert req.partition_key_range == PartitionKeyRange("a_idx", "b_idx")
+
+
+def test_status_shows_each_regions_value_and_lag(table_loc):
+    """`memwal status` (a subprocess, as a person runs it) shows each region's value next to
+    its id and a lag column: the age of its oldest unmerged generation."""
+    import os
+    import subprocess
+    import sys
+
+    from memwal_core.jobs import snapshot
+    from support.tables import make_table
+
+    w = make_table(table_loc, regions=2, rounds=1)
+    snapshot.build_snapshot(table_loc)  # records the region values
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    out = subprocess.run([sys.executable, "-m", "memwal_pipeline.cli", "status", table_loc.lance_uri],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith("region "))
+    assert header.split() == ["region", "value", "manifest", "epoch", "merged", "pending", "rows", "lag"], header
+    for value, rid in w.regions.items():
+        (row,) = [ln for ln in lines if ln.startswith(rid)]
+        cells = row.split()
+        assert cells[1] == f"bucket={value}", row
+        assert cells[-1].endswith(("s", "m", "h", "d")) and cells[-1] != "-", row  # pending: a lag

@@ -112,7 +112,7 @@ def test_stuck_region_fails_its_partition_and_merge_lag(table_loc, tmp_path, spa
     lag_job = defs.resolve_job_def("t_checks")
     asset_key = AssetKey(["t", "base_table"])
     stuck_seen = None
-    for attempt in range(1, failures.STUCK_AFTER + 1):
+    for attempt in range(1, cfg.sensor.merge_attempts + 1):
         out = merge_job.execute_in_process(instance=instance, tags=_range(regions), raise_on_error=False)
         assert not out.success
         step_failure = next(e for e in out.all_events if e.is_step_failure)
@@ -268,8 +268,10 @@ def test_gc_holds_say_what_is_kept_and_until_when(table_loc, spark):
     assert tt.until is not None and tt.until <= newest_needing.timestamp() + week.total_seconds() + 1
     assert "until 20" in tt.describe()
     assert plan.to_dict()["holds"][0]["reason"] == "time_travel"
-    # Without a configured cleanup the hold has no end, and says so.
+    # The shipped cleanup (a week) gives the hold an end; with the cleanup off it has none, and says so.
     (tt,) = gc.plan_gc(table_loc).holds
+    assert tt.until is not None and tt.until <= newest_needing.timestamp() + week.total_seconds() + 1
+    (tt,) = gc.plan_gc(table_loc, gc.GcOptions(cleanup_base_versions_older_than_seconds=None)).holds
     assert tt.until is None and "no cleanup configured" in tt.describe()
     # Unmerged generations are held as such.
     value, rid = sorted(w.regions.items())[0]

@@ -222,7 +222,9 @@ def test_cli_dry_run_respects_only_and_lists_paths(templates, capsys):
     plan = json.loads(capsys.readouterr().out)
     assert list(plan["steps"]) == ["merge", "gc"]
     gc_step = plan["steps"]["gc"]
-    assert gc_step["plan"]["base_cleanup"] is None and gc_step["metrics"]["would_delete"]["base_version"]["items"] == 0
+    # The shipped cleanup (versions older than a week) is planned, and finds nothing that old.
+    assert gc_step["plan"]["base_cleanup"]["old_versions"] == 0
+    assert gc_step["metrics"]["would_delete"]["base_version"]["items"] == 0
     assert cli.main(["maintain", root, "--only", "merge,gc", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count("\nmerge: ") == 1 and "compact:" not in out and "run first" in out
@@ -255,7 +257,7 @@ def test_gc_dry_run_on_s3(s3_table_loc, spark):
     w.write_round(40, puts_per_batch=10)
     assert not merge.merge(loc, spark).region_errors
     snapshot.build_snapshot(loc)
-    cfg = gc.GcOptions(cleanup_base_versions_retain=1, manifest_min_age_seconds=0, cleanup_base_versions_floor_seconds=0)
+    cfg = gc.GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1, manifest_min_age_seconds=0, cleanup_base_versions_floor_seconds=0)
     objects = {o.key for o in loc.store.list("")}
     versions = {int(v["version"]) for v in lance.dataset(loc.lance_uri, storage_options=loc.storage_options).versions()}
     dry = gc.run_gc(loc, cfg, dry_run=True)

@@ -125,3 +125,69 @@ def test_pool_alone_holds_untagged_runs_once_initialized(home_elsewhere):
 
 def _event(run, kind: str):
     return DagsterEvent(DagsterEventType(kind).value, job_name=run.job_name)
+
+
+def test_an_instance_without_memwal_settings_serializes_one_tables_runs(tmp_path, monkeypatch, caplog):
+    """A Dagster instance of one's own (a dagster.yaml without `concurrency:`): loading the
+    definitions warns that the table's pool is unlimited; the sensor's first tick gives it the
+    shipped limit (1); then a maintenance run of the table waits while another run of the same
+    table holds the pool's slot, and starts once it is freed (Dagster's own op-concurrency)."""
+    import logging
+    import threading
+    import time
+
+    from support.sensor_ticks import tick
+    from support.tables import cfg_for, make_table
+
+    from memwal_core.state.store import open_store
+    from memwal_pipeline import pools
+    from memwal_pipeline.definitions import table_definitions
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    loc = open_store(str(tmp_path / "table"))
+    make_table(loc, regions=2, rounds=1)
+    cfg = cfg_for(loc)
+    with caplog.at_level(logging.WARNING, logger="memwal.pools"):
+        defs = build_definitions([cfg])
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "memwal.pools"]
+    assert "does not limit the pool(s) memwal_t" in said and "default_limit: 1" in said, said
+    td = table_definitions(cfg)
+    with DagsterInstance.get() as instance:
+        assert instance.get_concurrency_config().pool_config.default_pool_limit is None  # Dagster's default
+        assert pools.pool_limits(instance, ["memwal_t"])[0].limit is None
+        tick(defs, td, instance)
+        assert pools.pool_limits(instance, ["memwal_t"]) == [pools.PoolLimit("memwal_t", 1, "pool")]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="memwal.pools"):
+            build_definitions([cfg])
+        assert not [r for r in caplog.records if r.name == "memwal.pools"]
+        # A limit set by the operator is never changed.
+        instance.event_log_storage.set_concurrency_slots("memwal_t", 2)
+        tick(defs, td, instance)
+        assert pools.pool_limits(instance, ["memwal_t"])[0].limit == 2
+        instance.event_log_storage.set_concurrency_slots("memwal_t", 1)
+
+        # Another run of the table holds the slot: the maintenance run's steps wait for it.
+        assert instance.event_log_storage.claim_concurrency_slot("memwal_t", "other-run", "t__base_table").is_claimed
+        job = defs.resolve_job_def("t_maintenance")
+        result = {}
+        worker = threading.Thread(target=lambda: result.update(out=job.execute_in_process(instance=instance)))
+        worker.start()
+        time.sleep(8)
+        (run,) = instance.get_runs()
+        pooled = {"t__base_compaction", "t__index_catchup", "t__memwal_index", "t__garbage"}
+
+        def pooled_starts() -> list[float]:
+            return [e.timestamp for e in instance.all_logs(run.run_id)
+                    if e.dagster_event and e.dagster_event.is_step_start and e.step_key in pooled]
+
+        assert pooled_starts() == [] and worker.is_alive()
+        freed_at = time.time()
+        instance.event_log_storage.free_concurrency_slots_for_run("other-run")
+        worker.join(300)
+        assert not worker.is_alive() and result["out"].success
+        starts = pooled_starts()
+        assert len(starts) == len(pooled) and min(starts) >= freed_at

@@ -109,7 +109,7 @@ def test_specs_routing_and_index_details(tmp_path, spec):
 
 
 def _gc_options() -> GcOptions:
-    return GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_retain=1,
+    return GcOptions(cleanup_base_versions_older_than_seconds=None, manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_retain=1,
                      keep_current_epoch_wal=False, cleanup_base_versions_floor_seconds=0)  # one process
 
 

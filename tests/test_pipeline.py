@@ -130,9 +130,8 @@ def test_sensor_partitions_requests_and_quiet_ticks(table_loc, instance, spark):
     # run_key: each region's region:generation@merged#attempt, and the sensor state's epoch.
     epoch = json.loads(cursor)["epoch"]
     assert reqs[0].run_key == ",".join(f"{rid}:{tops[rid]}@0#1" for rid in order) + f"/{epoch}"
-    # Observations of region_generations were recorded per partition.
-    obs = instance.fetch_observations(AssetKey(["t", "region_generations"]), limit=10).records
-    assert len(obs) == 3
+    # region_generations (written by the table's writers) is recorded per partition: not "Missing".
+    assert instance.get_materialized_partitions(AssetKey(["t", "region_generations"])) == set(order)
     # The run is executed; the next tick requests maintenance after it, the one after nothing.
     job = defs.resolve_job_def(reqs[0].job_name)
     assert job.execute_in_process(instance=instance, tags=reqs[0].tags).success
@@ -222,14 +221,19 @@ def test_sensor_reports_corrupt_region_and_continues(table_loc, instance):
 
 
 def test_gc_without_base_version_cleanup_warns_what_it_keeps_forever(table_loc, instance, spark):
-    """Shipped GC defaults configure no base-version cleanup: every retained version holds its
-    generations and every pass reads every version. The garbage asset says so (a WARNING in the
-    run's log, with the count it plots); with a cleanup configured (by age, or by count alone)
-    it does not."""
+    """GC with the base-version cleanup turned off (`null`) keeps every retained version's
+    generations and reads every version each pass: the garbage asset says so (a WARNING in the
+    run's log, with the count it plots). With a cleanup (the shipped default of a week, by age,
+    or by count alone) it does not; the default keeps the young versions' generations and says
+    until when."""
     w = make_table(table_loc, regions=2, rounds=1)
-    retain_only = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_retain=1,
-                           cleanup_base_versions_floor_seconds=0)
-    for gc_options, warns in ((GcOptions(), True), (None, False), (retain_only, False)):
+    fast = dict(manifest_min_age_seconds=0, orphan_grace_seconds=0)
+    retain_only = GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1,
+                            cleanup_base_versions_floor_seconds=0, **fast)
+    off = GcOptions(cleanup_base_versions_older_than_seconds=None, **fast)
+    # (options, warns, collects): None is cfg_for's cleanup of every version (no floor).
+    for gc_options, warns, collects in ((off, True, False), (GcOptions(**fast), False, False), (None, False, True),
+                                        (retain_only, False, True)):
         td = table_definitions(cfg_for(table_loc, **({"gc": gc_options} if gc_options else {})))
         instance.add_dynamic_partitions(td.partitions.name, sorted(w.regions.values()))
         by = {a.key.path[-1]: a for a in td.assets}
@@ -246,10 +250,13 @@ def test_gc_without_base_version_cleanup_warns_what_it_keeps_forever(table_loc, 
                 and "no base-version cleanup is configured" in e.user_message]
         assert len(said) == warns, said
         if warns:
-            assert md["generations_deleted"].value == 0 and versions > 1
             assert f"{versions} retained base-table versions" in said[0]
-        else:
+        if collects:
             assert md["generations_deleted"].value > 0 and versions == 1
+        else:
+            assert md["generations_deleted"].value == 0 and versions > 1
+            held = md["held"].value
+            assert ("no cleanup configured" in held) == warns and ("until 20" in held) != warns, held
     assert rows(table_loc) == w.expected()
 
 
@@ -312,6 +319,52 @@ def test_end_to_end_sensor_drives_everything(table_loc, instance, spark):
     assert all(g == state.merged[rid] for rid, g in state.catchup["id_btree"].items())
     mats = instance.fetch_materializations(AssetKey(["t", "garbage"]), limit=1).records
     assert mats, "maintenance ran after the merges"
+
+
+def test_a_new_instance_of_a_maintained_table_shows_every_asset_recorded(table_loc, instance, spark):
+    """A table maintained elsewhere (`memwal maintain`, another instance), then a fresh Dagster
+    instance: the sensor's first tick records every region's partition of region_generations
+    and of base_table (merged before it was seen) and requests one maintenance run; after it,
+    no asset of the table is "Missing", and no further maintenance is requested."""
+    from dagster import DagsterInstance
+
+    w = make_table(table_loc, regions=2, rounds=1)
+    cfg = cfg_for(table_loc)
+    td = table_definitions(cfg)
+    defs = build_definitions([cfg])
+    with DagsterInstance.ephemeral() as elsewhere:  # maintained by someone else's instance
+        _drive(defs, td, elsewhere)
+    data, cursor = tick(defs, td, instance)
+    assert run_requests(data) == []
+    data, cursor = tick(defs, td, instance, cursor)  # after the partitions' events are recorded
+    reqs = run_requests(data)
+    assert [r.job_name for r in reqs] == ["t_maintenance"]
+    order = instance.get_dynamic_partitions(td.partitions.name)
+    assert sorted(order) == sorted(w.regions.values())
+    for short in ("region_generations", "base_table"):
+        assert instance.get_materialized_partitions(AssetKey(["t", short])) == set(order), short
+    base = instance.fetch_materializations(AssetKey(["t", "base_table"]), limit=1).records[0].asset_materialization
+    assert base.metadata["region_value"].value.startswith("bucket=")
+    assert base.metadata["merged_generation"].value == table.read_memwal_state(table_loc).merged[base.partition]
+    assert defs.resolve_job_def("t_maintenance").execute_in_process(instance=instance, tags=reqs[0].tags).success
+    for short in ("base_compaction", "index_catchup", "memwal_index", "garbage"):
+        assert instance.fetch_materializations(AssetKey(["t", short]), limit=1).records, short
+    data, cursor = tick(defs, td, instance, cursor)
+    assert run_requests(data) == []
+
+
+def _drive(defs, td, instance, ticks: int = 6) -> None:
+    """Sensor ticks, each followed by the runs it requested, until it requests nothing."""
+    cursor = None
+    for _ in range(ticks):
+        result, cursor = tick(defs, td, instance, cursor)
+        reqs = run_requests(result)
+        if not reqs:
+            return
+        for req in reqs:
+            out = defs.resolve_job_def(req.job_name).execute_in_process(
+                instance=instance, partition_key=req.partition_key, tags=req.tags)
+            assert out.success
 
 
 def test_merge_through_long_lived_spark_connect_server(table_loc, tmp_path):

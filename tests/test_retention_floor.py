@@ -20,7 +20,7 @@ from memwal_core.options import GcOptions, from_mapping, parse_duration
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 from memwal_pipeline import cli
-from memwal_pipeline.config import ConfigError, single_table
+from memwal_pipeline.config import ConfigError, single_table, table_from_mapping
 
 DAY = 86400.0
 
@@ -92,10 +92,12 @@ def test_effective_age_never_below_the_floor(age, floor, retain):
     except OptionError:
         assert age is not None and age < floor
         return
+    # Only the shipped week is lifted to a higher floor instead of refused.
+    assert age is None or age >= floor or age == GcOptions().cleanup_base_versions_older_than_seconds
     if o.base_cleanup:
         assert o.base_cleanup_older_than >= timedelta(seconds=floor)  # no rounding below it
         if age is not None:
-            assert o.base_cleanup_older_than.total_seconds() - age < 2e-6
+            assert o.base_cleanup_older_than.total_seconds() - max(age, floor) < 2e-6
     else:
         assert o.base_cleanup_older_than is None
 
@@ -106,14 +108,14 @@ def test_a_cleanup_by_count_alone_keeps_versions_younger_than_the_floor(tmp_path
     loc = _table(tmp_path)
     before = _versions(loc)
     assert len(before) >= 5
-    out = gc.cleanup_base_versions(loc, GcOptions(cleanup_base_versions_retain=1))  # default floor: a day
+    out = gc.cleanup_base_versions(loc, GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1))  # default floor: a day
     assert out["old_versions"] == 0 and _versions(loc) == before
-    out = gc.cleanup_base_versions(loc, GcOptions(cleanup_base_versions_retain=1, cleanup_base_versions_floor_seconds=3))
+    out = gc.cleanup_base_versions(loc, GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1, cleanup_base_versions_floor_seconds=3))
     assert out["old_versions"] == 0 and _versions(loc) == before  # all younger than 3 s
     time.sleep(3.2)
     lance.write_dataset(demo.rows_table([demo.row(200, 1)]), loc.lance_uri, mode="append")  # a young version
     lance.write_dataset(demo.rows_table([demo.row(201, 1)]), loc.lance_uri, mode="append")
-    out = gc.cleanup_base_versions(loc, GcOptions(cleanup_base_versions_retain=1, cleanup_base_versions_floor_seconds=3))
+    out = gc.cleanup_base_versions(loc, GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1, cleanup_base_versions_floor_seconds=3))
     # The old ones go; both young ones stay although retain=1 alone would keep only the latest.
     assert out["old_versions"] == len(before) and _versions(loc) == [before[-1] + 1, before[-1] + 2]
 
@@ -131,7 +133,7 @@ def test_a_cleanup_by_age_at_the_floor_keeps_young_versions(tmp_path):
 def test_run_gc_with_a_count_cleanup_reports_what_the_floor_kept(tmp_path):
     loc = _table(tmp_path)
     n = len(_versions(loc))
-    res = gc.run_gc(loc, GcOptions(cleanup_base_versions_retain=1, manifest_min_age_seconds=0, orphan_grace_seconds=0))
+    res = gc.run_gc(loc, GcOptions(cleanup_base_versions_older_than_seconds=None, cleanup_base_versions_retain=1, manifest_min_age_seconds=0, orphan_grace_seconds=0))
     assert res.base_cleanup == {"old_versions": 0, "bytes_removed": 0, "versions_after": n, "versions_before": n}
 
 
@@ -164,3 +166,33 @@ def test_cli_config_floor_lowers_it_for_the_flag(tmp_path):
     with pytest.raises(ConfigError, match="below the retention floor"):
         single_table("x", base_versions_older_than="1h")
     assert single_table("x", base_versions_older_than="7d").gc.cleanup_base_versions_older_than_seconds == 7 * DAY
+
+
+def test_the_shipped_retention_is_a_week_within_the_floor_and_can_be_turned_off():
+    """GC cleans up base-table versions older than a week by default (LanceDB's `optimize`
+    default), never below the floor; `null` / `off` turns the cleanup off, in memwal.yaml, a
+    component's yaml and a CLI flag alike (one parser)."""
+    from types import SimpleNamespace
+
+    o = GcOptions()
+    assert o.base_cleanup and o.base_cleanup_older_than == timedelta(days=7)
+    assert o.cleanup_base_versions_older_than_seconds >= o.cleanup_base_versions_floor_seconds
+    # A floor raised above the shipped week lifts it (no refusal: the week was not written).
+    assert GcOptions(cleanup_base_versions_floor_seconds=14 * DAY).base_cleanup_older_than == timedelta(days=14)
+    for off in (None, "off", "null", "None"):
+        assert not from_mapping(GcOptions, {"cleanup_base_versions_older_than_seconds": off}, "gc").base_cleanup
+    assert table_from_mapping({"name": "t", "uri": "/x", "gc": {"cleanup_base_versions_older_than_seconds": "off"}},
+                              "memwal.yaml").gc.base_cleanup is False
+    flagged = cli.apply_flags(single_table("x"), SimpleNamespace(base_versions_older_than="off"))
+    assert flagged.gc.cleanup_base_versions_older_than_seconds is None
+    assert cli.apply_flags(single_table("x"), SimpleNamespace(base_versions_older_than="2w")).gc \
+        .cleanup_base_versions_older_than_seconds == 14 * DAY
+
+
+@pytest.mark.parametrize("section,key,text,want", [("lease", "ttl_seconds", "2m", 120),
+                                                   ("slo", "merge_lag_seconds", "15m", 900),
+                                                   ("sensor", "max_backoff_seconds", "1h", 3600),
+                                                   ("gc", "discard_stale_after_seconds", "3d", 3 * DAY)])
+def test_every_duration_setting_takes_units(section, key, text, want):
+    cfg = table_from_mapping({"name": "t", "uri": "/x", section: {key: text}}, "memwal.yaml")
+    assert getattr(getattr(cfg, section), key) == want

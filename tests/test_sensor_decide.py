@@ -401,3 +401,44 @@ def test_judge_alone_needs_no_tick():
     assert judge(st_, still("a"), 1, True, False, NOW, p).verdict == Verdict.IN_FLIGHT
     assert judge(st_, still("a"), 3, False, False, NOW, p).verdict == Verdict.IDLE
     assert judge(None, Probe("a", error="x"), 1, False, False, NOW, p).verdict == Verdict.UNREADABLE
+
+
+def test_an_instance_that_never_maintained_the_table_gets_one_maintenance_run():
+    """No `garbage` materialization in this instance yet (the newest merge already followed):
+    once no merge is on its way and no partition is being added, one maintenance request, once
+    per cursor."""
+    merged = {"a": 3}
+    idle = {"a": RegionState(1, 3, base=3)}
+    new = Maintenance(latest_merge=4, ever=False)
+    start = Cursor("e", maintained_after=4)
+    d = decide(observation([still("a")], idle, merged=merged, maintenance=new), start, OPTS)
+    assert d.maintenance == 4 and d.cursor.first_maintenance
+    assert decide(observation([still("a")], idle, merged=merged, maintenance=new), d.cursor, OPTS).maintenance is None
+    # Not while a merge is requested or waits, nor on a tick that adds partitions.
+    waiting = decide(observation([still("a")], {"a": RegionState(1, 5, base=3, attempts=1, last_request=NOW - 1)},
+                                 merged=merged, maintenance=new), start, OPTS)
+    assert verdicts(waiting) == {"a": Verdict.BACKOFF} and waiting.maintenance is None
+    adding = decide(observation([seen("b", top=1)], idle, merged={**merged, "b": 1}, maintenance=new), start, OPTS)
+    assert adding.add_partitions == ("b",) and adding.maintenance is None
+    assert not adding.cursor.first_maintenance
+    # An instance that maintained it already: nothing.
+    assert decide(observation([still("a")], idle, merged=merged), start, OPTS).maintenance is None
+
+
+def test_a_recorded_permanent_refusal_makes_a_due_region_stuck_at_once():
+    from memwal_pipeline.sensor.decide import needs_walls, policy_of
+    from memwal_pipeline.sensor.observation import Wall
+
+    failed = {"a": RegionState(1, 5, base=3, attempts=1, last_request=NOW - 1000)}
+    policy = policy_of(OPTS)
+    assert needs_walls(failed, {"a": still("a")}, NOW, policy)
+    assert not needs_walls({"a": RegionState(1, 5, base=3, attempts=1, last_request=NOW - 1)}, {"a": still("a")},
+                           NOW, policy)  # within its backoff: nothing to decide yet
+    wall = Wall(4, "region a: generation 4: columns differ from the base table")
+    d = decide(observation([still("a")], failed, merged={"a": 3}, walls={"a": wall}), CURSOR, OPTS)
+    assert verdicts(d) == {"a": Verdict.STUCK} and d.merge is None and d.became_stuck == ["a"]
+    (err,) = [n.message for n in d.notices if n.level == "error"]
+    assert "refused it permanently (generation 4: columns differ" in err and "repair" in err
+    # A wall the region was merged past (another merger) is no reason: requested again.
+    past = decide(observation([still("a")], failed, merged={"a": 4}, walls={"a": wall}), CURSOR, OPTS)
+    assert verdicts(past) == {"a": Verdict.REQUEST}

@@ -314,3 +314,49 @@ def test_daemon_end_to_end_drains_after_cancel_kill_and_downtime(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT liveness_e2e ")]
     assert " killed=1 " in line and " cancelled=1 " in line and "drained_s=NO" not in line, line
+
+
+# ------------------------------------------ a permanent refusal stops the retries at once
+def test_a_permanent_refusal_stops_the_sensor_after_the_first_run(table_loc, instance, spark):
+    """A generation the merger refuses permanently (its columns differ from the base table's):
+    the sensor's first merge run fails with a Dagster `Failure` naming region, value,
+    generation, reason and repair; the next tick, past any backoff, requests nothing more (no
+    JVM started again up to the attempt limit) and reports the region stuck with the reason."""
+    from support.helpers import plant_generation
+    import pyarrow as pa
+
+    w, cfg, td, defs = setup(table_loc, regions=2)
+    t = time.time()
+    data, cursor = tick(defs, td, instance, now=t)
+    (req,) = merge_requests(data)
+    assert defs.resolve_job_def(req.job_name).execute_in_process(instance=instance, tags=req.tags).success
+    data, cursor = tick(defs, td, instance, cursor, now=t + 1)
+    assert merge_requests(data) == []
+    (maint,) = run_requests(data)  # records the region values in the MemWAL index
+    assert defs.resolve_job_def(maint.job_name).execute_in_process(instance=instance, tags=maint.tags).success
+    victim = sorted(instance.get_dynamic_partitions(td.partitions.name))[0]
+    wrong = pa.table({"id": pa.array([5], pa.int64()), "n": pa.array([1], pa.int64()),
+                      "other": pa.array(["x"]), "_tombstone": pa.array([False])})
+    bad = plant_generation(table_loc, victim, wrong)
+    data, cursor = tick(defs, td, instance, cursor, now=t + 2)
+    (req,) = merge_requests(data)
+    assert req.partition_key == victim and "#1/" in req.run_key
+    out = defs.resolve_job_def(req.job_name).execute_in_process(instance=instance, tags=req.tags,
+                                                                  partition_key=req.partition_key,
+                                                                  raise_on_error=False)
+    assert not out.success
+    failure = next(e for e in out.all_events if e.is_step_failure).step_failure_data
+    said = failure.user_failure_data.description
+    assert f"region {victim} (bucket=" in said and f"at generation {bad} (permanent)" in said, said
+    assert "columns differ from the base table" in said and "Repair:" in said, said
+    # Past every backoff: no second run, the region is stuck at once, with the refusal's reason.
+    for later in (t + 10 * INTERVAL, t + 10000):
+        data, cursor = tick(defs, td, instance, cursor, now=later)
+        assert merge_requests(data) == []
+    stuck = liveness.stuck_regions(instance, "t")
+    assert list(stuck) == [victim] and stuck[victim]["generation"] == bad and stuck[victim]["attempts"] == 1
+    events = [e for e in instance.fetch_observations(td.assets[0].key, limit=50).records
+              if e.partition_key == victim and "stuck" in e.asset_observation.metadata]
+    (obs,) = events
+    reason = obs.asset_observation.metadata["reason"].value
+    assert "refused it permanently (generation" in reason and "columns differ" in reason and "repair" in reason

@@ -57,6 +57,8 @@ def test_first_refused_reports_the_first_bad_generation_and_all_stray_rows():
     rows = ok + [_stats(4, [([5], 1), ([6], 2)]), _stats(3, [([5], 9), ([7], 3)])]
     r = sp.first_refused(rows, None)
     assert (r.generation, r.offending_rows) == (3, 5) and "5 rows route to another region" in r.reason
+    # The values the stray rows route to, most rows first: what a person checks the writer against.
+    assert "(region value [5]; they route to [7] (3 rows), [6] (2 rows))" in r.reason
     assert r.permanent and r.region_id == "" and r.reason.startswith("generation 3: ")
     named = sp.first_refused(rows, None, "r1")  # the driver names the region: one failure type from here on
     assert (named.region_id, named.generation, named.offending_rows) == ("r1", 3, 5)

@@ -201,6 +201,7 @@ def first_refused(stats: list[GenerationStats], own: str | None, region_id: str 
     """
     first: tuple[int, str, bool] | None = None  # (generation, message, permanent)
     offending = 0
+    elsewhere: Counter = Counter()  # stray rows per region value they route to
     for s in sorted(stats, key=lambda s: s.generation):
         if s.error:
             first = first or (s.generation, f"generation {s.generation}: {s.error}", s.permanent)
@@ -220,11 +221,16 @@ def first_refused(stats: list[GenerationStats], own: str | None, region_id: str 
         if stray:
             first = first or (s.generation, "", True)
             offending += stray
+            for v, c in counts.items():
+                if v != own:
+                    elsewhere[v] += c
     if first is None:
         return None
     generation, message, permanent = first
+    values = ", ".join(f"{v} ({c} rows)" for v, c in elsewhere.most_common(3))
+    more = f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else ""
     message = message or (f"generation {generation}: {offending} rows route to another region (region value "
-                          f"{own}); the spec requires mutually exclusive regions")
+                          f"{own}; they route to {values}{more}); the spec requires mutually exclusive regions")
     return RegionFailure(region_id, generation, f"region {region_id}: {message}" if region_id else message,
                          permanent, offending_rows=offending)
 

@@ -20,6 +20,8 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
     from memwal_core.observe import blockers, status
     from memwal_core.state.store import open_store
 
+    from memwal_pipeline.partitions import RegionLabels
+
     loc = open_store(uri, storage_options or {})
     st = status.table_status(loc)
     stuck = _stuck(st)
@@ -34,30 +36,48 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
         blocked = []
         say(f"warning: merge blockers not checked: {e}")
     bad = 1 if (st.region_errors or stuck or blocked) else 0
+    labels = RegionLabels.of(loc)  # each region's value (`bucket=2`), from the MemWAL index snapshot
     if as_json:
-        print_json({**st.to_dict(), "stuck": [s.__dict__ for s in stuck],
+        print_json({**st.to_dict(), "region_values": {r.region_id: labels.label(r.region_id) for r in st.regions},
+                    "stuck": [s.__dict__ for s in stuck],
                     "merge_blockers": [b.to_dict() for b in blocked],
                     "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]})
         return bad
     print(f"table {st.table} (version {st.table_version}): {len(st.regions)} regions, "
           f"{st.pending_generations} pending generations")
-    print(f"{'region':36}  {'manifest':>8}  {'epoch':>5}  {'merged':>6}  {'pending':>7}  {'rows':>8}  {'oldest':>8}")
+    # `lag`: age of the region's oldest unmerged generation (what merge_lag and the SLO measure).
+    print(f"{'region':36}  {'value':16}  {'manifest':>8}  {'epoch':>5}  {'merged':>6}  {'pending':>7}  {'rows':>8}  "
+          f"{'lag':>6}")
     for r in st.regions:
+        value = _cell(labels.label(r.region_id), 16)
         if r.error:
-            print(f"{r.region_id:36}  error: {r.error}")
+            print(f"{r.region_id:36}  error: {r.error} (region value: {labels.label(r.region_id)})")
             continue
-        age = f"{r.oldest_pending_age_s:.0f}s" if r.oldest_pending_age_s is not None else "-"
-        print(f"{r.region_id:36}  {r.manifest_version:>8}  {r.writer_epoch:>5}  {r.merged_generation:>6}  "
-              f"{len(r.pending_generations):>7}  {r.pending_rows:>8}  {age:>8}")
+        print(f"{r.region_id:36}  {value:16}  {r.manifest_version:>8}  {r.writer_epoch:>5}  {r.merged_generation:>6}  "
+              f"{len(r.pending_generations):>7}  {r.pending_rows:>8}  {_age(r.oldest_pending_age_s):>6}")
     for i in st.indexes:
         print(f"index {i.name}: max gap {i.max_gap} generations{' (gates GC)' if i.gating else ''}")
     for h in holds:
         print(f"GC keeps {h.describe()}")
     for s in stuck:
-        print(f"STUCK {s.describe()}")
+        print(f"STUCK {s.describe(labels.label(s.region_id))}")
     for b in blocked:
         print(f"MERGE BLOCKED ({b.kind}): {b.message}")
     return bad
+
+
+def _cell(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _age(seconds: float | None) -> str:
+    """A lag as one short figure: 42s, 12m, 3.5h, 2.1d ("-": nothing pending)."""
+    if seconds is None:
+        return "-"
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n:
+            return f"{seconds / n:.1f}{unit}" if seconds < 10 * n else f"{seconds / n:.0f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 def _stuck(st) -> list:

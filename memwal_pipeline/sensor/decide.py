@@ -13,9 +13,11 @@ partitions or runs:
   when it starts, or the region is requested after it ends);
 - `BACKOFF`: it was requested before and its progress has not moved; it is requested again at
   `due` (the backoff doubles from the sensor interval, capped: a finite time);
-- `STUCK`: `merge_attempts` runs made no progress; no more automatic runs, and the region is
-  reported (an error and an observation when it becomes stuck, a warning every tick after,
-  `liveness.stuck_regions` for the checks) until its progress moves.
+- `STUCK`: `merge_attempts` runs made no progress, or the merger recorded a permanent refusal
+  (a wall) above its progress after the first run (retrying cannot pass it, so no JVM is
+  started for it again); no more automatic runs, and the region is reported (an error and an
+  observation when it becomes stuck, a warning every tick after, `liveness.stuck_regions` for
+  the checks) until its progress moves.
 A region that cannot be read is `UNREADABLE` (an error naming it, every tick). The property
 is checked on arbitrary observations in tests/test_sensor_decide.py.
 
@@ -34,7 +36,7 @@ from enum import Enum
 from memwal_core.options import SensorOptions
 from memwal_pipeline.liveness import RegionState, RetryPolicy, observe_progress, verify_this_tick
 
-from .observation import Cursor, Observation, Probe, RunCover
+from .observation import Cursor, Observation, Probe, RunCover, Wall
 
 VERIFY_EVERY = 16       # ticks per full rotation of hint re-checks
 DOWNTIME_INTERVALS = 3  # no tick for this many intervals: re-check every region
@@ -159,6 +161,18 @@ def needs_progress(memory: Mapping[str, RegionState], probes: Mapping[str, Probe
     return False
 
 
+def needs_walls(memory: Mapping[str, RegionState], probes: Mapping[str, Probe], now: float,
+                policy: RetryPolicy) -> bool:
+    """The recorded walls must be read (one listing): a region the sensor requested a merge for
+    still has generations above its progress and is due for another request (did that run stop
+    at a permanent refusal? then no request). Within the backoff nothing is requested anyway."""
+    for rid, p in probes.items():
+        st = p.applied(memory.get(rid))
+        if st is not None and st.pending and st.attempts and now - st.last_request >= policy.backoff(st.attempts):
+            return True
+    return False
+
+
 def retire_candidates(memory: Mapping[str, RegionState], probes: Mapping[str, Probe],
                       merged: Mapping[str, int]) -> list[str]:
     """Sealed regions merged to their end: they retire once every gating index caught up, so
@@ -198,9 +212,10 @@ def caught_up(catchup: Mapping[str, Mapping[str, int]] | None, region_id: str, g
 
 
 def judge(st: RegionState | None, probe: Probe, merged: int | None, in_flight: bool, is_caught_up: bool,
-          now: float, policy: RetryPolicy) -> RegionDecision:
+          now: float, policy: RetryPolicy, wall: Wall | None = None) -> RegionDecision:
     """One region's verdict this tick, and what to remember of it. `st` has the probe's news
-    applied already; `merged` is its merge progress (None: not read, nothing pending)."""
+    applied already; `merged` is its merge progress (None: not read, nothing pending); `wall`
+    the permanent refusal recorded for it (one above its progress stops it at once)."""
     if not probe.ok or st is None:
         return RegionDecision(Verdict.UNREADABLE, st)
     if merged is None:
@@ -213,7 +228,8 @@ def judge(st: RegionState | None, probe: Probe, merged: int | None, in_flight: b
         if st.sealed and not in_flight and is_caught_up:
             return RegionDecision(Verdict.RETIRE, replace(st, retired=True))
         return RegionDecision(Verdict.IDLE, st)
-    verdict = Verdict(policy.decide(st, now, in_flight))
+    refused = wall is not None and wall.generation > merged and not in_flight
+    verdict = Verdict.STUCK if refused else Verdict(policy.decide(st, now, in_flight))
     if verdict == Verdict.REQUEST:
         return RegionDecision(verdict, replace(st, attempts=st.attempts + 1, last_request=now))
     if verdict == Verdict.BACKOFF:
@@ -243,7 +259,7 @@ def decide(obs: Observation, cursor: Cursor, options: SensorOptions) -> Decision
         st = probe.applied(memory.get(rid))
         merged = None if obs.merged is None else obs.merged.get(rid, 0)
         d = judge(st, probe, merged, rid in covered, caught_up(obs.catchup, rid, st.top if st else 0),
-                  obs.now, policy)
+                  obs.now, policy, (obs.walls or {}).get(rid))
         regions[rid] = d
         if d.state is not None:
             memory[rid] = d.state
@@ -255,13 +271,24 @@ def decide(obs: Observation, cursor: Cursor, options: SensorOptions) -> Decision
     maintenance = None
     if merge is None and not obs.maintenance.queued and obs.maintenance.latest_merge > cursor.maintained_after:
         maintenance = obs.maintenance.latest_merge
+    first = False
+    waiting = any(d.verdict in (Verdict.REQUEST, Verdict.IN_FLIGHT, Verdict.BACKOFF) for d in regions.values())
+    if maintenance is None and merge is None and not obs.maintenance.queued and not obs.maintenance.ever \
+            and not cursor.first_maintenance and not new_partitions and not waiting:
+        # An instance that never maintained this table (a new deployment of a table maintained
+        # elsewhere): one maintenance run now, not at the next schedule tick, so its assets
+        # show their state instead of "Missing". Once per cursor; not while merges are on
+        # their way (maintenance follows them), nor on a tick that adds partitions (the
+        # base_table events emit records for them come first: the watermark).
+        maintenance, first = obs.maintenance.latest_merge, True
     changed = tuple(rid for rid in active if obs.probes.get(rid) and obs.probes[rid].ok and obs.probes[rid].changed)
     return Decision(
         regions=regions, memory=memory,
         add_partitions=tuple(rid for rid in new_partitions if rid not in set(retire)),
         delete_partitions=tuple(rid for rid in retire if rid in existing),
         merge=merge, maintenance=maintenance,
-        cursor=replace(cursor, maintained_after=maintenance if maintenance is not None else cursor.maintained_after),
+        cursor=replace(cursor, maintained_after=maintenance if maintenance is not None else cursor.maintained_after,
+                       first_maintenance=cursor.first_maintenance or first or maintenance is not None),
         observed=changed,
         notices=tuple(_notices(obs, regions, memory, set(changed), policy, options)))
 
@@ -270,8 +297,15 @@ def stuck(memory: Mapping[str, RegionState]) -> dict[str, RegionState]:
     return {rid: st for rid, st in sorted(memory.items()) if st.stuck_since and not st.retired}
 
 
-def stuck_reason(region_id: str, st: RegionState) -> str:
-    return (f"region {region_id} is stuck at generation {st.base + 1}: {st.attempts} merge runs made no "
+def stuck_reason(region_id: str, st: RegionState, wall: Wall | None = None, label: str | None = None) -> str:
+    """Why the sensor stopped requesting merges of a region, and the repair; `label`: its value."""
+    name = f"region {region_id}" + (f" ({label})" if label else "")
+    if wall is not None and wall.generation > st.base:
+        why = wall.reason.removeprefix(f"region {region_id}: ")
+        return (f"{name} is stuck at generation {wall.generation}: the merger refused it permanently ({why}); "
+                "no more automatic merge runs (retrying cannot pass a permanent refusal): repair the "
+                "generation, then materialize the region's base_table partition")
+    return (f"{name} is stuck at generation {st.base + 1}: {st.attempts} merge runs made no "
             "progress; no more automatic merge runs until its progress moves (see the merge run logs, repair, "
             "then materialize its base_table partition)")
 
@@ -299,7 +333,8 @@ def _notices(obs: Observation, regions: Mapping[str, RegionDecision], memory: Ma
                                          f"after {st.attempts - 1} merge run(s); requesting attempt {st.attempts} "
                                          f"of {policy.max_attempts}"))
         elif d.became_stuck:
-            out.append(Notice("error", f"{t}: {stuck_reason(rid, st)}"))
+            why = stuck_reason(rid, st, (obs.walls or {}).get(rid), obs.labels.get(rid))
+            out.append(Notice("error", f"{t}: {why}"))
         elif d.verdict == Verdict.RETIRE:
             out.append(Notice("info", f"{t}: region {rid} is sealed, fully merged and caught up: retiring its "
                                       "partition"))

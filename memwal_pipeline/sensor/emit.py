@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from dagster import (
     MAX_RUNTIME_SECONDS_TAG,
+    AssetMaterialization,
     AssetObservation,
     DynamicPartitionsDefinition,
     MetadataValue,
@@ -44,18 +45,36 @@ def merge_run(cfg: TableConfig, job_name: str, request: decide.MergeRequest) -> 
                             PARTITION_RANGE_END: request.merges[-1].region_id})
 
 
-def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list[AssetObservation]:
-    """`region_generations` observations: each changed region's state, each newly stuck region."""
-    key = TableKeys(cfg.name).asset("region_generations")
-    out = [AssetObservation(asset_key=key, partition=rid, metadata=region_metadata(obs.statuses[rid],
-                                                                                   obs.labels.get(rid)))
-           for rid in d.observed]
+def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list:
+    """The tick's asset events. `region_generations` holds data written outside Dagster (the
+    writers flush generations), so, as Dagster records external data, the sensor reports each
+    changed region as a materialization of its partition (its state: generations, lag, value).
+    A region first seen already merged to its newest generation gets a `base_table`
+    materialization saying so (a new instance of a maintained table shows it merged, not
+    missing). Each newly stuck region gets an observation with the reason."""
+    keys = TableKeys(cfg.name)
+    key = keys.asset("region_generations")
+    out: list = [AssetMaterialization(asset_key=key, partition=rid, metadata=region_metadata(obs.statuses[rid],
+                                                                                           obs.labels.get(rid)))
+                 for rid in d.observed]
+    for rid in d.add_partitions if obs.merged is not None else ():
+        st, probe, merged = d.memory.get(rid), obs.probes.get(rid), obs.merged.get(rid, 0)
+        if st is None or probe is None or not probe.ok or not merged or st.top > merged:
+            continue
+        md = {"merged_generation": MetadataValue.int(merged),
+              "pending_generations": MetadataValue.int(0),
+              "recorded_by": MetadataValue.text("sensor: merged before this instance first saw the region")}
+        if rid in obs.labels:
+            md["region_value"] = MetadataValue.text(obs.labels[rid])
+        out.append(AssetMaterialization(asset_key=keys.asset("base_table"), partition=rid, metadata=md))
     for rid in d.became_stuck:
         st = d.memory[rid]
         out.append(AssetObservation(asset_key=key, partition=rid, metadata={
             "stuck": MetadataValue.bool(True), "stuck_generation": MetadataValue.int(st.base + 1),
             "failed_attempts": MetadataValue.int(st.attempts),
-            "reason": MetadataValue.text(decide.stuck_reason(rid, st))}))
+            "reason": MetadataValue.text(decide.stuck_reason(rid, st, (obs.walls or {}).get(rid),
+                                                             obs.labels.get(rid))),
+            **({"region_value": MetadataValue.text(obs.labels[rid])} if rid in obs.labels else {})}))
     return out
 
 

@@ -22,11 +22,13 @@ class Cursor:
     the instance's key-value rows, `liveness.SensorState`). `epoch` names that memory (a reset
     cursor starts a fresh one), `maintained_after` is the base_table materialization the last
     maintenance request followed, `digest` a digest of the memory (so a tick that changed it
-    is not reported as a skip)."""
+    is not reported as a skip), `first_maintenance` whether a maintenance run was requested yet
+    (an instance that never maintained the table gets one at once)."""
 
     epoch: str
     maintained_after: int = 0
     digest: str = ""
+    first_maintenance: bool = False  # a maintenance run was requested under this cursor
 
     @classmethod
     def parse(cls, raw: str | None) -> "Cursor":
@@ -34,11 +36,11 @@ class Cursor:
         # A cursor of the old format (one version per region) starts a fresh state: the first
         # tick re-probes every region from its hint, which is also what a reset cursor means.
         return cls(data.get("epoch") or uuid.uuid4().hex[:8], int(data.get("maintained_after", 0)),
-                   data.get("state", ""))
+                   data.get("state", ""), bool(data.get("first", False)))
 
     def dump(self) -> str:
-        return json.dumps({"epoch": self.epoch, "maintained_after": self.maintained_after, "state": self.digest},
-                          sort_keys=True)
+        return json.dumps({"epoch": self.epoch, "maintained_after": self.maintained_after, "state": self.digest,
+                           **({"first": True} if self.first_maintenance else {})}, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,23 @@ class RunCover:
 
 
 @dataclass(frozen=True)
+class Wall:
+    """A permanent merge refusal the merger recorded for a region: the first generation it will
+    not merge and why. Retrying cannot pass it; only a repair (and a merge by hand) can."""
+
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class Maintenance:
-    """What decides a maintenance request: is one queued already, and the newest base_table
-    materialization (its storage id; 0: none)."""
+    """What decides a maintenance request: is one queued already, the newest base_table
+    materialization (its storage id; 0: none), and whether this instance ever recorded a
+    maintenance run (a `garbage` materialization)."""
 
     queued: bool = False
     latest_merge: int = 0
+    ever: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,9 @@ class Observation:
     need it: no region changed, none pending or sealed); `in_flight`: the merge runs covering
     partitions (read with `merged`); `catchup`: per gating index, its recorded catch-up per
     region, None when not read (no sealed, fully merged region that could retire).
+    `walls`: the permanent merge refusals recorded in the table (region -> the refused
+    generation and why), read when a region the sensor requested a merge for is still pending
+    (None: not read).
     `statuses` / `labels`: what the observation events of changed regions show (emit only).
     """
 
@@ -115,6 +131,7 @@ class Observation:
     in_flight: tuple[RunCover, ...] = ()
     catchup: Mapping[str, Mapping[str, int]] | None = None
     maintenance: Maintenance = Maintenance()
+    walls: Mapping[str, "Wall"] | None = None
     statuses: Mapping[str, Any] = field(default_factory=dict, compare=False)
     labels: Mapping[str, str] = field(default_factory=dict, compare=False)
 

@@ -12,8 +12,11 @@ rules say they matter (the predicates live in `decide`):
 4. the MemWAL index's merge progress and the merge runs in flight, when a region changed or
    still has something to merge or retire (`decide.needs_progress`); the readable region
    values then, for the observations of changed regions;
-5. the gating indexes' recorded catch-up, when a sealed region merged to its end might retire;
-6. whether a maintenance run is queued, and the newest base_table materialization.
+5. the permanent refusals the merger recorded (one listing), when a region the sensor requested
+   a merge for still waits and is due again (`decide.needs_walls`): the first refusal stops
+   the retries;
+6. the gating indexes' recorded catch-up, when a sealed region merged to its end might retire;
+7. whether a maintenance run is queued, and the newest base_table materialization.
 The table's base-table indexes are read only on ticks that request maintenance
 (`index_partitions`, after the decision).
 """
@@ -21,6 +24,7 @@ The table's base-table indexes are read only on ticks that request maintenance
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
@@ -29,6 +33,7 @@ from memwal_core.jobs.catchup import base_indexes
 from memwal_core.observe import status
 from memwal_core.options import SensorOptions
 from memwal_core.state import region
+from memwal_core.state import walls as recorded_walls
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState, TableError, open_dataset, read_memwal_state
 
@@ -36,7 +41,9 @@ from .. import liveness
 from ..partitions import RegionLabels
 from ..tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 from . import decide
-from .observation import Cursor, Maintenance, Observation, Probe, RunCover
+from .observation import Cursor, Maintenance, Observation, Probe, RunCover, Wall
+
+log = logging.getLogger("memwal.sensor")
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
              DagsterRunStatus.STARTED]
@@ -58,6 +65,7 @@ class Watched:
     merge_job: str
     maintenance_job: str
     base_table: AssetKey
+    garbage: AssetKey | None = None  # the maintenance job's last asset (None: not followed)
 
 
 def observe(instance: DagsterInstance, w: Watched, cursor: Cursor, options: SensorOptions,
@@ -81,8 +89,11 @@ def observe(instance: DagsterInstance, w: Watched, cursor: Cursor, options: Sens
     probes = {rid: _probe(o) for rid, o in seen.items()}
     progress = decide.needs_progress(base.memory, probes)
     changed = sorted(rid for rid, o in seen.items() if o.changed)
-    labels = RegionLabels.load(w.loc, memwal_state()) if changed else None  # one snapshot read
     merged = dict(merged_once()) if progress else None
+    due = progress and decide.needs_walls(base.memory, probes, now, decide.policy_of(options))
+    recorded = walls_of(w.loc) if due else None
+    named = changed + sorted(recorded or ())
+    labels = RegionLabels.load(w.loc, memwal_state()) if named else None  # one snapshot read
     candidates = decide.retire_candidates(base.memory, probes, merged) if merged is not None else []
     return Observation(
         w.table, now, base.memory, state.last_tick, state.ticks, base.listed, base.skipped, recheck, probes,
@@ -91,9 +102,21 @@ def observe(instance: DagsterInstance, w: Watched, cursor: Cursor, options: Sens
         in_flight=in_flight_runs(instance, w.merge_job) if progress else (),
         catchup=gating_catchup(w.loc, memwal_state()) if candidates else None,
         maintenance=maintenance(instance, w),
+        walls=recorded,
         statuses={rid: seen[rid].status for rid in changed},
-        labels={rid: labels.label(rid) for rid in changed} if labels else {},
+        labels={rid: labels.label(rid) for rid in named} if labels else {},
     ), state
+
+
+def walls_of(loc: TableLocation) -> dict[str, Wall] | None:
+    """The permanent refusals the merger recorded (one listing of `_memwal/walls/`); None when
+    they cannot be read (the regions are then retried as usual, up to `merge_attempts`)."""
+    try:
+        return {rid: Wall(rec.generation, rec.reason) for rid, rec in recorded_walls.read_all(loc.store).items()
+                if rec.failure.permanent}
+    except Exception as e:  # noqa: BLE001 - never stops the tick: the retry cap still holds
+        log.warning("recorded merge refusals unreadable (%s): regions are retried up to the attempt limit", e)
+        return None
 
 
 def _probe(o: status.RegionObservation) -> Probe:
@@ -121,7 +144,8 @@ def gating_catchup(loc: TableLocation, mstate: MemWalState) -> dict[str, dict[st
 def maintenance(instance: DagsterInstance, w: Watched) -> Maintenance:
     queued = bool(instance.get_runs(filters=RunsFilter(job_name=w.maintenance_job, statuses=QUEUED), limit=1))
     records = instance.fetch_materializations(w.base_table, limit=1).records
-    return Maintenance(queued, records[0].storage_id if records else 0)
+    ever = w.garbage is None or bool(instance.fetch_materializations(w.garbage, limit=1).records)
+    return Maintenance(queued, records[0].storage_id if records else 0, ever)
 
 
 def index_partitions(instance: DagsterInstance, partitions: str, loc: TableLocation) -> decide.IndexPartitions:

@@ -155,6 +155,8 @@ def test_shared_key_detection_depends_on_batching(table_loc, spark):
     assert len(plan.batches) == 2
     res = merge.execute_merge(table_loc, plan, spark)
     assert set(res.region_errors) == {a, b}, (res.region_errors, base(table_loc))
+    # The refusal names a few of the offending keys, for the repair.
+    assert any("(e.g. id=1)" in e for e in res.region_errors.values()), res.region_errors
 
 
 @KNOWN_GAP("which region last wrote a key is recorded nowhere, so a key moving between regions "

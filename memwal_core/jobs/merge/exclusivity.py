@@ -43,6 +43,14 @@ class KeyLedger:
                     self.seen.append((regions[ridx], t.select(list(self.pk))))
 
 
+def sample_keys(keys: pa.Table, n: int = 3) -> str:
+    """A few keys of `keys` as a person looks them up (`id=5, id=9, ...`)."""
+    rows = keys.slice(0, n).to_pylist()
+    shown = "; ".join(", ".join(f"{c}={v!r}" if isinstance(v, str) else f"{c}={v}" for c, v in r.items())
+                      for r in rows)
+    return f"e.g. {shown}" + (f" and {keys.num_rows - n} more" if keys.num_rows > n else "")
+
+
 def refuse_shared(deduped: sparkpath.Deduped, gens: list[PlannedGeneration], region_index: dict[int, str],
                   walls: Walls) -> bool:
     """Keys in several regions of this batch break the spec's exclusivity: none of those regions
@@ -101,6 +109,7 @@ def refuse_across_batches(ledger: KeyLedger, walls: Walls, deduped: sparkpath.De
         ledger.evidence[rid] = Evidence(keys, others[0])
         walls.stop(RegionFailure(
             rid, first, f"region {rid}: {keys.num_rows} primary keys of its generations from {first} on "
+            f"({sample_keys(keys)}) "
             f"{'were found earlier in' if recorded else 'were merged in this run from'} region {', '.join(others)}; "
             "the spec requires mutually exclusive regions (repair the generation: which row is newest is "
             "unknowable)", permanent=True, offending_rows=keys.num_rows))
