@@ -24,6 +24,8 @@ Invariants after every step:
 - pylance's LSM read, at the latest and at older retained versions, equals the model of
   everything flushed, except the keys of bad generations not yet repaired (the wall);
 - no listed generation is missing on disk; nothing outside the table directory changed;
+- a merge refuses whole, and reports stuck, a region whose manifest lists a hole above
+  progress (none of its generations merges, not even those below the hole);
 - lifecycle: no row of a generation that was unmerged when the table was overwritten at any
   retained version, no row of an earlier lifetime at a version of this one, in the base table
   or an LSM read; progress passes a stale generation only through a discard, exactly to the
