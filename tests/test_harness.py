@@ -218,3 +218,13 @@ def test_lifecycle_a_merge_planned_before_the_overwrite_runs_after_it(machine):
     m.invariants_hold()
     m.stale = plan
     steps(m, ("execute_stale_plan", {"keep": False}))
+
+
+def test_regression_a_hole_above_progress_refuses_the_whole_region(machine):
+    """A manifest lists generations 1 and 3 above progress 0 (2 never listed): the merger must
+    refuse the region whole and report it stuck. Merging generation 1 and stopping before the
+    hole with a wall the next run retries hides a manifest that only a repair can fix."""
+    m = machine("bucket_key")
+    steps(m, ("put", {"keys": [1, 2, 3]}), ("flush", {"r": 0}), ("flush", {"r": 1}), ("flush", {"r": 2}),
+          ("plant_bad", {"r": 0, "kind": "gap", "n": 1}),
+          ("merge", {"budget": 10**9, "max_gens": 4, "via_plan": False}))

@@ -24,6 +24,8 @@ Invariants after every step:
 - pylance's LSM read, at the latest and at older retained versions, equals the model of
   everything flushed, except the keys of bad generations not yet repaired (the wall);
 - no listed generation is missing on disk; nothing outside the table directory changed;
+- a merge refuses whole, and reports stuck, a region whose manifest lists a hole above
+  progress (none of its generations merges, not even those below the hole);
 - lifecycle: no row of a generation that was unmerged when the table was overwritten at any
   retained version, no row of an earlier lifetime at a version of this one, in the base table
   or an LSM read; progress passes a stale generation only through a discard, exactly to the
@@ -171,7 +173,9 @@ OPS: dict[str, tuple[int, dict[str, Any]]] = {
                                              "max_gens": st.integers(1, 4), "back_at": st.integers(0, 2)}),
     "plan_for_later": (2, {"budget": st.sampled_from([1, 3_000, 10**9]), "max_gens": st.integers(1, 4)}),
     "execute_stale_plan": (2, {"keep": st.booleans()}),
-    "plant_bad": (2, {"r": st.integers(0, 7), "kind": st.sampled_from(BAD_KINDS), "n": st.integers(1, 2)}),
+    # A hole in the listed generations twice as often as each other kind: only a merge or GC run
+    # while one is listed sees it (a repair, an overwrite or the machine's end come first otherwise).
+    "plant_bad": (3, {"r": st.integers(0, 7), "kind": st.sampled_from(BAD_KINDS + ["gap"]), "n": st.integers(1, 2)}),
     "repair": (3, {"pick": st.integers(0, 10_000)}),
     "build_snapshot": (3, {"external": st.booleans(), "hints": st.booleans()}),
     "catch_up": (3, {"named": st.booleans(), "retrain": st.booleans()}),
@@ -398,14 +402,36 @@ class MemWalMachine(RuleBasedStateMachine):
     def run_merge(self, budget: int, max_gens: int, via_plan: bool, loc=None) -> merge.MergeResult:
         Stats.merges += 1
         loc = loc or self.loc
+        gaps = {rid for (rid, _), b in self.bad.items() if b.kind == "gap"}
+        before = self.merged() if gaps else {}
         try:
             if via_plan:
                 plan = merge.plan_merge(loc, budget_bytes=budget, max_generations=max_gens)
-                return merged_result(merge.execute_merge(loc, plan, self.spark))
-            return merged_result(merge.merge(loc, self.spark, budget_bytes=budget, max_generations=max_gens))
+                res = merged_result(merge.execute_merge(loc, plan, self.spark))
+            else:
+                res = merged_result(merge.merge(loc, self.spark, budget_bytes=budget, max_generations=max_gens))
         except Exception as e:
             # One region's bad generation must fail that region only, never the whole run.
             raise AssertionError(f"MERGE RAISED: {type(e).__name__}: {str(e)[:300]}") from e
+        if gaps:
+            self.check_gap_refused(gaps, before, res)
+        return res
+
+    def check_gap_refused(self, gaps: set[str], before: dict[str, int], res: merge.MergeResult) -> None:
+        """A region whose manifest lists generations above progress with a hole among them
+        cannot be merged as listed: the merger refuses the whole region (none of its
+        generations merges, not even those below the hole) and reports it stuck (a verdict on
+        the manifest: only a repair moves it), never a wall that the next run retries."""
+        after = self.merged()
+        for rid in sorted(gaps):
+            assert rid in res.stuck_regions, (
+                f"GAP: region {rid} lists a hole above progress {before.get(rid, 0)}; the merge did not report "
+                f"it stuck (failures: {res.region_errors.get(rid)})")
+            if rid not in self.floor:  # a stale region's progress moves by a discard (a concurrent one)
+                assert after.get(rid, 0) == before.get(rid, 0), (
+                    f"GAP: region {rid} lists a hole above progress {before.get(rid, 0)}; the merge moved it to "
+                    f"{after.get(rid, 0)}")
+        did("gap_refused")
 
     def merge(self, budget: int, max_gens: int, via_plan: bool) -> None:
         self.count("merge")
@@ -583,6 +609,7 @@ class MemWalMachine(RuleBasedStateMachine):
             g = self.plant_dir(rid, None, null.num_rows, data=null)
         elif kind == "gap":
             schema, data = SCHEMA, good
+            did("gap_planted")
         else:
             schema = SCHEMA
             stray = self.fresh_keys(n if kind == "misrouted_all" else 1, lambda x, o: x != o, v)
