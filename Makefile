@@ -55,7 +55,7 @@ mutate: $(STAMP)
 	$(BIN)/python tests/mutants/run.py
 
 s3-demo: $(STAMP)
-	$(BIN)/python -m memwal_pipeline.s3_demo
+	cd tests && ../$(BIN)/python -m support.s3_demo
 
 # memwal-env.tar.gz: this venv for a cluster's `spark.archives` (docs/spark.md, "Running on a cluster").
 spark-env: $(STAMP)

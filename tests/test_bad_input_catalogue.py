@@ -37,7 +37,7 @@ from memwal_core.observe import checks
 from memwal_core.state import layout, region, table
 from memwal_core.state.store import make_s3_client, open_store
 from memwal_core.tools import demo
-from memwal_pipeline.s3_demo import LocalS3
+from support.s3_server import LocalS3
 
 N_BUCKETS = 16
 

@@ -43,7 +43,7 @@ from memwal_core.state.store import StoreError, make_s3_client, open_store
 from memwal_core.tools import demo
 from memwal_pipeline.config import ConfigError, load_config
 from memwal_pipeline.definitions import build_definitions, table_definitions
-from memwal_pipeline.s3_demo import LocalS3
+from support.s3_server import LocalS3
 from memwal_pipeline.sensors import evaluate_tick
 
 pytestmark = pytest.mark.s3
@@ -744,7 +744,7 @@ def test_s3_demo_steps_against_moto(moto_server, spark, capsys, monkeypatch):
     """`make s3-demo`'s steps (`s3_demo.main` runs exactly `run_demo` inside its own server)
     against the session's moto server: the table, the pass, the status (the step that crashed
     on a hand-made argparse Namespace), the LSM check; the secret is never printed."""
-    from memwal_pipeline import s3_demo
+    from support import s3_demo
 
     monkeypatch.setenv(s3_demo.SECRET_ENV, "")  # restored after: run_demo sets it
     bucket = f"demo{uuid.uuid4().hex[:12]}"
@@ -759,8 +759,9 @@ def test_s3_demo_steps_against_moto(moto_server, spark, capsys, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("MEMWAL_SOAK"), reason="runs `make s3-demo` (~1 min); MEMWAL_SOAK=1")
 def test_s3_demo_runs():
-    out = subprocess.run([sys.executable, "-m", "memwal_pipeline.s3_demo", "--regions", "2", "--rows", "100",
-                          "--spark-master", "local[1]"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "support.s3_demo", "--regions", "2", "--rows", "100",
+                          "--spark-master", "local[1]"], cwd=os.path.join(REPO, "tests"), capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "LSM read equals what the writers wrote: yes" in out.stdout
     assert "demo-" not in out.stdout + out.stderr.replace("memwal-demo", "")

@@ -1,4 +1,4 @@
-"""`make s3-demo`: the demo table on a local S3-protocol server (moto), maintained once.
+"""`make s3-demo` (`python -m support.s3_demo` from tests/): the demo table on a local S3-protocol server (moto), maintained once.
 
 Starts `moto_server` on 127.0.0.1 on a free port, creates a bucket, writes a demo table at
 `s3://BUCKET/demo_table` with pylance `ShardWriter`s through the storage options `open_store`
@@ -16,81 +16,15 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import shutil
-import socket
-import subprocess
 import sys
-import time
+
+from support.s3_server import LocalS3
 
 SECRET_ENV = "MEMWAL_S3_DEMO_SECRET"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalS3:
-    """`moto_server` on 127.0.0.1 in a subprocess. `stop()` then `start()` reuses the port
-    (moto keeps no data across restarts)."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def _command(self) -> list[str]:
-        exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
-        if exe:
-            return [exe]
-        try:
-            import moto.server  # noqa: F401
-        except ImportError:
-            raise SystemExit("the S3 demo needs moto's server: pip install 'moto[server]' "
-                             "(make s3-demo installs the dev dependencies)") from None
-        return [sys.executable, "-m", "moto.server"]
-
-    def start(self, timeout: float = 30.0) -> "LocalS3":
-        self.proc = subprocess.Popen(self._command() + ["-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with status {self.proc.returncode} "
-                                   f"(is port {self.port} taken?)")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"moto_server did not listen on {self.endpoint} within {timeout:.0f} s")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-            self.proc = None
-
-    def options(self, secret: str) -> dict[str, str]:
-        """Storage options in Lance's names (memwal adds `allow_http` for an http endpoint)."""
-        return {"aws_endpoint": self.endpoint, "aws_region": "us-east-1",
-                "aws_access_key_id": "memwal-demo", "aws_secret_access_key": secret}
-
-    def __enter__(self) -> "LocalS3":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m memwal_pipeline.s3_demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="make s3-demo", description=__doc__.splitlines()[0])
     p.add_argument("--bucket", default="memwal-demo")
     p.add_argument("--regions", type=int, default=4)
     p.add_argument("--rows", type=int, default=400)
@@ -114,8 +48,8 @@ def run_demo(s3: LocalS3, *, bucket: str = "memwal-demo", regions: int = 4, rows
     from memwal_core.state.store import make_s3_client, open_store
     from memwal_core.tools import demo
 
-    from .cli import STEPS, print_status, run_pass
-    from .config import TableConfig
+    from memwal_pipeline.cli import STEPS, print_status, run_pass
+    from memwal_pipeline.config import TableConfig
 
     secret = "demo-" + secrets.token_hex(12)
     os.environ[SECRET_ENV] = secret  # what `secrets: {aws_secret_access_key: ...}` reads
