@@ -38,7 +38,7 @@ BODY_RETRY_BACKOFF_S = 0.1
 BODY_RETRY_MAX_BACKOFF_S = 2.0
 
 
-class BrokeOff(Exception):
+class BrokeOff(MemwalError):
     """A request that broke off where the client does not retry it (a body cut mid-read, a
     conditional create whose connection broke): `resend` tries it again. The cause is
     `__cause__`."""
