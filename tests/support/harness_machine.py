@@ -835,7 +835,8 @@ class MemWalMachine(RuleBasedStateMachine):
         snapshot.build_snapshot(self.loc, max_workers=2)
         catchup.run_catchup(self.loc, None)
         self.gc_run(self.loc, GcOptions(manifest_retention=1, manifest_min_age_seconds=0.0, orphan_grace_seconds=3600.0,
-                                        keep_current_epoch_wal=keep_current_epoch, max_workers=2))
+                                        keep_current_epoch_wal=keep_current_epoch, max_workers=2,
+                                        cleanup_base_versions_older_than_seconds=None))
         self.version += 1
         try:
             a.put(pa.Table.from_pylist([row(self.kind, mine[0], self.version)], schema=SCHEMA))
@@ -1070,7 +1071,7 @@ class MemWalMachine(RuleBasedStateMachine):
             snapshot.build_snapshot(self.loc, max_workers=2)
         if prep in ("full", "catchup"):
             catchup.run_catchup(self.loc, None)
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"cleanup_base_versions_older_than_seconds": None}  # by count, or none
         if base_retain is not None:
             kw["cleanup_base_versions_retain"] = base_retain
         elif retention.startswith("count"):
