@@ -296,8 +296,22 @@ class CloudStore:
             batch = fulls[i:i + size]
             target = f"{batch[0]} (and {len(batch) - 1} more keys)" if len(batch) > 1 else batch[0]
             self.stats["delete_batch"] += 1
+
+            def once(batch: list[str] = batch) -> None:
+                try:
+                    obstore.delete(self._store, batch)
+                except _NOT_FOUND:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a batch that never reached the server: deletes
+                    if "error sending request" in str(e):  # are idempotent, so send it again
+                        raise BrokeOff() from e
+                    raise
+
             try:
-                obstore.delete(self._store, batch)
+                try:
+                    resend(self.attempts, self.stats, "delete_batch_resent")(once)
+                except BrokeOff as e:
+                    raise e.__cause__ from None
             except _NOT_FOUND:
                 # Azure's batch answers 404 for a key already gone and stops there: delete the
                 # batch one by one, passing over the missing ones.
