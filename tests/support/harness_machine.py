@@ -997,9 +997,12 @@ class MemWalMachine(RuleBasedStateMachine):
         changed = {rid for rid in live if after.get(rid, 0) != before.get(rid, 0)}
         assert not changed, f"DISCARD: progress of regions of this lifetime changed: {sorted(changed)}"
         now = self.region_files(live)
-        for rid, was in files.items():  # open writers may add files (and rewrite the hint); none goes
+        # Open writers may add files and rewrite the hint, and their background flusher renames
+        # its in-flight upload (`<name>.tmp.<id>`) when it lands: neither is the discard's doing.
+        for rid, was in files.items():
             gone = {p for p, v in (was or {}).items()
-                    if not p.endswith(layout.VERSION_HINT) and (now[rid] or {}).get(p) != v}
+                    if not p.endswith(layout.VERSION_HINT) and ".tmp." not in os.path.basename(p)
+                    and (now[rid] or {}).get(p) != v}
             assert not gone, f"DISCARD: files of region {rid} (of this lifetime) changed or went: {sorted(gone)[:5]}"
 
     def seal_region(self, r: int) -> None:
