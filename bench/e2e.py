@@ -44,24 +44,14 @@ from memwal_core.spark import connect as spark_connect
 from memwal_core.state import region, table
 from memwal_core.state.store import open_store  # noqa: E402
 from memwal_core.tools import demo  # noqa: E402
+from memwal_pipeline import config as config_mod  # noqa: E402
 
-DAGSTER_YAML = """\
-storage:
-  sqlite:
-    base_dir: {base}
-concurrency:
-  pools:
-    default_limit: 1
-    granularity: op
-run_monitoring:
-  enabled: true
-  start_timeout_seconds: 180
-  max_resume_run_attempts: 0
-  poll_interval_seconds: 30
-  free_slots_after_run_end_seconds: 30
-telemetry:
-  enabled: false
-"""
+def dagster_yaml(base: str) -> str:
+    """The repo's `dagster_home/dagster.yaml` (queued runs, pools, tag limits, run monitoring,
+    dequeue settings: the deployed shape) with SQLite storage under `base`."""
+    with open(os.path.join(common.REPO, "dagster_home", "dagster.yaml")) as f:
+        shipped = f.read()
+    return f"storage:\n  sqlite:\n    base_dir: {base}\n" + shipped
 
 
 def writer_main(args) -> None:
@@ -105,6 +95,17 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def wait_for_tick(log: str, timeout_s: float = 600.0) -> None:
+    """Until the daemon has finished a tick of the table's sensor (its code location loaded)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        with open(log, errors="replace") as f:
+            if "Sensor e2e_manifest_sensor" in f.read():
+                return
+        time.sleep(1)
+    raise SystemExit(f"FAIL no tick of the sensor within {timeout_s:.0f} s (see {log})")
+
+
 def run_mode(mode: str, args) -> dict:
     root = common.workdir(f"e2e-{mode}", args.workdir)
     port = common.free_port()
@@ -118,18 +119,23 @@ def run_mode(mode: str, args) -> dict:
         home = os.path.join(root, "home")
         os.makedirs(home)
         with open(os.path.join(home, "dagster.yaml"), "w") as f:
-            f.write(DAGSTER_YAML.format(base=os.path.join(home, "storage")))
-        spark = {"master": "local[2]", **({"connect": remote} if mode == "connect" else {})}
+            f.write(dagster_yaml(os.path.join(home, "storage")))
+        spark = {"master": "local[2]", **({"connect": remote} if mode in ("connect", "runs") else {})}
+        sensor = {"interval_seconds": args.sensor_interval, **({"tick_merge_max_generations": 0} if mode == "runs" else {})}
         config = os.path.join(root, "memwal.yaml")
         with open(config, "w") as f:
-            json.dump({"tables": [{"name": "e2e", "uri": path, "spark": spark,
-                                   "sensor": {"interval_seconds": args.sensor_interval}}]}, f)  # JSON is YAML
+            json.dump({"tables": [{"name": "e2e", "uri": path, "spark": spark, "sensor": sensor}]}, f)  # JSON is YAML
+        if "connect" in spark and not args.cold_start:  # steady state: the server a first run would start
+            spark_connect.ensure_server(remote, master=spark["master"], state_dir=state, timeout_s=600,
+                                        conf=spark_connect.server_conf(dict(config_mod.load_config(config)[0].spark.conf)))
         env = {**os.environ, "DAGSTER_HOME": home, "MEMWAL_CONFIG": config, "MEMWAL_STATE_DIR": state}
         daemon_log = open(os.path.join(root, "daemon.log"), "w")
         daemon = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "dagster-daemon"), "run",
                                    "-w", os.path.join(common.REPO, "workspace.yaml")],
                                   cwd=common.REPO, env=env, stdout=daemon_log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
+        if not args.cold_start:  # steady state: the daemon up and its sensor ticking
+            wait_for_tick(os.path.join(root, "daemon.log"))
         wlog = os.path.join(root, "flushes.jsonl")
         writer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--writer", "--table", path,
                                    "--writer-log", wlog, "--duration", str(args.duration),
@@ -186,6 +192,7 @@ def run_mode(mode: str, args) -> dict:
                "drained_s": round(drained_at - args.duration, 1) if drained_at is not None else "NO",
                **runs}
         common.result("e2e", **row)
+        common.result("e2e_breakdown", mode=mode, **breakdown(home, read_flushes(wlog), lags))
         common.say(f"check [{mode}]: LSM read equals the writer's model ({len(model)} rows)")
         return row
     finally:
@@ -197,12 +204,123 @@ def run_mode(mode: str, args) -> dict:
                 daemon.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(daemon.pid, signal.SIGKILL)
-        if mode == "connect":
+        if mode in ("connect", "runs"):
             spark_connect.stop_server(remote, state_dir=state)
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
         else:
             common.say(f"kept {root}")
+
+
+STAGES = ("tick_wait", "tick_eval", "queue", "process_start", "setup", "spark_attach", "merge", "poll")
+
+
+def breakdown(home: str, flushes: dict[tuple[str, int], float], lags: dict[tuple[str, int], float]) -> dict:
+    """Where each flush's seconds went, from the instance's records: per merged generation the
+    first `base_table` materialization of its region at or past it, and the stages from the
+    flush to the poll that saw it merged, each clipped to start where the previous one ended
+    (so the stages of a flush add up to its lag).
+    A merge run's stages:
+      tick_wait      flush -> start of the sensor tick that requested the run (the sensor
+                     loop, and the wait while an earlier run covering the region was in flight);
+      tick_eval      tick start -> run created (the sensor's evaluation);
+      queue          run created -> launched (the coordinator's dequeue pass, runs of the table ahead);
+      process_start  launched -> the run process reports its start (spawn, imports, code location);
+      setup          run start -> start of the Spark attach (resources, step start);
+      spark_attach   getting the session (the line `assets.SPARK_READY`);
+      merge          session -> the region's materialization (plan, Spark, commits);
+      poll           materialization -> this script's poll that saw the progress.
+    A merge in the tick (`merged_by` in the metadata): tick_wait to the tick's start, then
+    tick_eval (the tick's time less the attach and merge it reports), spark_attach, merge, and
+    poll (storing the tick's events, and the poll); no queue, process or set-up.
+    Also the sensor's cost per tick (start to end, every tick of the run), and how many
+    generations each path merged."""
+    import bisect
+
+    from dagster import AssetKey, DagsterEventType, DagsterInstance
+    from dagster._core.definitions.run_request import InstigatorType
+
+    from memwal_pipeline.assets import SPARK_READY
+
+    os.environ["DAGSTER_HOME"] = home
+    with DagsterInstance.get() as instance:
+        tick_of: dict[str, float] = {}
+        ticks: list[tuple[float, float]] = []
+        for st in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+            if not st.instigator_name.startswith("e2e_"):
+                continue
+            for tick in instance.get_ticks(st.instigator_origin_id, st.selector_id, limit=100000):
+                if tick.end_timestamp:
+                    ticks.append((tick.timestamp, tick.end_timestamp))
+                for rid in tick.run_ids:
+                    tick_of[rid] = tick.timestamp
+        ticks.sort()
+        run_marks: dict[str, dict[str, float]] = {}
+
+        def marks_of(run_id: str) -> dict[str, float]:
+            if run_id in run_marks:
+                return run_marks[run_id]
+            rec = instance.get_run_record_by_id(run_id)
+            created = rec.create_timestamp.timestamp()
+            marks = run_marks[run_id] = {"tick": tick_of.get(run_id, created), "created": created}
+            for e in instance.all_logs(run_id):
+                ev = e.dagster_event
+                if ev is None:
+                    if e.user_message.startswith(SPARK_READY) and "attached" not in marks:
+                        took = float(e.user_message[len(SPARK_READY):].split()[0])
+                        marks["attach_start"], marks["attached"] = e.timestamp - took, e.timestamp
+                elif ev.event_type == DagsterEventType.RUN_STARTING:
+                    marks.setdefault("launched", e.timestamp)
+                elif ev.event_type == DagsterEventType.RUN_START:
+                    marks.setdefault("run_start", e.timestamp)
+                elif ev.event_type == DagsterEventType.STEP_START:
+                    marks.setdefault("step_start", e.timestamp)
+            return marks
+
+        mats: list[tuple[float, str, int, list[float | None], str]] = []  # time, region, merged, ends, path
+        for rec in instance.fetch_materializations(AssetKey(["e2e", "base_table"]), limit=100000).records:
+            e = rec.event_log_entry
+            m = rec.asset_materialization
+            md = m.metadata
+            if not m.partition or "merged_generation" not in md:
+                continue
+            if "merged_by" in md:
+                i = bisect.bisect_right(ticks, (e.timestamp, float("inf"))) - 1
+                if i < 0:
+                    continue
+                start, end = ticks[i]
+                attach, merge = float(md["run/spark_attach_s"].value), float(md["run/duration_s"].value)
+                evaluated = max(start, end - attach - merge)
+                ends = [start, evaluated, None, None, None, evaluated + attach, end]
+                mats.append((e.timestamp, m.partition, int(md["merged_generation"].value), ends, "tick"))
+            elif e.run_id:
+                k = marks_of(e.run_id)
+                ends = [k["tick"], k["created"], k.get("launched"), k.get("run_start"),
+                        k.get("attach_start", k.get("step_start")), k.get("attached"), e.timestamp]
+                mats.append((e.timestamp, m.partition, int(md["merged_generation"].value), ends, "run"))
+        mats.sort(key=lambda x: x[0])
+    per: dict[str, list[float]] = {k: [] for k in STAGES}
+    paths = {"tick": 0, "run": 0}
+    for key, lag in lags.items():
+        t_flush = flushes[key]
+        hit = next((m for m in mats if m[1] == key[0] and m[2] >= key[1] and m[0] >= t_flush - 1), None)
+        if hit is None:
+            continue
+        paths[hit[4]] += 1
+        prev = t_flush
+        for name, end in zip(STAGES, [*hit[3], t_flush + lag]):
+            end = prev if end is None else max(prev, min(end, t_flush + lag))
+            per[name].append(end - prev)
+            prev = end
+    out: dict = {"attributed": len(per["poll"]), "merged_by_tick": paths["tick"], "merged_by_run": paths["run"]}
+    for name in STAGES:
+        out[f"{name}_p50"] = round(percentile(per[name], .5), 2)
+        out[f"{name}_p95"] = round(percentile(per[name], .95), 2)
+    costs = [(b - a) * 1000 for a, b in ticks]
+    out["sensor_tick_ms_p50"] = round(percentile(costs, .5), 1)
+    out["sensor_tick_ms_p95"] = round(percentile(costs, .95), 1)
+    out["sensor_ticks"] = len(costs)
+    return out
 
 
 def run_counts(home: str) -> dict:
@@ -225,8 +343,10 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=400, help="operations per round (one flush per region)")
     p.add_argument("--flush-every", type=float, default=10.0)
     p.add_argument("--sensor-interval", type=int, default=5)
-    p.add_argument("--modes", default="connect,local")
-    p.add_argument("--quick", action="store_true", help="60 s, connect only")
+    p.add_argument("--modes", default="connect,runs")
+    p.add_argument("--cold-start", action="store_true",
+                   help="start the writer with the daemon, and leave the Connect server to the first run")
+    p.add_argument("--quick", action="store_true", help="60 s")
     p.add_argument("--workdir", default=None)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--writer", action="store_true", help=argparse.SUPPRESS)
@@ -237,9 +357,12 @@ def main() -> None:
         writer_main(args)
         return
     if args.quick:
-        args.duration, args.modes = min(args.duration, 60.0), "connect"
+        args.duration = min(args.duration, 60.0)
     common.print_machine("e2e", args)
     rows = {m: run_mode(m, args) for m in args.modes.split(",")}
+    if "connect" in rows and "runs" in rows:
+        common.result("e2e_ratio", runs_over_connect_p50=common.ratio(rows["runs"]["p50_s"], rows["connect"]["p50_s"]),
+                      runs_over_connect_p95=common.ratio(rows["runs"]["p95_s"], rows["connect"]["p95_s"]))
     if "connect" in rows and "local" in rows:
         common.result("e2e_ratio", local_over_connect_p50=common.ratio(rows["local"]["p50_s"], rows["connect"]["p50_s"]),
                       local_over_connect_p95=common.ratio(rows["local"]["p95_s"], rows["connect"]["p95_s"]))
