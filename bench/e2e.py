@@ -4,25 +4,38 @@ Per mode, on a fresh table (bucket-sharded, `--regions` regions, MemWAL initiali
   * `dagster-daemon run` on a throwaway DAGSTER_HOME (SQLite, the repo's pools and run
     monitoring) and a throwaway MEMWAL_CONFIG naming the table, with the manifest sensor every
     `--sensor-interval` s: the daemon evaluates the sensor, queues the merge runs it requests
-    (one per tick, run keys `region:generation@merged#attempt`, pool limit 1) and the maintenance runs that follow (MemWAL
-    index, catch-up, GC), and launches each as its own run process — exactly as deployed;
+    (one per tick, run keys `region:generation@merged#attempt`, pool limit 1) and the maintenance
+    runs that follow (MemWAL index, catch-up, GC), and launches each as its own run process, with
+    the repo's `dagster_home/dagster.yaml` — exactly as deployed;
   * a writer process (pylance `ShardWriter`s via `demo.Workload`) that every `--flush-every` s
     writes `--rows` operations (puts, overwrites, deletes) spread over all regions and closes
     each writer, which flushes one generation per region; it logs each flush's time;
   * this process polls the table's merge progress every 0.5 s and records, per flushed
     generation, flush -> first poll that sees it merged (the merge lag), and the backlog
     (flushed, not yet merged generations) over time.
-After `--duration` s the writer stops; the pipeline gets `--drain` s to merge what is left. The
+The first `--warmup` s of writes are not measured (the first merges on a fresh Connect server
+start its Python workers; a new instance runs one maintenance at once). After the measured
+`--duration` s the writer stops; the pipeline gets `--drain` s to merge what is left. The
 final LSM read (pylance, generations newer than merged) must equal the writer's model.
+Unless `--cold-start`, the Connect server is started before the daemon and the writer waits
+for the sensor's first tick (the steady state a deployment is in).
 
-Modes: `connect` — the shipped default, `spark.connect: sc://127.0.0.1:<port>`: runs are clients
-of one long-lived local Spark Connect server (`spark.master local[2]`) that the first merging run
-starts; `local` — the baseline, `spark.master local[2]` without `connect`: every merge run starts
-its own JVM. Ratio: local p50 / connect p50.
+Modes: `connect` — the shipped default, `spark.connect: sc://127.0.0.1:<port>`: small merges run
+in the sensor's tick on the long-lived Connect server (`spark.master local[2]`), the others in
+runs that are its clients; `runs` — the baseline, the same with
+`sensor.tick_merge_max_generations: 0`: every merge is a run; `local` — `spark.master local[2]`
+without `connect`: every merge run starts its own JVM. Ratios: runs / connect and local /
+connect, p50 and p95.
 
-usage: python bench/e2e.py [--duration 180] [--modes connect,local] [--regions 4] [--quick]
+Where the seconds go: `RESULT e2e_breakdown` gives per stage (sensor tick wait and
+evaluation, queue, run process start, set-up, Spark attach, merge, poll) the p50 and p95 over
+the measured generations, from the instance's records (`breakdown`), and the sensor's cost
+per tick.
+
+usage: python bench/e2e.py [--duration 180] [--warmup 60] [--modes connect,runs] [--regions 4] [--quick]
 Prints `RESULT e2e mode=... flushes=... p50_s=... p95_s=... max_s=... backlog_q1..q4=...
-drained_s=... runs_ok=... runs_failed=...` per mode and `RESULT e2e_ratio local_over_connect=...`.
+drained_s=... runs_ok=... runs_failed=...` and `RESULT e2e_breakdown mode=... <stage>_p50=...`
+per mode, and `RESULT e2e_ratio runs_over_connect_p50=... runs_over_connect_p95=...`.
 """
 
 from __future__ import annotations
@@ -138,7 +151,7 @@ def run_mode(mode: str, args) -> dict:
             wait_for_tick(os.path.join(root, "daemon.log"))
         wlog = os.path.join(root, "flushes.jsonl")
         writer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--writer", "--table", path,
-                                   "--writer-log", wlog, "--duration", str(args.duration),
+                                   "--writer-log", wlog, "--duration", str(args.duration + args.warmup),
                                    "--rows", str(args.rows), "--flush-every", str(args.flush_every)],
                                   cwd=common.REPO, env=env)
         t_start = time.time()
@@ -166,7 +179,7 @@ def run_mode(mode: str, args) -> dict:
             if writer_done and pending == 0:
                 drained_at = now - t_start
                 break
-            if writer_done and now - t_start > args.duration + args.drain:
+            if writer_done and now - t_start > args.warmup + args.duration + args.drain:
                 break
             time.sleep(0.5)
         # What the users read: base table + unmerged generations equals what was written.
@@ -177,22 +190,26 @@ def run_mode(mode: str, args) -> dict:
             raise SystemExit(f"FAIL [{mode}] LSM read differs from the writer's model "
                              f"({len(got)} rows vs {len(model)})")
         runs = run_counts(home)
-        values = list(lags.values())
+        flushes = read_flushes(wlog)
+        measured_from = t_start + args.warmup
+        values = [lag for key, lag in lags.items() if flushes[key] >= measured_from]
         quarter = args.duration / 4
         qs = []
         for i in range(4):
-            xs = [n for t, n in backlog if i * quarter <= t < (i + 1) * quarter]
+            xs = [n for t, n in backlog if args.warmup + i * quarter <= t < args.warmup + (i + 1) * quarter]
             qs.append(round(sum(xs) / len(xs), 1) if xs else float("nan"))
         row = {"mode": mode, "duration_s": args.duration, "regions": args.regions, "flush_every_s": args.flush_every,
                "sensor_interval_s": args.sensor_interval, "flushes": len(read_flushes(wlog)), "merged": len(lags),
+               "measured": len(values), "warmup_s": args.warmup,
                "p50_s": round(percentile(values, .5), 1), "p95_s": round(percentile(values, .95), 1),
                "max_s": round(max(values), 1) if values else float("nan"),
                **{f"backlog_q{i + 1}": q for i, q in enumerate(qs)},
                "backlog_max": max(n for _, n in backlog),
-               "drained_s": round(drained_at - args.duration, 1) if drained_at is not None else "NO",
+               "drained_s": round(drained_at - args.warmup - args.duration, 1) if drained_at is not None else "NO",
                **runs}
         common.result("e2e", **row)
-        common.result("e2e_breakdown", mode=mode, **breakdown(home, read_flushes(wlog), lags))
+        common.result("e2e_breakdown", mode=mode, **breakdown(
+            home, flushes, {k: v for k, v in lags.items() if flushes[k] >= measured_from}))
         common.say(f"check [{mode}]: LSM read equals the writer's model ({len(model)} rows)")
         return row
     finally:
@@ -249,7 +266,7 @@ def breakdown(home: str, flushes: dict[tuple[str, int], float], lags: dict[tuple
         for st in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
             if not st.instigator_name.startswith("e2e_"):
                 continue
-            for tick in instance.get_ticks(st.instigator_origin_id, st.selector_id, limit=100000):
+            for tick in instance.get_ticks(st.instigator_origin_id, st.selector_id, limit=10000):
                 if tick.end_timestamp:
                     ticks.append((tick.timestamp, tick.end_timestamp))
                 for rid in tick.run_ids:
@@ -278,7 +295,7 @@ def breakdown(home: str, flushes: dict[tuple[str, int], float], lags: dict[tuple
             return marks
 
         mats: list[tuple[float, str, int, list[float | None], str]] = []  # time, region, merged, ends, path
-        for rec in instance.fetch_materializations(AssetKey(["e2e", "base_table"]), limit=100000).records:
+        for rec in instance.fetch_materializations(AssetKey(["e2e", "base_table"]), limit=10000).records:
             e = rec.event_log_entry
             m = rec.asset_materialization
             md = m.metadata
@@ -344,6 +361,9 @@ def main() -> None:
     p.add_argument("--flush-every", type=float, default=10.0)
     p.add_argument("--sensor-interval", type=int, default=5)
     p.add_argument("--modes", default="connect,runs")
+    p.add_argument("--warmup", type=float, default=60.0,
+                   help="seconds of writes before the measured ones (the first merges on a fresh server and "
+                        "instance: Python workers, the first maintenance run); not in the percentiles")
     p.add_argument("--cold-start", action="store_true",
                    help="start the writer with the daemon, and leave the Connect server to the first run")
     p.add_argument("--quick", action="store_true", help="60 s")
@@ -357,7 +377,7 @@ def main() -> None:
         writer_main(args)
         return
     if args.quick:
-        args.duration = min(args.duration, 60.0)
+        args.duration, args.warmup = min(args.duration, 60.0), min(args.warmup, 30.0)
     common.print_machine("e2e", args)
     rows = {m: run_mode(m, args) for m in args.modes.split(",")}
     if "connect" in rows and "runs" in rows:

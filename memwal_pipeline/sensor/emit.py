@@ -94,7 +94,8 @@ def emit(context, cfg: TableConfig, obs: Observation, d: decide.Decision, state:
          indexes: DynamicPartitionsDefinition,
          index_upkeep: decide.IndexPartitions | None, in_tick: TickMerge | None = None) -> SensorResult | SkipReason:
     """Log, store the memory, and return what Dagster applies (a skip when nothing changed).
-    `in_tick`: the merge the tick ran itself; when clean, the decided merge run is not requested."""
+    `in_tick`: the merge the tick ran itself; when clean (or still running from an earlier
+    tick), the decided merge run is not requested."""
     for n in d.notices:
         getattr(context.log, n.level)(n.message)
     if in_tick is not None:
@@ -104,7 +105,8 @@ def emit(context, cfg: TableConfig, obs: Observation, d: decide.Decision, state:
         dynamic.append(partitions.build_add_request(list(d.add_partitions)))
     if d.delete_partitions:
         dynamic.append(partitions.build_delete_request(list(d.delete_partitions)))
-    run_requests = [merge_run(cfg, merge_job, d.merge)] if d.merge and not (in_tick and in_tick.clean) else []
+    run_requests = [merge_run(cfg, merge_job, d.merge)] if d.merge and not (
+        in_tick and (in_tick.clean or in_tick.busy)) else []
     if d.maintenance is not None:
         index_range: dict[str, str] = {}
         if index_upkeep is not None:

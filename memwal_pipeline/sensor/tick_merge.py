@@ -10,6 +10,10 @@ and table lease as a run, on a Connect session this process (the code server) ke
 ticks. Each region it merged is reported as a `base_table` materialization of its partition
 (`SensorResult(asset_events=...)`, metadata as a run records it, plus `merged_by`).
 
+A tick whose merge outlives Dagster's sensor timeout (60 s) is failed by the daemon while its
+thread goes on merging; later ticks then neither merge the table nor request a run for it
+until that merge ends (its commits move the progress, which the next tick reads).
+
 Anything the tick does not finish cleanly goes to a run: when the step fails, is refused, is
 kept off by another maintainer's lease (waited for at most one sensor interval), or leaves a
 region unmerged, the tick requests the merge run it decided on anyway (same run key, the
@@ -40,6 +44,7 @@ from . import decide
 MERGED_BY = "sensor tick"
 
 _SESSIONS: dict[tuple, Any] = {}  # (table, spark settings) -> the resource holding a Connect session
+_RUNNING: set[str] = set()         # tables with a tick merge under way in this process
 _LOCK = threading.Lock()
 
 
@@ -51,6 +56,7 @@ class TickMerge:
     reason: str
     outcome: StepOutcome | None = None
     attach_s: float = 0.0
+    busy: bool = False  # an earlier tick's merge of the table is still running here: no run either
 
     @property
     def clean(self) -> bool:
@@ -125,6 +131,20 @@ def merge_in_tick(cfg: TableConfig, loc: TableLocation, request: decide.MergeReq
     reason = why_not(cfg, request)
     if reason is not None:
         return TickMerge(regions, reason)
+    with _LOCK:
+        if cfg.name in _RUNNING:
+            return TickMerge(regions, "the merge an earlier tick started is still running in this process (that "
+                                      "tick outlived Dagster's sensor timeout); its commits move the progress",
+                             busy=True)
+        _RUNNING.add(cfg.name)
+    try:
+        return _merge(cfg, loc, regions, holder, log)
+    finally:
+        with _LOCK:
+            _RUNNING.discard(cfg.name)
+
+
+def _merge(cfg: TableConfig, loc: TableLocation, regions: tuple[str, ...], holder: str, log) -> TickMerge:
     attach = [0.0]
 
     def provider() -> Any:
