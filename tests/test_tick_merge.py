@@ -1,7 +1,7 @@
 """Merging in the sensor's tick (`memwal_pipeline/sensor/tick_merge.py`) against a real Spark
 Connect server and a real Dagster instance: a small merge runs in the tick and is recorded as
 base_table materializations with no run; without a server, or over the limit, the tick
-requests the merge run as before."""
+requests the merge run as before (`why_not`)."""
 
 from __future__ import annotations
 
@@ -66,10 +66,6 @@ def test_a_small_merge_runs_in_the_tick_on_the_connect_server(table_loc, tmp_pat
         assert rows(table_loc) == w.expected()
         res = _tick(table_loc.lance_uri, remote, home2)
         assert [r["job"] for r in res["requests"]] == ["t_maintenance"]
-        # Over the limit: a run, as without the tick merge.
-        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-        res = _tick(table_loc.lance_uri, remote, home2, limit=0)
-        assert len(_merge_requests(res)) == 1 and res["merged_in_tick"] == []
     finally:
         spark_connect.stop_server(remote, state_dir=state)
 
@@ -91,4 +87,12 @@ def test_why_not_names_what_sends_a_merge_to_a_run(tmp_path):
         small = TableConfig(name="t", uri=str(tmp_path), spark=SparkOptions(connect=f"sc://127.0.0.1:{port}"),
                             sensor=SensorOptions(tick_merge_max_generations=8))
         assert "9 generations pending, more than sensor.tick_merge_max_generations = 8" in tick_merge.why_not(small, request)
-        assert tick_merge.why_not(small, decide.MergeRequest((decide.Merge("r1", 4, 2, 1),), "e")) is None
+        few = decide.MergeRequest((decide.Merge("r1", 4, 2, 1),), "e")
+        assert tick_merge.why_not(small, few) is None
+        # A merge an earlier tick started still runs in this process: neither a merge nor a run.
+        tick_merge._RUNNING.add("t")
+        try:
+            tm = tick_merge.merge_in_tick(small, None, few, holder="test")
+        finally:
+            tick_merge._RUNNING.discard("t")
+        assert tm.busy and tm.outcome is None and not tm.clean and "still running" in tm.reason
