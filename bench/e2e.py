@@ -113,7 +113,8 @@ def wait_for_tick(log: str, timeout_s: float = 600.0) -> None:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         with open(log, errors="replace") as f:
-            if "Sensor e2e_manifest_sensor" in f.read():
+            text = f.read()
+            if "Sensor e2e_manifest_sensor" in text or "for e2e_manifest_sensor" in text:
                 return
         time.sleep(1)
     raise SystemExit(f"FAIL no tick of the sensor within {timeout_s:.0f} s (see {log})")

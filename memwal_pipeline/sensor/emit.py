@@ -99,7 +99,9 @@ def emit(context, cfg: TableConfig, obs: Observation, d: decide.Decision, state:
     for n in d.notices:
         getattr(context.log, n.level)(n.message)
     if in_tick is not None:
-        context.log.info(f"{cfg.name}: regions {', '.join(in_tick.regions)}: {in_tick.reason}")
+        shown = ", ".join(in_tick.regions[:5]) + (f" and {len(in_tick.regions) - 5} more" if len(in_tick.regions) > 5
+                                                  else "")
+        context.log.info(f"{cfg.name}: regions {shown}: {in_tick.reason}")
     dynamic = []
     if d.add_partitions:
         dynamic.append(partitions.build_add_request(list(d.add_partitions)))
