@@ -135,7 +135,8 @@ def run_mode(mode: str, args) -> dict:
         with open(os.path.join(home, "dagster.yaml"), "w") as f:
             f.write(dagster_yaml(os.path.join(home, "storage")))
         spark = {"master": "local[2]", **({"connect": remote} if mode in ("connect", "runs") else {})}
-        sensor = {"interval_seconds": args.sensor_interval, **({"tick_merge_max_generations": 0} if mode == "runs" else {})}
+        sensor = {"interval_seconds": args.sensor_interval,
+                  **({"tick_merge_max_generations": 0} if mode == "runs" else {})}  # runs: every merge a run
         config = os.path.join(root, "memwal.yaml")
         with open(config, "w") as f:
             json.dump({"tables": [{"name": "e2e", "uri": path, "spark": spark, "sensor": sensor}]}, f)  # JSON is YAML

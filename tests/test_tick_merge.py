@@ -13,9 +13,9 @@ import sys
 
 from support.tables import make_table, rows
 
+from memwal_core.options import LeaseOptions, SensorOptions, SparkOptions
 from memwal_core.spark import connect as spark_connect
-from memwal_core.state import table
-from memwal_core.options import SensorOptions, SparkOptions
+from memwal_core.state import lease, table
 from memwal_pipeline.config import TableConfig
 from memwal_pipeline.sensor import decide, tick_merge
 
@@ -66,6 +66,14 @@ def test_a_small_merge_runs_in_the_tick_on_the_connect_server(table_loc, tmp_pat
         assert rows(table_loc) == w.expected()
         res = _tick(table_loc.lance_uri, remote, home2)
         assert [r["job"] for r in res["requests"]] == ["t_maintenance"]
+        # Another maintainer holds the table's lease past one sensor interval: the tick's merge
+        # is skipped and the merge run is requested, as without merges in the tick.
+        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+        before = table.read_memwal_state(table_loc).merged
+        with lease.hold(table_loc, "merge", LeaseOptions(), run_id="another maintainer"):
+            res = _tick(table_loc.lance_uri, remote, home2)
+        assert len(_merge_requests(res)) == 1 and res["merged_in_tick"] == []
+        assert table.read_memwal_state(table_loc).merged == before
     finally:
         spark_connect.stop_server(remote, state_dir=state)
 
