@@ -365,6 +365,10 @@ class SensorOptions(_Checked):
     # A merge run still STARTED after this long is failed by run monitoring (its worker may
     # have died with the code server: the default run launcher cannot tell), freeing the pool.
     merge_max_runtime_seconds: Duration = _duration(3600.0)
+    # A merge of at most this many pending generations runs in the tick itself on the table's
+    # running Spark Connect server, without a run launch (memwal_pipeline/sensor/tick_merge.py);
+    # more, or no server, go to a merge run. 0: always a run.
+    tick_merge_max_generations: int = field(default=64, metadata=_min(0))
 
 
 @dataclass(frozen=True)

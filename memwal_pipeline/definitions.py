@@ -23,6 +23,7 @@ from dagster import (
     ScheduleDefinition,
     define_asset_job,
     definitions,
+    in_process_executor,
 )
 
 from . import pools
@@ -41,6 +42,12 @@ from .sensors import build_maintenance_schedule, build_sensor
 # daemon's and webserver's environment too (`make ui` does; see docs/operations.md).
 PLANNED_EVENTS_ENV = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 os.environ.setdefault(PLANNED_EVENTS_ENV, "true")
+
+# The jobs run their steps in the run's own process: the default multiprocess executor starts
+# a second Python process per step, which imports Dagster and memwal and loads the code
+# location again (seconds per run, docs/benchmarks.md §6), and the steps of a table's runs are
+# sequential anyway (one pool, one Spark session shared by the maintenance steps).
+EXECUTOR = in_process_executor
 
 # Scheduled checks (region exclusivity reads rows of pending generations: hourly, off the hour
 # the maintenance schedule uses).
@@ -77,7 +84,7 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
     # The merge job carries no check: checks read every region, a merge run only its own.
     merge_job = define_asset_job(
         f"{cfg.name}_merge", selection=AssetSelection.assets(keys.asset("base_table")).without_checks(),
-        partitions_def=partitions, tags={"memwal/table": cfg.name},
+        partitions_def=partitions, tags={"memwal/table": cfg.name}, executor_def=EXECUTOR,
         description=f"Merge flushed generations of {cfg.name} into its base table (one run per region, "
                     "or many regions in one run as a backfill).")
     maintenance_job = define_asset_job(
@@ -85,14 +92,14 @@ def table_definitions(cfg: TableConfig) -> TableDefs:
         selection=AssetSelection.assets(keys.asset("base_compaction"), keys.asset("memwal_index"),
                                         keys.asset("index_catchup"), keys.asset("garbage"))
         | AssetSelection.checks(by_name["merge_lag"]),
-        tags={"memwal/table": cfg.name},
+        tags={"memwal/table": cfg.name}, executor_def=EXECUTOR,
         description="After merges and hourly: compact the base table when its health asks for it, snapshot "
                     "region manifests into the MemWAL index, catch indexes up, collect garbage; checks merge "
                     "lag (stuck regions), catch-up gap and GC consistency.")
     checks_job = define_asset_job(
         f"{cfg.name}_checks", selection=AssetSelection.checks(by_name["region_exclusivity"], by_name["merge_lag"],
                                                               by_name["mergeable"]),
-        tags={"memwal/table": cfg.name},
+        tags={"memwal/table": cfg.name}, executor_def=EXECUTOR,
         description="Scheduled health checks: region exclusivity (reads pending rows), merge lag, and what "
                     "would stop a merge (mergeable).")
     checks_schedule = ScheduleDefinition(name=f"{cfg.name}_checks_schedule", job=checks_job,

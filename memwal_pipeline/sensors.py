@@ -8,6 +8,8 @@ A tick is three steps (`memwal_pipeline/sensor/`):
   region a verdict (request a merge, in flight, backing off, stuck, retire, unreadable), one
   merge run for every requested region, new and retired partitions, maintenance after a
   merge; its docstring states the "nothing waits forever" guarantee, which its tests check;
+- a small merge the tick decided on runs in the tick itself when the table's Connect server
+  is up (`sensor/tick_merge.py`: no run launch); anything it does not finish goes to a run;
 - `emit` turns the decision into Dagster's run requests, dynamic-partition requests,
   observations, log lines and cursor, and writes the memory back.
 
@@ -39,7 +41,7 @@ from . import pools
 from .assets import TableKeys
 from .config import TableConfig
 from .partitions import index_partitions, index_range_tags
-from .sensor import decide, emit, observe
+from .sensor import decide, emit, observe, tick_merge
 from .sensor.decide import DOWNTIME_INTERVALS, VERIFY_EVERY
 from .sensor.observation import Cursor
 from .sensor.observe import SensorError, Watched
@@ -63,10 +65,14 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
                       keys.asset("base_table"), keys.asset("garbage"))
     seen, memory = observe.observe(context.instance, watched, cursor, cfg.sensor, now)
     decision = decide.decide(seen, cursor, cfg.sensor)
+    in_tick = (tick_merge.merge_in_tick(cfg, loc, decision.merge, holder=f"sensor {cfg.name}_manifest_sensor",
+                                        log=context.log)
+               if decision.merge is not None else None)
     upkeep = (observe.index_partitions(context.instance, index_parts.name, loc)
               if decision.maintenance is not None else None)
     return emit.emit(context, cfg, seen, decision, memory, partitions=partitions, merge_job=merge_job_name,
-                     maintenance_job=maintenance_job_name, indexes=index_parts, index_upkeep=upkeep)
+                     maintenance_job=maintenance_job_name, indexes=index_parts, index_upkeep=upkeep,
+                     in_tick=in_tick)
 
 
 def build_sensor(cfg: TableConfig, partitions: DynamicPartitionsDefinition, merge_job, maintenance_job,

@@ -21,11 +21,12 @@ from dagster import (
 )
 
 from .. import liveness
-from ..assets import TableKeys, region_metadata
+from ..assets import TableKeys, merge_region_metadata, region_metadata
 from ..config import TableConfig
 from ..tags import PARTITION_RANGE_END, PARTITION_RANGE_START, partition_range
 from . import decide
 from .observation import Observation
+from .tick_merge import MERGED_BY, TickMerge
 
 
 def merge_run(cfg: TableConfig, job_name: str, request: decide.MergeRequest) -> RunRequest:
@@ -78,19 +79,36 @@ def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list
     return out
 
 
+def merged_in_tick(cfg: TableConfig, obs: Observation, tm: TickMerge) -> list:
+    """A `base_table` materialization per region the tick's own merge merged (as a run records
+    it, plus `merged_by`), so the UI and maintenance see tick merges as they see runs."""
+    key = TableKeys(cfg.name).asset("base_table")
+    return [AssetMaterialization(asset_key=key, partition=rid, metadata={
+        **merge_region_metadata(tm.outcome, rid, obs.labels.get(rid)),
+        "merged_by": MetadataValue.text(MERGED_BY),
+        "run/spark_attach_s": MetadataValue.float(round(tm.attach_s, 3))}) for rid in tm.merged]
+
+
 def emit(context, cfg: TableConfig, obs: Observation, d: decide.Decision, state: liveness.SensorState, *,
          partitions: DynamicPartitionsDefinition, merge_job: str, maintenance_job: str,
          indexes: DynamicPartitionsDefinition,
-         index_upkeep: decide.IndexPartitions | None) -> SensorResult | SkipReason:
-    """Log, store the memory, and return what Dagster applies (a skip when nothing changed)."""
+         index_upkeep: decide.IndexPartitions | None, in_tick: TickMerge | None = None) -> SensorResult | SkipReason:
+    """Log, store the memory, and return what Dagster applies (a skip when nothing changed).
+    `in_tick`: the merge the tick ran itself; when clean (or still running from an earlier
+    tick), the decided merge run is not requested."""
     for n in d.notices:
         getattr(context.log, n.level)(n.message)
+    if in_tick is not None:
+        shown = ", ".join(in_tick.regions[:5]) + (f" and {len(in_tick.regions) - 5} more" if len(in_tick.regions) > 5
+                                                  else "")
+        context.log.info(f"{cfg.name}: regions {shown}: {in_tick.reason}")
     dynamic = []
     if d.add_partitions:
         dynamic.append(partitions.build_add_request(list(d.add_partitions)))
     if d.delete_partitions:
         dynamic.append(partitions.build_delete_request(list(d.delete_partitions)))
-    run_requests = [merge_run(cfg, merge_job, d.merge)] if d.merge else []
+    run_requests = [merge_run(cfg, merge_job, d.merge)] if d.merge and not (
+        in_tick and (in_tick.clean or in_tick.busy)) else []
     if d.maintenance is not None:
         index_range: dict[str, str] = {}
         if index_upkeep is not None:
@@ -102,7 +120,7 @@ def emit(context, cfg: TableConfig, obs: Observation, d: decide.Decision, state:
                 index_range = partition_range(index_upkeep.order[0], index_upkeep.order[-1])
         run_requests.append(RunRequest(run_key=f"maintenance:{d.maintenance}", job_name=maintenance_job,
                                        tags={"memwal/table": cfg.name, **index_range}))
-    events = observations(cfg, obs, d)
+    events = observations(cfg, obs, d) + (merged_in_tick(cfg, obs, in_tick) if in_tick is not None else [])
     state.regions = dict(d.memory)
     cursor = replace(d.cursor, digest=state.save(obs.now)).dump()
     if not (run_requests or events or dynamic) and cursor == (context.cursor or ""):

@@ -1,0 +1,106 @@
+"""Merging in the sensor's tick (`memwal_pipeline/sensor/tick_merge.py`) against a real Spark
+Connect server and a real Dagster instance: a small merge runs in the tick and is recorded as
+base_table materializations with no run; without a server, or over the limit, the tick
+requests the merge run as before (`why_not`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from support.tables import make_table, rows
+
+from memwal_core.options import LeaseOptions, SensorOptions, SparkOptions
+from memwal_core.spark import connect as spark_connect
+from memwal_core.state import lease, table
+from memwal_pipeline.config import TableConfig
+from memwal_pipeline.sensor import decide, tick_merge
+
+PROC = os.path.join(os.path.dirname(__file__), "procs", "tick_merge.py")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tick(uri: str, remote: str, home, limit: int = 64) -> dict:
+    out = subprocess.run([sys.executable, PROC, uri, remote, str(home), str(limit)], capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "MEMWAL_STATE_DIR": str(home.parent / "state")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _merge_requests(res: dict) -> list:
+    return [r for r in res["requests"] if r["job"] == "t_merge"]
+
+
+def test_a_small_merge_runs_in_the_tick_on_the_connect_server(table_loc, tmp_path):
+    remote = f"sc://127.0.0.1:{_port()}"
+    home = tmp_path / "home"
+    home.mkdir()
+    w = make_table(table_loc, regions=2, rounds=1)
+    regions = sorted(w.regions.values())
+    # No server yet: the tick never starts a JVM; the merge run does (here: nobody).
+    first = _tick(table_loc.lance_uri, remote, home)
+    assert len(_merge_requests(first)) == 1 and first["merged_in_tick"] == []
+    assert table.read_memwal_state(table_loc).merged == {}
+    state = tmp_path / "state"
+    try:
+        assert spark_connect.ensure_server(remote, master="local[1]", state_dir=state, timeout_s=600)
+        home2 = tmp_path / "home2"
+        home2.mkdir()
+        res = _tick(table_loc.lance_uri, remote, home2)
+        assert _merge_requests(res) == [], res
+        assert res["merged_in_tick"] == regions and res["merged_by"] == [tick_merge.MERGED_BY]
+        assert res["recorded"] == regions  # stored as materializations of base_table's partitions
+        assert rows(table_loc) == w.expected()
+        # The next flushes: merged by the next tick; the one after requests maintenance.
+        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+        res = _tick(table_loc.lance_uri, remote, home2)
+        assert _merge_requests(res) == [] and res["merged_in_tick"]
+        assert rows(table_loc) == w.expected()
+        res = _tick(table_loc.lance_uri, remote, home2)
+        assert [r["job"] for r in res["requests"]] == ["t_maintenance"]
+        # Another maintainer holds the table's lease past one sensor interval: the tick's merge
+        # is skipped and the merge run is requested, as without merges in the tick.
+        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+        before = table.read_memwal_state(table_loc).merged
+        with lease.hold(table_loc, "merge", LeaseOptions(), run_id="another maintainer"):
+            res = _tick(table_loc.lance_uri, remote, home2)
+        assert len(_merge_requests(res)) == 1 and res["merged_in_tick"] == []
+        assert table.read_memwal_state(table_loc).merged == before
+    finally:
+        spark_connect.stop_server(remote, state_dir=state)
+
+
+def test_why_not_names_what_sends_a_merge_to_a_run(tmp_path):
+    """No server, no Connect, or too many generations: a run (checked without a server)."""
+    request = decide.MergeRequest((decide.Merge("r1", top=11, merged=2, attempt=1),), "e")
+    port = _port()
+    connect = TableConfig(name="t", uri=str(tmp_path), spark=SparkOptions(connect=f"sc://127.0.0.1:{port}"))
+    assert "no Spark Connect server listening" in tick_merge.why_not(connect, request)
+    local = TableConfig(name="t", uri=str(tmp_path), spark=SparkOptions(master="local[1]"))
+    assert "not a Connect server" in tick_merge.why_not(local, request)
+    off = TableConfig(name="t", uri=str(tmp_path), spark=SparkOptions(connect=f"sc://127.0.0.1:{port}"),
+                      sensor=SensorOptions(tick_merge_max_generations=0))
+    assert "off" in tick_merge.why_not(off, request)
+    with socket.socket() as s:  # something listening on the port: only the size decides
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        small = TableConfig(name="t", uri=str(tmp_path), spark=SparkOptions(connect=f"sc://127.0.0.1:{port}"),
+                            sensor=SensorOptions(tick_merge_max_generations=8))
+        assert "9 generations pending, more than sensor.tick_merge_max_generations = 8" in tick_merge.why_not(small, request)
+        few = decide.MergeRequest((decide.Merge("r1", 4, 2, 1),), "e")
+        assert tick_merge.why_not(small, few) is None
+        # A merge an earlier tick started still runs in this process: neither a merge nor a run.
+        tick_merge._RUNNING.add("t")
+        try:
+            tm = tick_merge.merge_in_tick(small, None, few, holder="test")
+        finally:
+            tick_merge._RUNNING.discard("t")
+        assert tm.busy and tm.outcome is None and not tm.clean and "still running" in tm.reason
