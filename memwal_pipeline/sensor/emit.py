@@ -23,6 +23,7 @@ from dagster import (
 from .. import liveness
 from ..assets import TableKeys, region_metadata
 from ..config import TableConfig
+from ..freshness import idle_record
 from ..tags import PARTITION_RANGE_END, PARTITION_RANGE_START, partition_range
 from . import decide
 from .observation import Observation
@@ -51,7 +52,8 @@ def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list
     changed region as a materialization of its partition (its state: generations, lag, value).
     A region first seen already merged to its newest generation gets a `base_table`
     materialization saying so (a new instance of a maintained table shows it merged, not
-    missing). Each newly stuck region gets an observation with the reason."""
+    missing). An idle table gets the table-wide record that its base table is current
+    (`freshness.py`). Each newly stuck region gets an observation with the reason."""
     keys = TableKeys(cfg.name)
     key = keys.asset("region_generations")
     out: list = [AssetMaterialization(asset_key=key, partition=rid, metadata=region_metadata(obs.statuses[rid],
@@ -67,6 +69,8 @@ def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list
         if rid in obs.labels:
             md["region_value"] = MetadataValue.text(obs.labels[rid])
         out.append(AssetMaterialization(asset_key=keys.asset("base_table"), partition=rid, metadata=md))
+    if d.record_idle:
+        out.append(idle_record(keys.asset("base_table"), len(d.regions)))
     for rid in d.became_stuck:
         st = d.memory[rid]
         out.append(AssetObservation(asset_key=key, partition=rid, metadata={
