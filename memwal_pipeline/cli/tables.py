@@ -1,0 +1,62 @@
+"""The CLI's tables, drawn by rich: aligned columns on a terminal, and the same columns as plain,
+stable text when stdout is a file or a pipe.
+
+Plain means what `grep`, `cut` or `awk` read: no ANSI codes, no box characters, one row per line
+(cells never wrap, whatever the width), columns separated by two spaces, each row starting with
+its first cell. On a terminal the header is bold and a long cell is cut with an ellipsis to fit.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from rich.console import Console
+from rich.table import Table
+
+PLAIN_WIDTH = 100_000  # a file or a pipe: rows are never cut nor wrapped
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    right: bool = False     # numbers
+    max_width: int | None = None  # on a terminal: longer cells are cut with "…"
+
+
+def console(file: IO[str] | None = None) -> Console:
+    """A console on `file` (default stdout): a terminal's width and styles on a terminal, plain
+    text and no width limit otherwise."""
+    file = file if file is not None else sys.stdout
+    tty = bool(getattr(file, "isatty", lambda: False)())
+    if tty:
+        return Console(file=file, highlight=False, soft_wrap=False)
+    return Console(file=file, width=PLAIN_WIDTH, force_terminal=False, no_color=True, color_system=None,
+                   highlight=False, emoji=False, soft_wrap=False)
+
+
+def table(columns: Sequence[Column], rows: Sequence[Sequence[str]], *, tty: bool) -> Table:
+    """A borderless table: columns two spaces apart, no edge padding, header in the first line."""
+    t = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=False,
+              header_style="bold" if tty else "", expand=False)
+    for c in columns:
+        t.add_column(c.header, justify="right" if c.right else "left", no_wrap=True, overflow="ellipsis",
+                     max_width=c.max_width if tty else None)
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def print_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], file: IO[str] | None = None) -> None:
+    """Print the table (plain when `file` is not a terminal); trailing spaces are left out."""
+    out = console(file)
+    drawn = table(columns, rows, tty=out.is_terminal)
+    if out.is_terminal:
+        out.print(drawn, markup=False)
+    else:
+        with out.capture() as captured:
+            out.print(drawn, markup=False, crop=False)
+        out.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    out.file.flush()
