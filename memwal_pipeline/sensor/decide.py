@@ -297,7 +297,7 @@ def decide(obs: Observation, cursor: Cursor, options: SensorOptions, idle_every:
                        first_maintenance=cursor.first_maintenance or first or maintenance is not None),
         observed=changed,
         notices=tuple(_notices(obs, regions, memory, set(changed), policy, options)),
-        record_idle=idle_current(obs, regions, merge, maintenance, cursor, idle_every))
+        record_idle=not new_partitions and idle_current(obs, regions, merge, maintenance, cursor, idle_every))
 
 
 def idle_current(obs: Observation, regions: Mapping[str, RegionDecision], merge: MergeRequest | None,
@@ -306,7 +306,8 @@ def idle_current(obs: Observation, regions: Mapping[str, RegionDecision], merge:
     (`memwal_pipeline/freshness.py`): every region merged to its newest flushed generation
     (none pending, requested, in flight, backing off, stuck or unreadable), no run requested,
     every merge followed by maintenance already, and base_table last materialized at least
-    `idle_every` seconds ago (or never)."""
+    `idle_every` seconds ago (or never). Not on a tick that adds partitions (`decide` checks):
+    the per-region records of regions merged before this instance saw them come first."""
     if idle_every is None or merge is not None or maintenance is not None:
         return False
     if any(d.verdict not in (Verdict.IDLE, Verdict.RETIRE) for d in regions.values()):
