@@ -195,6 +195,31 @@ def test_progress_lines_in_a_file_are_plain():
     assert out.getvalue() == "[t] merge: batch 1/2 merged: 1/2 generations, 2.0 KiB of 4.0 KiB, 2 regions\n"
 
 
+def test_tables_are_plain_columns_off_a_terminal_and_fit_a_terminal(monkeypatch):
+    """`memwal status`'s table (rich): written to a file, plain columns two spaces apart, one row
+    per line starting with its first cell, whole values, no control codes or box characters, no
+    trailing spaces; on a narrow terminal the value column gives way, the numbers keep theirs."""
+    from memwal_pipeline.cli.tables import Column, print_table
+
+    cols = [Column("region", min_width=36), Column("value", max_width=24), Column("rows", right=True),
+            Column("lag", right=True)]
+    rid = "1a2b3c4d-0000-4000-8000-000000000000"
+    rows = [[rid, "tenant=a rather long value, region=eu-west-1", "12", "3.5h"], [rid.replace("1a", "ff"), "bucket=2",
+                                                                                 "7", "-"]]
+    out = io.StringIO()
+    print_table(cols, rows, out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["region", "value", "rows", "lag"]
+    assert lines[1].startswith(f"{rid}  tenant=a rather long value, region=eu-west-1  ")
+    assert lines[1].endswith("  12  3.5h") and lines[2].endswith("   7     -")
+    assert all(ln == ln.rstrip() and "\x1b" not in ln and not set(ln) & set("│─┃━╭╮") for ln in lines)
+    monkeypatch.setenv("COLUMNS", "60")
+    term = _Terminal()
+    print_table(cols, rows, term)
+    shown = _frames(term.getvalue())
+    assert all(len(ln) <= 60 for ln in shown) and shown[1].endswith("12  3.5h") and "…" in shown[1], shown
+
+
 def test_maintain_configured_table_with_progress_and_json(tables, capsys, spark):
     """The configured table, merged in small batches with a budget from the command line: one
     progress line per batch start and end, k of n as planned; stdout is the JSON report only;

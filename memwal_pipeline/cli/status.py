@@ -63,7 +63,7 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
 
 
 # `lag`: age of the region's oldest unmerged generation (what merge_lag and the SLO measure).
-REGION_COLUMNS = (Column("region"), Column("value", max_width=24), Column("manifest", right=True),
+REGION_COLUMNS = (Column("region", min_width=36), Column("value", max_width=24), Column("manifest", right=True),
                   Column("epoch", right=True), Column("merged", right=True), Column("pending", right=True),
                   Column("rows", right=True), Column("lag", right=True))
 
