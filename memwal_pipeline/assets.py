@@ -28,7 +28,6 @@ on 1.13.27). `_table` / `_spark` give the typed resource back.
 import time
 import warnings
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Iterator
 
 from dagster import (
@@ -42,7 +41,6 @@ from dagster import (
     AssetObservation,
     BackfillPolicy,
     DynamicPartitionsDefinition,
-    FreshnessPolicy,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -58,6 +56,7 @@ from memwal_core.steps import StepOptions, StepOutcome, StepStatus, adapt, run_s
 from . import failures
 from . import metadata as bounded
 from .config import TableConfig
+from .freshness import merge_freshness
 from .partitions import RegionLabels, index_partitions
 from .resources import MemWalSpark, TableResource
 
@@ -105,14 +104,6 @@ def region_metadata(st: status.RegionStatus, value: str | None = None) -> dict[s
     if st.error:
         md["error"] = MetadataValue.text(st.error)
     return md
-
-
-def merge_freshness(cfg: TableConfig) -> FreshnessPolicy:
-    """base_table goes stale when no region merged for `slo.merge_lag_seconds` (at least a minute:
-    Dagster's smallest window). Dagster measures time since the last materialization of any
-    region, so an idle table (nothing flushed) goes stale too; `merge_lag` is the exact measure
-    (age of the oldest pending generation)."""
-    return FreshnessPolicy.time_window(fail_window=timedelta(seconds=max(60.0, float(cfg.slo.merge_lag_seconds))))
 
 
 class MergeFailed(Failure):

@@ -127,12 +127,24 @@ class TableConfig:
         return f"memwal_{self.name}"
 
 
+def _leave_unknown_keys_to_validation(schema: dict[str, Any]) -> None:
+    """Why the component's JSON schema does not refuse unknown keys (nor list required ones):
+    `dg check defs` first checks each defs.yaml against that schema, and a JSON-schema refusal
+    says only "'budget_byte' was unexpected" (or "'uri' is a required property" for `ur:`) and
+    stops there. Open, the file reaches the component, whose validation refuses the key with the
+    did-you-mean memwal.yaml and `memwal --config` give (`memwal_core.options.unknown_keys`),
+    naming the file and line. Editors still complete the known keys and check their types."""
+    schema.pop("additionalProperties", None)
+    schema.pop("required", None)
+
+
 def _section_schema(cls: type) -> dict[str, Any]:
-    """A section's JSON schema (editors, `dg utils inspect-component`): the dataclass's own,
-    closed to unknown keys; sizes and durations take their units from their pydantic types
-    (`memwal_core.options.Size`, `Duration`: "256MB", "7d")."""
+    """A section's JSON schema (editors, `dg utils inspect-component`): the dataclass's own
+    (unknown keys are refused by validation: `_leave_unknown_keys_to_validation`); sizes and
+    durations take their units from their pydantic types (`memwal_core.options.Size`,
+    `Duration`: "256MB", "7d")."""
     schema = TypeAdapter(cls).json_schema()
-    schema["additionalProperties"] = False
+    _leave_unknown_keys_to_validation(schema)
     hints = typing.get_type_hints(cls, include_extras=False)
     for f in dataclasses.fields(cls):  # an optional duration is also turned off by "off" (YAML: false)
         if f.metadata.get("kind") == "duration" and type(None) in typing.get_args(hints[f.name]):
@@ -169,6 +181,8 @@ class TableSpec(dg.Model):
     dataclass of `memwal_core.options` (same keys, same defaults: pydantic reads them from the
     dataclass). A relative local `uri` is relative to the file that names it (memwal.yaml) or
     to the project root (a component's defs.yaml)."""
+
+    model_config = dg.Model.model_config | {"json_schema_extra": _leave_unknown_keys_to_validation}
 
     name: str = Field(description="Identifier (letters, digits, _): prefixes asset keys, jobs and the pool.")
     uri: str = Field(description="The table: a local path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix.")

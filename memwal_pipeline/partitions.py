@@ -9,7 +9,14 @@
 A region partition's key is its UUID; what a reader recognizes is the region's *value* (the
 routing value its rows carry: `bucket=3`, an identity value, `unsharded`). Dagster has no
 per-partition description, so the value goes into the partition's metadata (`region_value`)
-wherever memwal records an event for that partition.
+wherever memwal records an event for that partition, and into a single-region merge run's tags
+(`tags.REGION_VALUE_TAG`).
+
+Why the key is not the value (`bucket=3 · 1a2b3c4d`): the key must exist when the region
+appears, before its value is recorded (by the next `memwal_index` run, provisional until one of
+its generations merges); a value is not unique over time (a retired region and the region that
+replaces it share it); and a Dagster partition cannot be renamed, so a key that changed with
+the value would start a new history and strand the runs and partition ranges naming the old one.
 """
 
 from __future__ import annotations

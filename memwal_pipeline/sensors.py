@@ -40,6 +40,7 @@ from memwal_core.state.store import TableLocation
 from . import pools
 from .assets import TableKeys
 from .config import TableConfig
+from .freshness import refresh_seconds
 from .partitions import index_partitions, index_range_tags
 from .sensor import decide, emit, observe, tick_merge
 from .sensor.decide import DOWNTIME_INTERVALS, VERIFY_EVERY
@@ -64,7 +65,7 @@ def evaluate_tick(context: SensorEvaluationContext, cfg: TableConfig, partitions
     watched = Watched(cfg.name, loc, partitions.name, merge_job_name, maintenance_job_name,
                       keys.asset("base_table"), keys.asset("garbage"))
     seen, memory = observe.observe(context.instance, watched, cursor, cfg.sensor, now)
-    decision = decide.decide(seen, cursor, cfg.sensor)
+    decision = decide.decide(seen, cursor, cfg.sensor, idle_every=refresh_seconds(cfg))
     in_tick = (tick_merge.merge_in_tick(cfg, loc, decision.merge, holder=f"sensor {cfg.name}_manifest_sensor",
                                         log=context.log)
                if decision.merge is not None else None)

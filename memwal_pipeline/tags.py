@@ -10,6 +10,8 @@ from __future__ import annotations
 
 PARTITION_RANGE_START = "dagster/asset_partition_range_start"
 PARTITION_RANGE_END = "dagster/asset_partition_range_end"
+# A single-region merge run's region value (`bucket=2`): region partitions are keyed by UUID.
+REGION_VALUE_TAG = "memwal/region_value"
 
 
 def partition_range(first: str, last: str) -> dict[str, str]:

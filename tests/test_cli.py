@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import textwrap
 
 import pytest
@@ -145,21 +146,78 @@ def test_secrets_come_from_the_environment(tables, capsys, monkeypatch):
     assert plain == {"aws_region": "r"} and secrets == {"aws_secret_access_key": SECRET}
 
 
-def test_progress_line_on_a_terminal():
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
 
-    term = Terminal()
+
+def _frames(shown: str) -> list[str]:
+    """What a terminal shows of each redraw (control codes removed)."""
+    frames = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", f) for f in re.split(r"\r|\n", shown)]
+    return [f.strip() for f in frames if f.strip()]
+
+
+def test_progress_line_on_a_terminal(monkeypatch):
+    """On a terminal: a bar labelled with the table's name, redrawn in place (one line on the
+    screen), the latest event's text beside it; cleared when the pass prints a line or ends."""
+    monkeypatch.setenv("COLUMNS", "160")
+    term = _Terminal()
     line = cli.ProgressLine("t", term)
     for n in (1, 2):
         line(MergeProgress(n, 2, 1, 2048, 1, 2, 4096, 2, n - 1, (n - 1) * 2048, False))
         line(MergeProgress(n, 2, 1, 2048, 1, 2, 4096, 2, n, n * 2048, True))
+    assert line.open
     shown = term.getvalue()
-    assert "\n" not in shown and shown.count("\r\x1b[K") == 4  # one line, rewritten in place
-    assert shown.endswith("[t] merge: batch 2/2 merged: 2/2 generations, 4.0 KiB of 4.0 KiB, 2 regions")
+    drawn = _frames(shown)
+    assert len(drawn) >= 4 and all(f.startswith("t ") for f in drawn), drawn  # the label: the table's name
+    assert drawn[-1].endswith("merge: batch 2/2 merged: 2/2 generations, 4.0 KiB of 4.0 KiB, 2 regions"), drawn
+    assert "\n" not in shown  # one line, redrawn in place
     line.end()
-    assert term.getvalue().endswith("\r\x1b[K") and not line.open
+    assert not line.open and term.getvalue().startswith(shown) and term.getvalue() != shown  # cleared
+
+
+def test_progress_line_on_a_narrow_terminal_keeps_its_label(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    term = _Terminal()
+    line = cli.ProgressLine("events", term)
+    line(MergeProgress(1, 2, 1, 2048, 1, 2, 4096, 2, 1, 2048, True))
+    (frame, *_) = _frames(term.getvalue())
+    assert frame.startswith("events ") and frame.endswith("…") and len(frame) <= 60, frame
+    line.end()
+
+
+def test_progress_lines_in_a_file_are_plain():
+    """Not a terminal (a log file, a pipe): one plain line per event, no control codes."""
+    out = io.StringIO()
+    line = cli.ProgressLine("t", out)
+    line(MergeProgress(1, 2, 1, 2048, 1, 2, 4096, 2, 1, 2048, True))
+    line.end()
+    assert out.getvalue() == "[t] merge: batch 1/2 merged: 1/2 generations, 2.0 KiB of 4.0 KiB, 2 regions\n"
+
+
+def test_tables_are_plain_columns_off_a_terminal_and_fit_a_terminal(monkeypatch):
+    """`memwal status`'s table (rich): written to a file, plain columns two spaces apart, one row
+    per line starting with its first cell, whole values, no control codes or box characters, no
+    trailing spaces; on a narrow terminal the value column gives way, the numbers keep theirs."""
+    from memwal_pipeline.cli.tables import Column, print_table
+
+    cols = [Column("region", min_width=36), Column("value", max_width=24), Column("rows", right=True),
+            Column("lag", right=True)]
+    rid = "1a2b3c4d-0000-4000-8000-000000000000"
+    rows = [[rid, "tenant=a rather long value, region=eu-west-1", "12", "3.5h"], [rid.replace("1a", "ff"), "bucket=2",
+                                                                                 "7", "-"]]
+    out = io.StringIO()
+    print_table(cols, rows, out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["region", "value", "rows", "lag"]
+    assert lines[1].startswith(f"{rid}  tenant=a rather long value, region=eu-west-1  ")
+    assert lines[1].endswith("  12  3.5h") and lines[2].endswith("   7     -")
+    assert all(ln == ln.rstrip() and "\x1b" not in ln and not set(ln) & set("│─┃━╭╮") for ln in lines)
+    monkeypatch.setenv("COLUMNS", "60")
+    term = _Terminal()
+    print_table(cols, rows, term)
+    shown = _frames(term.getvalue())
+    assert all(len(ln) <= 60 for ln in shown) and shown[1].endswith("12  3.5h") and "…" in shown[1], shown
 
 
 def test_maintain_configured_table_with_progress_and_json(tables, capsys, spark):

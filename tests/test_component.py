@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from dagster import ComponentTree
+from pydantic import ValidationError
 
 from memwal_pipeline import definitions
 from memwal_pipeline.component import MemWalTable
@@ -91,7 +93,7 @@ def test_schema_is_the_core_dataclasses():
     schema = MemWalTable.get_model_cls().model_json_schema()
     for key, cls in SECTIONS.items():
         section = schema["properties"][key]
-        assert section["additionalProperties"] is False
+        assert "additionalProperties" not in section  # refused by validation, with a did-you-mean
         defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
         assert {k: p.get("default") for k, p in section["properties"].items() if k in defaults} == defaults, key
         assert set(section["properties"]) == {f.name for f in dataclasses.fields(cls)}, key
@@ -99,6 +101,11 @@ def test_schema_is_the_core_dataclasses():
     spec = TableSpec(name="t", uri="data/t", merge={"budget_bytes": "64MB"})
     assert spec.gc == SECTIONS["gc"]() and spec.merge.budget_bytes == 64 << 20
     assert TableSpec(name="t", uri="x", merge=SECTIONS["merge"](max_generations=3)).merge.max_generations == 3
+    # Unknown keys are refused all the same, by the one did-you-mean memwal.yaml uses.
+    for raw, said in (({"name": "t", "uri": "x", "merge": {"budget_byte": 1}}, "did you mean 'budget_bytes'"),
+                      ({"name": "t", "ur": "x"}, "unknown key 'ur' (did you mean 'uri'?)")):
+        with pytest.raises(ValidationError, match=re.escape(said)):
+            TableSpec.model_validate(raw)
 
 
 def test_defs_yaml_and_memwal_yaml_are_one_schema(tmp_path, monkeypatch):
@@ -175,17 +182,18 @@ def test_code_location_refuses_a_table_in_both_defs_and_memwal_yaml(tmp_path, mo
 
 def test_dg_check_defs(tmp_path):
     """`dg check defs` passes on this project, and names the file, line and key of a mistake in
-    an operator's project."""
+    an operator's project, with the nearest valid key."""
     out = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=REPO, env=_env(), capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "All definitions loaded successfully" in out.stdout + out.stderr
-    root, module = _project(tmp_path, {"events": "name: events\nuri: data/events\nmerge: {budjet_bytes: 256MB}\n"})
+    root, module = _project(tmp_path, {"events": "name: events\nuri: data/events\nmerge: {budget_byte: 256MB}\n"})
     out = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=root, env=_env(), capture_output=True,
                          text=True, timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-3000:]
-    assert f"{module}/defs/events/defs.yaml:5" in text and "'budjet_bytes' was unexpected" in text, text[-3000:]
+    assert f"{module}/defs/events/defs.yaml:5" in text, text[-3000:]
+    assert "merge: unknown key 'budget_byte' (did you mean 'budget_bytes'?)" in text, text[-3000:]
 
 
 def test_sizes_and_durations_are_pydantic_types():
@@ -217,8 +225,8 @@ def test_sizes_and_durations_are_pydantic_types():
 def test_dg_scaffold_writes_a_table_that_loads(tmp_path):
     """`dg scaffold defs memwal_pipeline.component.MemWalTable my-events --uri ...` in an operator's
     project writes a defs.yaml with the table's name (from the folder) and uri, which `dg check
-    defs` loads as it is; a mistyped key in it is named with its line (Dagster's schema check, before
-    the component's own did-you-mean, which `memwal --config defs.yaml` shows: test_cli_output.py)."""
+    defs` loads as it is; a mistyped top-level key (`ur:`) is named with the nearest valid one, by the
+    component's own did-you-mean (the one `memwal --config defs.yaml` shows: test_cli_output.py)."""
     root, module = _project(tmp_path, {})
     scaffold = subprocess.run([str(BIN / "dg"), "scaffold", "defs", "memwal_pipeline.component.MemWalTable", "my-events",
                                "--uri", "data/events"], cwd=root, env=_env(), capture_output=True, text=True,
@@ -231,9 +239,9 @@ def test_dg_scaffold_writes_a_table_that_loads(tmp_path):
     check = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=root, env=_env(), capture_output=True, text=True,
                            timeout=300)
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr[-3000:]
-    written.write_text(written.read_text().replace("uri: data/events", "uri: data/events\n  merge: {budgt_bytes: 1KB}"))
+    written.write_text(written.read_text().replace("uri: data/events", "ur: data/events"))
     check = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=root, env=_env(), capture_output=True, text=True,
                            timeout=300)
     text = check.stdout + check.stderr
-    assert check.returncode != 0 and "defs/my-events/defs.yaml:8" in text and "'budgt_bytes' was unexpected" in text, \
-        text[-3000:]
+    assert check.returncode != 0 and "defs/my-events/defs.yaml" in text, text[-3000:]
+    assert "table my_events: unknown key 'ur' (did you mean 'uri'?)" in text, text[-3000:]

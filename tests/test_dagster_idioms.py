@@ -191,3 +191,20 @@ def test_status_shows_each_regions_value_and_lag(table_loc):
         cells = row.split()
         assert cells[1] == f"bucket={value}", row
         assert cells[-1].endswith(("s", "m", "h", "d")) and cells[-1] != "-", row  # pending: a lag
+
+
+def test_single_region_merge_run_carries_the_region_value(table_loc, instance):
+    """Region partitions stay keyed by UUID (`partitions.py` says why); a merge run over one
+    region names its value in a tag the runs list shows, read from the MemWAL index snapshot."""
+    from memwal_core.jobs import snapshot
+    from memwal_pipeline.tags import REGION_VALUE_TAG
+
+    w = make_table(table_loc, regions=1, rounds=1)
+    snapshot.build_snapshot(table_loc)  # records the region's value
+    cfg = cfg_for(table_loc)
+    td, defs = table_definitions(cfg), build_definitions([cfg])
+    data, _ = tick(defs, td, instance)
+    (req,) = [r for r in run_requests(data) if r.job_name == "t_merge"]
+    ((value, rid),) = w.regions.items()
+    assert req.partition_key == rid  # the key: the region's UUID
+    assert req.tags[REGION_VALUE_TAG] == f"bucket={value}" and req.tags["memwal/region"] == rid

@@ -442,3 +442,33 @@ def test_a_recorded_permanent_refusal_makes_a_due_region_stuck_at_once():
     # A wall the region was merged past (another merger) is no reason: requested again.
     past = decide(observation([still("a")], failed, merged={"a": 4}, walls={"a": wall}), CURSOR, OPTS)
     assert verdicts(past) == {"a": Verdict.REQUEST}
+
+
+def test_an_idle_table_is_recorded_current_at_most_every_interval():
+    """Every region merged to its newest flushed generation: the tick records the table as
+    current once base_table was last materialized `idle_every` seconds ago (or never); not
+    while a region waits, is unreadable or a merge is unfollowed, nor when not asked; an idle
+    record newer than every merge moves the maintenance watermark without a maintenance run."""
+    idle = {"a": RegionState(1, 3, base=3)}
+    old = Maintenance(latest_merge=7, latest_at=NOW - 60)
+
+    def record(probes, memory, maintenance, cursor=CURSOR, every=60.0, **kw) -> bool:
+        return decide(observation(probes, memory, maintenance=maintenance, **kw), cursor, OPTS,
+                      idle_every=every).record_idle
+
+    assert record([still("a")], idle, old)
+    assert record([], {}, Maintenance(latest_merge=0), Cursor("e"))               # no region, never materialized
+    assert not record([still("a")], idle, replace(old, latest_at=NOW - 59))        # recorded recently
+    assert not record([still("a")], idle, old, every=None)                         # not asked
+    assert not record([still("a")], {"a": RegionState(1, 4, base=3, attempts=1, last_request=NOW - 1)}, old,
+                      merged={"a": 3})                                            # generation 4 waits
+    assert not record([Probe("a", error="unreadable")], idle, old)
+    assert not record([still("a")], idle, replace(old, latest_merge=8))           # maintenance follows first
+    # The newest materialization is an idle record (storage id 9), no merge past the watermark (7).
+    d = decide(observation([still("a")], idle, maintenance=Maintenance(latest_merge=0, latest_at=NOW - 5,
+                                                                        idle_record=9)), CURSOR, OPTS, idle_every=60.0)
+    assert d.maintenance is None and d.cursor.maintained_after == 9 and not d.record_idle
+    # ... and one merge past it (8): maintenance follows that merge; the watermark is the merge.
+    d = decide(observation([still("a")], idle, maintenance=Maintenance(latest_merge=8, latest_at=NOW - 5)),
+               CURSOR, OPTS, idle_every=60.0)
+    assert d.maintenance == 8 and d.cursor.maintained_after == 8

@@ -2,8 +2,9 @@
 
 A command works on one table: a URI (default settings), or `--config FILE --table NAME` (that
 table's settings); flags override settings and are checked by the same rules as the file.
-Progress of long jobs goes to stderr (one updating line on a terminal), so `--json` keeps
-stdout for the report.
+Progress of long jobs goes to stderr (a bar labelled with the table's name on a terminal, plain
+lines otherwise), so `--json` keeps stdout for the report; tables are plain, grep-stable columns
+when stdout is not a terminal.
 Errors are one clear line naming the region (a traceback only with --verbose). What a step did
 is its `StepOutcome` (`memwal_core.steps`): the lines printed, the `--json` report (versioned by
 `schema_version`) and the exit status (non-zero when a step failed, was refused, left regions
@@ -13,7 +14,8 @@ under way is abandoned (its commits are atomic: either in or not), no later step
 exit status is 128 + the signal number (130 for Ctrl-C).
 
 Modules: `main` (the parser), `target` (which table, flags over its settings), `maintain` and
-`dry_run`, `status`, `regions`, `demo`, `spark`, `interrupts`, `output` (what is printed, and how).
+`dry_run`, `status`, `regions`, `demo`, `spark`, `interrupts`, `output` (what is printed, and how),
+`tables` and `progress` (drawn by rich).
 """
 
 from memwal_core.steps.outcome import STEPS

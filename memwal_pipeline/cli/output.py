@@ -1,5 +1,5 @@
-"""What the CLI prints: one-line errors and notes on stderr, the progress line, the formatting
-of numbers a person reads. stdout is the command's result (the `--json` report)."""
+"""What the CLI prints: one-line errors and notes on stderr (clearing the progress display,
+`progress.py`, first), the `--json` result on stdout. Tables are drawn by `tables.py`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import dataclasses
 import enum
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from memwal_core.steps.outcome import SCHEMA_VERSION
+
+from .progress import ProgressLine
 
 
 class CliError(Exception):
@@ -23,37 +24,6 @@ def say(msg: str) -> None:
     if live is not None:
         live.end()
     print(msg, file=sys.stderr, flush=True)
-
-
-class ProgressLine:
-    """Progress events of the jobs a pass runs, on stderr (stdout stays the --json report):
-    one line updated in place on a terminal, one plain line per event otherwise."""
-
-    def __init__(self, table: str, stream=None):
-        self.table = table
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.open = False
-
-    def __call__(self, event: Any) -> None:
-        from memwal_core.jobs.progress import MergeProgress
-
-        step = "merge: " if isinstance(event, MergeProgress) else ""
-        line = f"[{self.table}] {step}{event}"
-        if not self.tty:
-            print(line, file=self.stream, flush=True)
-            return
-        width = shutil.get_terminal_size((120, 24)).columns - 1
-        self.stream.write("\r\x1b[K" + line[:width])
-        self.stream.flush()
-        self.open = True
-
-    def end(self) -> None:
-        """Clear the line in place (the step's summary follows)."""
-        if self.open:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self.open = False
 
 
 live: ProgressLine | None = None  # the line `say` clears before it prints (set by a pass)

@@ -1,10 +1,12 @@
-"""`memwal status`: per-region lag, index gaps, what GC keeps, stuck and blocked regions."""
+"""`memwal status`: per-region lag (a table: `tables.py`), index gaps, what GC keeps, stuck and
+blocked regions."""
 
 from __future__ import annotations
 
 import os
 
 from .output import print_json, say
+from .tables import Column, print_table
 from .target import target
 
 
@@ -44,17 +46,11 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
                     "gc_holds": [h.__dict__ | {"text": h.describe()} for h in holds]})
         return bad
     print(f"table {st.table} (version {st.table_version}): {len(st.regions)} regions, "
-          f"{st.pending_generations} pending generations")
-    # `lag`: age of the region's oldest unmerged generation (what merge_lag and the SLO measure).
-    print(f"{'region':36}  {'value':16}  {'manifest':>8}  {'epoch':>5}  {'merged':>6}  {'pending':>7}  {'rows':>8}  "
-          f"{'lag':>6}")
-    for r in st.regions:
-        value = _cell(labels.label(r.region_id), 16)
+          f"{st.pending_generations} pending generations", flush=True)
+    print_table(REGION_COLUMNS, [_row(r, labels.label(r.region_id)) for r in st.regions if not r.error])
+    for r in st.regions:  # after the table: an error is one line, not a row of cells
         if r.error:
-            print(f"{r.region_id:36}  error: {r.error} (region value: {labels.label(r.region_id)})")
-            continue
-        print(f"{r.region_id:36}  {value:16}  {r.manifest_version:>8}  {r.writer_epoch:>5}  {r.merged_generation:>6}  "
-              f"{len(r.pending_generations):>7}  {r.pending_rows:>8}  {_age(r.oldest_pending_age_s):>6}")
+            print(f"{r.region_id}  error: {r.error} (region value: {labels.label(r.region_id)})")
     for i in st.indexes:
         print(f"index {i.name}: max gap {i.max_gap} generations{' (gates GC)' if i.gating else ''}")
     for h in holds:
@@ -66,8 +62,15 @@ def print_status(uri: str, storage_options: dict[str, str] | None = None, *, as_
     return bad
 
 
-def _cell(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+# `lag`: age of the region's oldest unmerged generation (what merge_lag and the SLO measure).
+REGION_COLUMNS = (Column("region", min_width=36), Column("value", max_width=24), Column("manifest", right=True),
+                  Column("epoch", right=True), Column("merged", right=True), Column("pending", right=True),
+                  Column("rows", right=True), Column("lag", right=True))
+
+
+def _row(r, value: str) -> list[str]:
+    return [r.region_id, value, str(r.manifest_version), str(r.writer_epoch), str(r.merged_generation),
+            str(len(r.pending_generations)), str(r.pending_rows), _age(r.oldest_pending_age_s)]
 
 
 def _age(seconds: float | None) -> str:

@@ -122,6 +122,7 @@ class Decision:
     cursor: Cursor                         # digest still the previous one: emit stores the memory
     observed: tuple[str, ...]              # changed regions, reported as observations
     notices: tuple[Notice, ...]
+    record_idle: bool = False              # record that the idle table's base table is current
 
     @property
     def became_stuck(self) -> list[str]:
@@ -243,8 +244,10 @@ def policy_of(options: SensorOptions) -> RetryPolicy:
     return RetryPolicy(float(options.interval_seconds), options.merge_attempts, options.max_backoff_seconds)
 
 
-def decide(obs: Observation, cursor: Cursor, options: SensorOptions) -> Decision:
-    """The tick's decision (see the module docstring); `cursor` is the one the tick started from."""
+def decide(obs: Observation, cursor: Cursor, options: SensorOptions, idle_every: float | None = None) -> Decision:
+    """The tick's decision (see the module docstring); `cursor` is the one the tick started from.
+    `idle_every`: record an idle table as current when base_table was last materialized this
+    many seconds ago or more (`idle_current`; None: never)."""
     policy = policy_of(options)
     listed = set(obs.listed)
     memory = {rid: st for rid, st in obs.memory.items() if rid in listed}  # unlisted regions are forgotten
@@ -280,17 +283,38 @@ def decide(obs: Observation, cursor: Cursor, options: SensorOptions) -> Decision
         # show their state instead of "Missing". Once per cursor; not while merges are on
         # their way (maintenance follows them), nor on a tick that adds partitions (the
         # base_table events emit records for them come first: the watermark).
-        maintenance, first = obs.maintenance.latest_merge, True
+        maintenance, first = max(obs.maintenance.latest_merge, obs.maintenance.idle_record), True
+    watermark = maintenance if maintenance is not None else cursor.maintained_after
+    if maintenance is None and obs.maintenance.latest_merge <= watermark:
+        watermark = max(watermark, obs.maintenance.idle_record)  # an idle record is not a merge: past it
     changed = tuple(rid for rid in active if obs.probes.get(rid) and obs.probes[rid].ok and obs.probes[rid].changed)
     return Decision(
         regions=regions, memory=memory,
         add_partitions=tuple(rid for rid in new_partitions if rid not in set(retire)),
         delete_partitions=tuple(rid for rid in retire if rid in existing),
         merge=merge, maintenance=maintenance,
-        cursor=replace(cursor, maintained_after=maintenance if maintenance is not None else cursor.maintained_after,
+        cursor=replace(cursor, maintained_after=watermark,
                        first_maintenance=cursor.first_maintenance or first or maintenance is not None),
         observed=changed,
-        notices=tuple(_notices(obs, regions, memory, set(changed), policy, options)))
+        notices=tuple(_notices(obs, regions, memory, set(changed), policy, options)),
+        record_idle=not new_partitions and idle_current(obs, regions, merge, maintenance, cursor, idle_every))
+
+
+def idle_current(obs: Observation, regions: Mapping[str, RegionDecision], merge: MergeRequest | None,
+                 maintenance: int | None, cursor: Cursor, idle_every: float | None) -> bool:
+    """Whether this tick records that the table is idle and its base table current
+    (`memwal_pipeline/freshness.py`): every region merged to its newest flushed generation
+    (none pending, requested, in flight, backing off, stuck or unreadable), no run requested,
+    every merge followed by maintenance already, and base_table last materialized at least
+    `idle_every` seconds ago (or never). Not on a tick that adds partitions (`decide` checks):
+    the per-region records of regions merged before this instance saw them come first."""
+    if idle_every is None or merge is not None or maintenance is not None:
+        return False
+    if any(d.verdict not in (Verdict.IDLE, Verdict.RETIRE) for d in regions.values()):
+        return False
+    if obs.maintenance.latest_merge > cursor.maintained_after:
+        return False
+    return obs.maintenance.latest_at is None or obs.now - obs.maintenance.latest_at >= idle_every
 
 
 def stuck(memory: Mapping[str, RegionState]) -> dict[str, RegionState]:

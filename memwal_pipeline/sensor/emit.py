@@ -7,6 +7,7 @@ Nothing is decided here: every choice is in the `Decision`. What this adds is Da
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from dagster import (
@@ -23,14 +24,19 @@ from dagster import (
 from .. import liveness
 from ..assets import TableKeys, merge_region_metadata, region_metadata
 from ..config import TableConfig
-from ..tags import PARTITION_RANGE_END, PARTITION_RANGE_START, partition_range
+from ..freshness import idle_record
+from ..partitions import NOT_RECORDED
+from ..tags import PARTITION_RANGE_END, PARTITION_RANGE_START, REGION_VALUE_TAG, partition_range
 from . import decide
 from .observation import Observation
 from .tick_merge import MERGED_BY, TickMerge
 
 
-def merge_run(cfg: TableConfig, job_name: str, request: decide.MergeRequest) -> RunRequest:
-    """One run over the requested regions: the partition of one, or the range of several."""
+def merge_run(cfg: TableConfig, job_name: str, request: decide.MergeRequest,
+              labels: Mapping[str, str] | None = None) -> RunRequest:
+    """One run over the requested regions: the partition of one, or the range of several. The run
+    of one region also carries its value (`memwal/region_value`, when the tick read it), which the
+    runs list shows beside the partition's UUID."""
     # Run monitoring fails a run that outlives this; with the default run launcher it is the
     # only way a run whose worker died with its code server (daemon killed, host lost) stops
     # holding the pool; a worker killed alone is failed by the code server at once.
@@ -38,8 +44,11 @@ def merge_run(cfg: TableConfig, job_name: str, request: decide.MergeRequest) -> 
             "memwal/attempt": str(request.attempt)}
     if len(request.merges) == 1:
         m = request.merges[0]
+        value = (labels or {}).get(m.region_id)
+        value = None if value == NOT_RECORDED else value
         return RunRequest(run_key=request.run_key, job_name=job_name, partition_key=m.region_id,
-                          tags={**tags, "memwal/region": m.region_id, "memwal/generation": str(m.top)})
+                          tags={**tags, "memwal/region": m.region_id, "memwal/generation": str(m.top),
+                                **({REGION_VALUE_TAG: value} if value else {})})
     return RunRequest(run_key=request.run_key, job_name=job_name,
                       tags={**tags, "memwal/regions": str(len(request.merges)),
                             PARTITION_RANGE_START: request.merges[0].region_id,
@@ -52,7 +61,8 @@ def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list
     changed region as a materialization of its partition (its state: generations, lag, value).
     A region first seen already merged to its newest generation gets a `base_table`
     materialization saying so (a new instance of a maintained table shows it merged, not
-    missing). Each newly stuck region gets an observation with the reason."""
+    missing). An idle table gets the table-wide record that its base table is current
+    (`freshness.py`). Each newly stuck region gets an observation with the reason."""
     keys = TableKeys(cfg.name)
     key = keys.asset("region_generations")
     out: list = [AssetMaterialization(asset_key=key, partition=rid, metadata=region_metadata(obs.statuses[rid],
@@ -68,6 +78,8 @@ def observations(cfg: TableConfig, obs: Observation, d: decide.Decision) -> list
         if rid in obs.labels:
             md["region_value"] = MetadataValue.text(obs.labels[rid])
         out.append(AssetMaterialization(asset_key=keys.asset("base_table"), partition=rid, metadata=md))
+    if d.record_idle:
+        out.append(idle_record(keys.asset("base_table"), len(d.regions)))
     for rid in d.became_stuck:
         st = d.memory[rid]
         out.append(AssetObservation(asset_key=key, partition=rid, metadata={
@@ -107,7 +119,7 @@ def emit(context, cfg: TableConfig, obs: Observation, d: decide.Decision, state:
         dynamic.append(partitions.build_add_request(list(d.add_partitions)))
     if d.delete_partitions:
         dynamic.append(partitions.build_delete_request(list(d.delete_partitions)))
-    run_requests = [merge_run(cfg, merge_job, d.merge)] if d.merge and not (
+    run_requests = [merge_run(cfg, merge_job, d.merge, obs.labels)] if d.merge and not (
         in_tick and (in_tick.clean or in_tick.busy)) else []
     if d.maintenance is not None:
         index_range: dict[str, str] = {}

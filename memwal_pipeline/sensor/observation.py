@@ -91,12 +91,18 @@ class Wall:
 @dataclass(frozen=True)
 class Maintenance:
     """What decides a maintenance request: is one queued already, the newest base_table
-    materialization (its storage id; 0: none), and whether this instance ever recorded a
-    maintenance run (a `garbage` materialization)."""
+    materialization by a merge (its storage id; 0: none newer than the watermark), and whether
+    this instance ever recorded a maintenance run (a `garbage` materialization). And what
+    decides the sensor's record that an idle table is current (`memwal_pipeline/freshness.py`):
+    `latest_at`, when base_table was last materialized by either (None: never), and
+    `idle_record`, the storage id of such a record newer than every merge (0: none), which
+    moves the watermark without a maintenance run."""
 
     queued: bool = False
     latest_merge: int = 0
     ever: bool = True
+    latest_at: float | None = None
+    idle_record: int = 0
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import functools
 import logging
 from dataclasses import dataclass
 
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from memwal_core.jobs.catchup import base_indexes
 from memwal_core.observe import status
@@ -38,6 +38,7 @@ from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState, TableError, open_dataset, read_memwal_state
 
 from .. import liveness
+from ..freshness import is_idle_record
 from ..partitions import RegionLabels
 from ..tags import PARTITION_RANGE_END, PARTITION_RANGE_START
 from . import decide
@@ -101,7 +102,7 @@ def observe(instance: DagsterInstance, w: Watched, cursor: Cursor, options: Sens
         merged=merged,
         in_flight=in_flight_runs(instance, w.merge_job) if progress else (),
         catchup=gating_catchup(w.loc, memwal_state()) if candidates else None,
-        maintenance=maintenance(instance, w),
+        maintenance=maintenance(instance, w, cursor.maintained_after),
         walls=recorded,
         statuses={rid: seen[rid].status for rid in changed},
         labels={rid: labels.label(rid) for rid in named} if labels else {},
@@ -141,11 +142,26 @@ def gating_catchup(loc: TableLocation, mstate: MemWalState) -> dict[str, dict[st
     return {name: dict(catchup.get(name, {})) for name in mstate.gating_indexes(names)}
 
 
-def maintenance(instance: DagsterInstance, w: Watched) -> Maintenance:
+IDLE_RECORDS_SEEN = 20  # base_table records read past the watermark when the newest is an idle record
+
+
+def maintenance(instance: DagsterInstance, w: Watched, watermark: int = 0) -> Maintenance:
+    """One read of the newest base_table materialization; when that is the sensor's idle record
+    (`freshness.py`), a second read of those past `watermark` (the last maintained-after merge)
+    finds the newest merge among them: a record is never taken for a merge."""
     queued = bool(instance.get_runs(filters=RunsFilter(job_name=w.maintenance_job, statuses=QUEUED), limit=1))
     records = instance.fetch_materializations(w.base_table, limit=1).records
     ever = w.garbage is None or bool(instance.fetch_materializations(w.garbage, limit=1).records)
-    return Maintenance(queued, records[0].storage_id if records else 0, ever)
+    if not records:
+        return Maintenance(queued, 0, ever)
+    newest = records[0]
+    if not is_idle_record(newest.asset_materialization):
+        return Maintenance(queued, newest.storage_id, ever, newest.timestamp)
+    past = instance.fetch_materializations(AssetRecordsFilter(w.base_table, after_storage_id=watermark),
+                                           limit=IDLE_RECORDS_SEEN).records
+    merges = [r for r in past if not is_idle_record(r.asset_materialization)]
+    return Maintenance(queued, merges[0].storage_id if merges else 0, ever, newest.timestamp,
+                       idle_record=0 if merges else newest.storage_id)
 
 
 def index_partitions(instance: DagsterInstance, partitions: str, loc: TableLocation) -> decide.IndexPartitions:
