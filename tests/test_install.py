@@ -23,6 +23,13 @@ import venv
 import zipfile
 
 import pytest
+import yaml
+from support.dg_project import project
+from support.tables import make_table, rows
+
+from memwal_core.options import LeaseOptions
+from memwal_core.state import lease
+from memwal_core.state.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIST = "memwal-lance"  # what README's install line names
@@ -53,10 +60,15 @@ def installed(tmp_path_factory):
     return py, tmp, wheel
 
 
-def _run(py, cwd, *args, timeout=300):
+def _env(**extra: str) -> dict[str, str]:
+    """The environment without anything that would put the checkout on the path or name its tables."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MEMWAL_CONFIG", "PYSPARK_PYTHON",
-                                                              "PYSPARK_DRIVER_PYTHON")}
-    return subprocess.run([str(py), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+                                                              "PYSPARK_DRIVER_PYTHON", "DAGSTER_HOME")}
+    return {**env, **extra}
+
+
+def _run(py, cwd, *args, timeout=300):
+    return subprocess.run([str(py), *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_installed_package_comes_from_the_wheel_not_the_checkout(installed):
@@ -125,3 +137,55 @@ def test_the_wheel_metadata_names_memwal_lance_and_installs_the_command(installe
     assert "memwal = memwal_pipeline.cli:main" in entry_points
     assert "memwal_pipeline.component" in entry_points.split("[dagster_dg_cli.registry_modules]")[1]
     assert tops == {"memwal_core", "memwal_pipeline"}
+
+
+def test_a_fresh_dg_project_maintains_a_table_one_run_at_a_time(installed, tmp_path):
+    """An operator's own dg project and Dagster instance, memwal installed from the wheel: `dg
+    scaffold defs` writes the table's defs.yaml; loading it warns that the instance (no
+    `concurrency:` settings, nothing of this checkout's dagster_home) leaves the table's pool
+    unlimited; the sensor's first tick gives the pool the limit the package ships (1) and
+    requests a merge. The merge run starts and holds the pool's slot (its step waits for the
+    table lease, which the test holds); a maintenance run of the same table started meanwhile is
+    blocked by the pool until the merge step ends. The merge commits: the base table then holds
+    exactly what the ShardWriters wrote."""
+    py, _, _ = installed
+    root, module = project(tmp_path, {})
+    loc = open_store(str(root / "data" / "events"))
+    w = make_table(loc, regions=2, rounds=1)
+    scaffold = _run(py, root, "-m", "dagster_dg_cli.cli", "scaffold", "defs", "memwal_pipeline.component.MemWalTable",
+                    "events", "--uri", "data/events")
+    assert scaffold.returncode == 0, scaffold.stdout[-3000:] + scaffold.stderr[-3000:]
+    written = root / module / "defs" / "events" / "defs.yaml"
+    spec = yaml.safe_load(written.read_text())
+    assert spec == {"type": "memwal_pipeline.component.MemWalTable", "attributes": {"name": "events", "uri": "data/events"}}
+    # The operator's settings: Spark on one local core; a lease wait longer than the test holds the lease.
+    spec["attributes"].update(spark={"master": "local[1]"}, lease={"wait_seconds": 600})
+    written.write_text(yaml.safe_dump(spec, sort_keys=False))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    assert rows(loc) != w.expected()  # nothing merged yet
+
+    with open(tmp_path / "runs.log", "w") as log, lease.hold(loc, "test holder", LeaseOptions(ttl_seconds=60)):
+        proc = subprocess.Popen([str(py), os.path.join(ROOT, "tests", "procs", "fresh_project_runs.py"), "events"],
+                                cwd=root, env=_env(DAGSTER_HOME=str(home)), stdout=subprocess.PIPE, stderr=log, text=True)
+        try:
+            first = proc.stdout.readline().strip()
+            assert first == "blocked", f"{first!r}\n{(tmp_path / 'runs.log').read_text()[-3000:]}"
+            assert rows(loc) != w.expected()  # the merge step waits for the lease the test holds
+        except BaseException:
+            proc.kill()
+            raise
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, (tmp_path / "runs.log").read_text()[-3000:]
+    seen = json.loads(out.strip().splitlines()[-1])
+    (warning,) = seen["warnings"]
+    assert "does not limit the pool(s) memwal_events" in warning, warning
+    assert seen["limit_before"] is None and seen["limit_after"] == 1
+    assert seen["merge_ok"] and seen["maintenance_ok"]
+    assert seen["blocked_steps"], seen
+    merged_at = seen["merge_end"]["events__base_table"]
+    pooled = {k: t for k, t in seen["maintenance_start"].items()
+              if k in ("events__base_compaction", "events__index_catchup", "events__memwal_index", "events__garbage")}
+    assert len(pooled) == 4 and min(pooled.values()) >= merged_at, seen
+    assert rows(loc) == w.expected()
