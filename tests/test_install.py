@@ -1,6 +1,7 @@
 """A plain (non-editable) install works outside the checkout: no file of the checkout, no
-`memwal.yaml`, any working directory; and it installs under the distribution name the README
-gives (`memwal-lance`: PyPI's `memwal` is an unrelated project).
+`memwal.yaml`, any working directory; it installs under the distribution name the README
+gives (`memwal-lance`: PyPI's `memwal` is an unrelated project); and an operator's fresh dg
+project with its own Dagster instance maintains a table, one run of it at a time.
 
 The wheel is built from the checkout and installed by name (`pip install memwal-lance`, from
 the built wheel only) with `--no-deps` into a fresh virtualenv;
@@ -18,12 +19,14 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import tomllib
 import venv
 import zipfile
 
 import pytest
 import yaml
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 from support.dg_project import project
 from support.tables import make_table, rows
 
@@ -33,6 +36,7 @@ from memwal_core.state.store import open_store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIST = "memwal-lance"  # what README's install line names
+BLOCKED = "Step blocked by limit for pool memwal_events"  # Dagster's event when a step waits for its pool
 
 
 @pytest.fixture(scope="module")
@@ -144,10 +148,11 @@ def test_a_fresh_dg_project_maintains_a_table_one_run_at_a_time(installed, tmp_p
     scaffold defs` writes the table's defs.yaml; loading it warns that the instance (no
     `concurrency:` settings, nothing of this checkout's dagster_home) leaves the table's pool
     unlimited; the sensor's first tick gives the pool the limit the package ships (1) and
-    requests a merge. The merge run starts and holds the pool's slot (its step waits for the
-    table lease, which the test holds); a maintenance run of the same table started meanwhile is
-    blocked by the pool until the merge step ends. The merge commits: the base table then holds
-    exactly what the ShardWriters wrote."""
+    requests a merge. Each run in a process of its own (as Dagster's default run launcher starts
+    them): the merge run starts and holds the pool's slot (its step waits for the table lease,
+    which the test holds); a maintenance run of the same table started meanwhile is blocked by
+    the pool until the merge step ends. The merge commits: the base table then holds exactly what
+    the ShardWriters wrote (tests/procs/fresh_project_runs.py)."""
     py, _, _ = installed
     root, module = project(tmp_path, {})
     loc = open_store(str(root / "data" / "events"))
@@ -157,7 +162,8 @@ def test_a_fresh_dg_project_maintains_a_table_one_run_at_a_time(installed, tmp_p
     assert scaffold.returncode == 0, scaffold.stdout[-3000:] + scaffold.stderr[-3000:]
     written = root / module / "defs" / "events" / "defs.yaml"
     spec = yaml.safe_load(written.read_text())
-    assert spec == {"type": "memwal_pipeline.component.MemWalTable", "attributes": {"name": "events", "uri": "data/events"}}
+    assert spec == {"type": "memwal_pipeline.component.MemWalTable",
+                    "attributes": {"name": "events", "uri": "data/events"}}
     # The operator's settings: Spark on one local core; a lease wait longer than the test holds the lease.
     spec["attributes"].update(spark={"master": "local[1]"}, lease={"wait_seconds": 600})
     written.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -165,27 +171,56 @@ def test_a_fresh_dg_project_maintains_a_table_one_run_at_a_time(installed, tmp_p
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     assert rows(loc) != w.expected()  # nothing merged yet
-
-    with open(tmp_path / "runs.log", "w") as log, lease.hold(loc, "test holder", LeaseOptions(ttl_seconds=60)):
-        proc = subprocess.Popen([str(py), os.path.join(ROOT, "tests", "procs", "fresh_project_runs.py"), "events"],
-                                cwd=root, env=_env(DAGSTER_HOME=str(home)), stdout=subprocess.PIPE, stderr=log, text=True)
-        try:
-            first = proc.stdout.readline().strip()
-            assert first == "blocked", f"{first!r}\n{(tmp_path / 'runs.log').read_text()[-3000:]}"
-            assert rows(loc) != w.expected()  # the merge step waits for the lease the test holds
-        except BaseException:
-            proc.kill()
-            raise
-    out, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, (tmp_path / "runs.log").read_text()[-3000:]
-    seen = json.loads(out.strip().splitlines()[-1])
+    env = _env(DAGSTER_HOME=str(home))
+    script = os.path.join(ROOT, "tests", "procs", "fresh_project_runs.py")
+    tick = subprocess.run([str(py), script, "events", "tick", str(tmp_path / "tick.json")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert tick.returncode == 0, tick.stdout[-3000:] + tick.stderr[-3000:]
+    seen = json.loads((tmp_path / "tick.json").read_text())
     (warning,) = seen["warnings"]
     assert "does not limit the pool(s) memwal_events" in warning, warning
     assert seen["limit_before"] is None and seen["limit_after"] == 1
-    assert seen["merge_ok"] and seen["maintenance_ok"]
-    assert seen["blocked_steps"], seen
-    merged_at = seen["merge_end"]["events__base_table"]
-    pooled = {k: t for k, t in seen["maintenance_start"].items()
-              if k in ("events__base_compaction", "events__index_catchup", "events__memwal_index", "events__garbage")}
-    assert len(pooled) == 4 and min(pooled.values()) >= merged_at, seen
+
+    procs: list[subprocess.Popen] = []
+
+    def start(job: str, tags: dict) -> None:
+        log = open(tmp_path / f"{job}.log", "w")
+        procs.append(subprocess.Popen([str(py), script, "events", "run", job, json.dumps(tags)], cwd=root, env=env,
+                                      stdout=log, stderr=subprocess.STDOUT))
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        def events(job: str, kind: DagsterEventType) -> list:
+            return [e for r in instance.get_runs(filters=RunsFilter(job_name=job))
+                    for e in instance.all_logs(r.run_id, of_type=kind)]
+
+        def wait_for(what: str, found) -> None:
+            deadline = time.time() + 300
+            while not found():
+                dead = [p.args[4] for p in procs if p.poll() is not None]
+                assert not dead and time.time() < deadline, f"waiting for {what}: {dead} ended or timed out"
+                time.sleep(0.2)
+
+        try:
+            with lease.hold(loc, "test holder", LeaseOptions(ttl_seconds=60)):
+                start("events_merge", seen["merge_tags"])
+                wait_for("the merge step to start", lambda: any(
+                    e.step_key == "events__base_table" for e in events("events_merge", DagsterEventType.STEP_START)))
+                start("events_maintenance", {})
+                wait_for("the maintenance run to be blocked by the pool", lambda: any(
+                    BLOCKED in (e.dagster_event.message or "")
+                    for e in events("events_maintenance", DagsterEventType.ENGINE_EVENT)))
+                # The merge step holds the slot, waiting for the lease: nothing merged yet.
+                assert rows(loc) != w.expected()
+            for p in procs:
+                assert p.wait(timeout=600) == 0, (tmp_path / f"{p.args[4]}.log").read_text()[-3000:]
+        finally:
+            for p in procs:
+                p.kill()
+        merged_at = max(e.timestamp for e in events("events_merge", DagsterEventType.STEP_SUCCESS)
+                        if e.step_key == "events__base_table")
+        pooled = {e.step_key: e.timestamp for e in events("events_maintenance", DagsterEventType.STEP_START)
+                  if e.step_key in ("events__base_compaction", "events__index_catchup", "events__memwal_index",
+                                    "events__garbage")}
+        assert len(pooled) == 4 and min(pooled.values()) >= merged_at, (pooled, merged_at)
+        assert {r.status for r in instance.get_runs()} == {DagsterRunStatus.SUCCESS}
     assert rows(loc) == w.expected()

@@ -43,14 +43,29 @@ def missing_libraries(path: str) -> list[str]:
     return sorted(set(re.findall(r"^\s*(\S+) => not found", out, re.M)))
 
 
+def unavailable() -> str | None:
+    """Why no browser test can run here (Playwright or Chromium missing, and how to fix it), or None."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright is missing: `pip install -e '.[dev]'`"
+    return None if chromium_path() else f"no Chromium found: {HOW}"
+
+
+def require() -> str:
+    """Skips the test when `unavailable`; returns Chromium's path."""
+    if why := unavailable():
+        pytest.skip(why)
+    return chromium_path()
+
+
 @contextmanager
 def launch() -> Iterator[object]:
     """A headless Playwright `Browser` on the system's Chromium; skips (saying how to fix it)
     when Playwright or Chromium is missing or Chromium cannot start for want of a library."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is missing: `pip install -e '.[dev]'`")
-    path = chromium_path()
-    if path is None:
-        pytest.skip(f"no Chromium found: {HOW}")
+    path = require()
+    from playwright import sync_api
+
     with sync_api.sync_playwright() as p:
         try:
             browser = p.chromium.launch(executable_path=path, args=ARGS, headless=True)
