@@ -143,6 +143,7 @@ def test_the_wheel_metadata_names_memwal_lance_and_installs_the_command(installe
     assert tops == {"memwal_core", "memwal_pipeline"}
 
 
+@pytest.mark.timeout(1200)  # three processes importing Dagster and one starting Spark: minutes on a loaded machine
 def test_a_fresh_dg_project_maintains_a_table_one_run_at_a_time(installed, tmp_path):
     """An operator's own dg project and Dagster instance, memwal installed from the wheel: `dg
     scaffold defs` writes the table's defs.yaml; loading it warns that the instance (no

@@ -1,6 +1,6 @@
-"""A dg project of an operator who installed memwal, as `dg` lays one out: pyproject.toml with
-`[tool.dg]`, the root module's scaffolded `definitions.py` (`load_from_defs_folder`) and one
-`defs/<table>/defs.yaml` per table."""
+"""A dg project of an operator who installed memwal: pyproject.toml with `[tool.dg]`, a root
+module (at the project root, so no install is needed to import it) with the `definitions.py`
+dg scaffolds (`load_from_defs_folder`), and one `defs/<table>/defs.yaml` per table."""
 
 from __future__ import annotations
 
