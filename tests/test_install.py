@@ -150,8 +150,8 @@ def test_a_fresh_dg_project_maintains_a_table_one_run_at_a_time(installed, tmp_p
     `concurrency:` settings, nothing of this checkout's dagster_home) leaves the table's pool
     unlimited; the sensor's first tick gives the pool the limit the package ships (1) and
     requests a merge. Each run in a process of its own (as Dagster's default run launcher starts
-    them): the merge run starts and holds the pool's slot (its step waits for the table lease,
-    which the test holds); a maintenance run of the same table started meanwhile is blocked by
+    them): the merge run starts and holds the pool's slot (its step cannot commit while the test
+    holds the table lease); a maintenance run of the same table started meanwhile is blocked by
     the pool until the merge step ends. The merge commits: the base table then holds exactly what
     the ShardWriters wrote (tests/procs/fresh_project_runs.py)."""
     py, _, _ = installed
@@ -185,9 +185,9 @@ def test_a_fresh_dg_project_maintains_a_table_one_run_at_a_time(installed, tmp_p
     procs: list[subprocess.Popen] = []
 
     def start(job: str, tags: dict) -> None:
-        log = open(tmp_path / f"{job}.log", "w")
-        procs.append(subprocess.Popen([str(py), script, "events", "run", job, json.dumps(tags)], cwd=root, env=env,
-                                      stdout=log, stderr=subprocess.STDOUT))
+        with open(tmp_path / f"{job}.log", "w") as log:  # the child keeps its own copy of the descriptor
+            procs.append(subprocess.Popen([str(py), script, "events", "run", job, json.dumps(tags)], cwd=root,
+                                          env=env, stdout=log, stderr=subprocess.STDOUT))
 
     with DagsterInstance.from_config(str(home)) as instance:
         def events(job: str, kind: DagsterEventType) -> list:
@@ -210,7 +210,7 @@ def test_a_fresh_dg_project_maintains_a_table_one_run_at_a_time(installed, tmp_p
                 wait_for("the maintenance run to be blocked by the pool", lambda: any(
                     BLOCKED in (e.dagster_event.message or "")
                     for e in events("events_maintenance", DagsterEventType.ENGINE_EVENT)))
-                # The merge step holds the slot, waiting for the lease: nothing merged yet.
+                # The merge step holds the slot and cannot commit while the test holds the lease.
                 assert rows(loc) != w.expected()
             for p in procs:
                 assert p.wait(timeout=600) == 0, (tmp_path / f"{p.args[4]}.log").read_text()[-3000:]
