@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test ui bench soak mutate s3-demo spark-env proto clean emulators
+.PHONY: run test ui bench soak mutate s3-demo spark-env proto clean emulators browser screenshots
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "memwal needs $(PY) on PATH (set PY=...)"; exit 1; }
@@ -28,7 +28,7 @@ run: $(STAMP)
 
 # `dg check defs`: every defs.yaml against the MemWalTable schema, then the code location loads
 # (tests/test_component.py and tests/test_pipeline.py also run it and `dagster definitions validate`).
-test: $(STAMP) emulators
+test: $(STAMP) emulators browser
 	$(BIN)/dg check defs
 	$(BIN)/python -m pytest -q
 
@@ -38,6 +38,19 @@ emulators:
 	@test -x .tools/azurite/node_modules/.bin/azurite-blob || { command -v npm >/dev/null 2>&1 \
 		&& npm install --no-audit --no-fund --prefix .tools/azurite azurite@3.35.0 \
 		|| echo "npm missing or failed: the az:// tests will skip"; }
+
+# Debian's chromium for tests/test_ui_screenshots.py (Playwright drives it; `playwright install`
+# would download a browser build from outside the package registries). Installed with apt-get when
+# run as root; otherwise that test skips and says how to install it.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { test "$$(id -u)" = 0 && command -v apt-get >/dev/null 2>&1 \
+		&& { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; } \
+		|| echo "chromium not installed (needs root and apt-get): the UI screenshot test will skip"; }
+
+# docs/ui-asset-graph.png and docs/ui-region-partitions.png, taken by the suite's browser test.
+screenshots: $(STAMP) browser
+	MEMWAL_UPDATE_SCREENSHOTS=1 $(BIN)/python -m pytest -q tests/test_ui_screenshots.py
 
 ui: $(STAMP)
 	@# One planned event per range run instead of one per partition (docs/benchmarks.md §9).

@@ -6,7 +6,6 @@ and workspace both load (real `dg` and `dagster` CLIs, real component loading; n
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import re
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 import yaml
 from dagster import ComponentTree
 from pydantic import ValidationError
+from support.dg_project import project
 
 from memwal_pipeline import definitions
 from memwal_pipeline.component import MemWalTable
@@ -25,7 +25,6 @@ from memwal_pipeline.config import SECTIONS, ConfigError, TableConfig, TableSpec
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-_ids = itertools.count()
 
 ASSETS = ("region_generations", "base_table", "base_compaction", "memwal_index", "index_catchup", "garbage")
 
@@ -34,41 +33,6 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "MEMWAL_CONFIG"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     return env
-
-
-def _project(tmp_path: Path, tables: dict[str, str]) -> tuple[Path, str]:
-    """A dg project of an operator who installed memwal: one `defs/<table>/defs.yaml` per table
-    and the scaffolded `definitions.py` (`load_from_defs_folder`)."""
-    module = f"memwal_user_{os.getpid()}_{next(_ids)}"
-    root = tmp_path / "project"
-    (root / module / "defs").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(textwrap.dedent(f"""
-        [project]
-        name = "{module}"
-        version = "0"
-        [tool.dg]
-        directory_type = "project"
-        [tool.dg.project]
-        root_module = "{module}"
-    """))
-    (root / module / "__init__.py").write_text("")
-    (root / module / "defs" / "__init__.py").write_text("")
-    (root / module / "definitions.py").write_text(textwrap.dedent("""
-        from pathlib import Path
-
-        import dagster as dg
-
-
-        @dg.definitions
-        def defs():
-            return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
-    """))
-    for folder, attributes in tables.items():
-        (root / module / "defs" / folder).mkdir()
-        (root / module / "defs" / folder / "defs.yaml").write_text(
-            "type: memwal_pipeline.component.MemWalTable\nattributes:\n"
-            + textwrap.indent(textwrap.dedent(attributes).strip() + "\n", "  "))
-    return root, module
 
 
 def _load(root: Path, module: str, monkeypatch):
@@ -119,7 +83,7 @@ def test_defs_yaml_and_memwal_yaml_are_one_schema(tmp_path, monkeypatch):
         gc: {cleanup_base_versions_older_than_seconds: 60, cleanup_base_versions_floor_seconds: 30s}
         compaction: {max_small_fragments: 4}
     """
-    root, module = _project(tmp_path, {"events": attributes})
+    root, module = project(tmp_path, {"events": attributes})
     (component,) = _load(root, module, monkeypatch).get_all_components(MemWalTable)
     import yaml
 
@@ -130,7 +94,7 @@ def test_defs_yaml_and_memwal_yaml_are_one_schema(tmp_path, monkeypatch):
 
 
 def test_component_builds_the_table_definitions(tmp_path, monkeypatch):
-    root, module = _project(tmp_path, {"a": "name: a\nuri: data/a\n", "b": "name: b\nuri: s3://bucket/b\n"})
+    root, module = project(tmp_path, {"a": "name: a\nuri: data/a\n", "b": "name: b\nuri: s3://bucket/b\n"})
     defs = _load(root, module, monkeypatch).build_defs()
     keys = {k.to_user_string() for k in defs.resolve_all_asset_keys()}
     assert keys == {f"{t}/{a}" for t in "ab" for a in ASSETS}
@@ -150,7 +114,7 @@ def test_bad_attributes_are_refused_by_name(tmp_path, monkeypatch, attributes, m
     """The component refuses what memwal.yaml refuses, in the same words."""
     import re
 
-    root, module = _project(tmp_path, {"t": attributes})
+    root, module = project(tmp_path, {"t": attributes})
     with pytest.raises(Exception) as e:
         _load(root, module, monkeypatch).build_defs()
     assert re.search(message, _chain(e.value)), _chain(e.value)
@@ -161,7 +125,7 @@ def test_bad_attributes_are_refused_by_name(tmp_path, monkeypatch, attributes, m
 
 
 def test_one_table_is_one_component(tmp_path, monkeypatch):
-    root, module = _project(tmp_path, {"a": "name: a\nuri: data/t\n", "b": "name: b\nuri: ./data/t/\n"})
+    root, module = project(tmp_path, {"a": "name: a\nuri: data/t\n", "b": "name: b\nuri: ./data/t/\n"})
     with pytest.raises(Exception) as e:
         _load(root, module, monkeypatch).build_defs()
     assert "tables 'a' and 'b' are the same table" in _chain(e.value)
@@ -187,7 +151,7 @@ def test_dg_check_defs(tmp_path):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "All definitions loaded successfully" in out.stdout + out.stderr
-    root, module = _project(tmp_path, {"events": "name: events\nuri: data/events\nmerge: {budget_byte: 256MB}\n"})
+    root, module = project(tmp_path, {"events": "name: events\nuri: data/events\nmerge: {budget_byte: 256MB}\n"})
     out = subprocess.run([str(BIN / "dg"), "check", "defs"], cwd=root, env=_env(), capture_output=True,
                          text=True, timeout=300)
     text = out.stdout + out.stderr
@@ -227,7 +191,7 @@ def test_dg_scaffold_writes_a_table_that_loads(tmp_path):
     project writes a defs.yaml with the table's name (from the folder) and uri, which `dg check
     defs` loads as it is; a mistyped top-level key (`ur:`) is named with the nearest valid one, by the
     component's own did-you-mean (the one `memwal --config defs.yaml` shows: test_cli_output.py)."""
-    root, module = _project(tmp_path, {})
+    root, module = project(tmp_path, {})
     scaffold = subprocess.run([str(BIN / "dg"), "scaffold", "defs", "memwal_pipeline.component.MemWalTable", "my-events",
                                "--uri", "data/events"], cwd=root, env=_env(), capture_output=True, text=True,
                               timeout=300)

@@ -72,6 +72,14 @@ class WebServer:
                 pass
             time.sleep(0.5)
 
+    def location(self) -> str:
+        """The (one) code location's name, as URLs of the UI spell it."""
+        return self.graphql(LOCATIONS)["workspaceOrError"]["locationEntries"][0]["name"]
+
+    def dismiss_welcome(self) -> None:
+        """No "Join the Dagster community" dialog over the pages a browser opens."""
+        self.graphql("mutation { setNuxSeen }")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             try:
