@@ -74,15 +74,19 @@ def _task_bytes(task) -> int:
 
 
 def bounded_plan(ds: lance.LanceDataset, o: CompactionOptions, full: bool = False):
-    """`Compaction.plan` limited to the first candidate fragments (oldest first) that fit
-    `max_fragments_per_run` and `max_bytes_per_run` (at least two, so it always progresses)."""
+    """`Compaction.plan` limited to the first candidate fragments (oldest first) whose data
+    files fit `max_bytes_per_run` (at least two, so it always progresses). `full` (a table of
+    at most `cheap_rewrite_bytes`, kept fully compacted) is not bounded: the whole table is
+    the run's bound, and one run leaves one fragment without deletion files."""
     lp = Compaction.plan(ds, o.lance_options(full=full))
+    if full:
+        return lp
     candidates = [frag for t in lp.tasks for frag in t.fragments]
     keep: list[int] = []
     size = 0
     for frag in candidates:
         nbytes = sum(f.file_size_bytes or 0 for f in frag.files)
-        if len(keep) >= 2 and (len(keep) + 1 > o.max_fragments_per_run or size + nbytes > o.max_bytes_per_run):
+        if len(keep) >= 2 and size + nbytes > o.max_bytes_per_run:
             break
         keep.append(frag.id)
         size += nbytes
