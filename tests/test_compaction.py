@@ -774,7 +774,7 @@ def test_compaction_keeps_up_beside_a_merger_in_another_process(table_loc, spark
     demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=2000, btree_index=True,
                       maintained_indexes=["id_btree"])
     table.open_dataset(table_loc).create_scalar_index("n", "BITMAP", name="n_bitmap")
-    rounds = 4
+    rounds = 3
     ready, out, log = str(tmp_path / "ready"), str(tmp_path / "merger.json"), str(tmp_path / "merger.log")
     p = spawn([os.path.join(PROCS, "merge_loop.py"), table_loc.lance_uri, str(rounds), ready, out], log)
     passes = []

@@ -4,12 +4,15 @@ process's compaction runs beside.
 usage: merge_loop.py URI ROUNDS READY_FILE OUT_JSON
 Writes READY_FILE once Spark is warm, then ROUNDS times: pylance ShardWriters flush a round of
 puts, overwrites and deletes, and the merger merges them (waiting for the table lease as long
-as a compaction holds it). Then OUT_JSON: {"model": {id: row}, "merged": {region: generation},
+as a compaction holds it). From the second round on, the round is written at once and merged
+once another process committed after the previous merge (or 300 s passed): the other
+process's compaction runs while this one writes, and each merge lands beside it. Then OUT_JSON: {"model": {id: row}, "merged": {region: generation},
 "commits": n}.
 """
 
 import json
 import sys
+import time
 
 from proc_log import log_memwal_to_stderr
 
@@ -30,9 +33,14 @@ def main() -> int:
     spark.range(1).collect()  # warm
     open(ready, "w").close()
     commits = 0
+    merged_at = None
     for _ in range(rounds):
         w.write_round(60, overwrite=0.4, delete=0.1, puts_per_batch=20)
+        deadline = time.time() + 300
+        while merged_at is not None and table.open_dataset(loc).version == merged_at and time.time() < deadline:
+            time.sleep(0.2)
         r = merge.merge(loc, spark, lease=LeaseOptions(wait_seconds=300))
+        merged_at = r.table_version  # read under the lease: no compaction commit in it yet
         if r.region_errors:
             print(f"merge failed: {r.region_errors}", file=sys.stderr)
             return 1
