@@ -215,6 +215,43 @@ def test_small_table_of_300_fragments_is_fully_compacted_in_one_pass(table_loc, 
     index_lookups_agree(table_loc, w.expected())
 
 
+def test_merged_fragments_each_in_its_own_index_segment_are_compacted(table_loc, spark):
+    """A catch-up that appends a delta segment per merge (`num_indices_to_merge: 0`) gives every
+    merged fragment its own index coverage, and Lance compacts only fragments with the same
+    coverage: a trigger fires, Lance plans nothing, and every pass would say "healthy, skipped"
+    while fragments pile up. The plan merges those indexes' segments first, then compacts: one
+    fragment, no deletion file, progress and catch-up intact, lookups through both indexes right."""
+    demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=500, btree_index=True,
+                      maintained_indexes=["id_btree"])
+    table.open_dataset(table_loc).create_scalar_index("n", "BITMAP", name="n_bitmap")
+    w = demo.Workload(table_loc, seed=29, key_space=5000, max_memtable_rows=100)
+    for _ in range(2):
+        w.write_round(40, overwrite=0.4, delete=0.1, puts_per_batch=10)
+        assert not merge.merge(table_loc, spark).region_errors
+        assert not catchup.run_catchup(table_loc, num_indices_to_merge=0).errors
+    h = compaction.read_health(table_loc)
+    assert (h.fragments, h.unindexed_rows, h.index_segments) == (3, 0, {"id_btree": 3, "n_bitmap": 3})
+    # What Lance plans as is: each fragment rewritten alone (its deletions materialized), none combined.
+    lance_plan = compaction.bounded_plan(table.open_dataset(table_loc), CompactionOptions(), full=True)
+    assert [len(t.fragments) for t in lance_plan.tasks] in ([], [1], [1, 1], [1, 1, 1])
+    before = table.read_memwal_state(table_loc)
+    plan = compaction.plan_compaction(table_loc)
+    assert not plan.healthy and plan.index_first == [] and plan.segments_first == {"id_btree": 3, "n_bitmap": 3}
+    assert plan.summary.startswith("merge index segments of id_btree (3), n_bitmap (3) first"), plan.summary
+    r = compaction.execute_compaction(table_loc, plan, spark)
+    assert r.status == "compacted" and not r.errors and r.segments_merged == {"id_btree": 3, "n_bitmap": 3}, r.summary()
+    after = r.health_after
+    assert (after.fragments, after.fragments_with_deletions, after.unindexed_rows) == (1, 0, 0)
+    assert after.index_segments == {"id_btree": 1, "n_bitmap": 1}
+    state = table.read_memwal_state(table_loc)
+    assert state.merged == before.merged and state.catchup["id_btree"] == state.merged
+    model = w.expected()
+    assert as_dict(table.open_dataset(table_loc).to_table()) == model
+    index_lookups_agree(table_loc, model)
+    ds = table.open_dataset(table_loc)
+    assert as_dict(ds.to_table(filter="n = 0")) == {k: v for k, v in model.items() if v["n"] == 0}
+
+
 def test_merge_landing_between_plan_and_commit_is_retried(table_loc, spark):
     w = fragmented_table(table_loc)
     write_and_merge(w, spark, 2)
