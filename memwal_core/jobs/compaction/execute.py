@@ -23,7 +23,9 @@ What a Rewrite commit does to MemWAL state (pylance 14.0.2, tests/test_compactio
 Lance compacts only fragments with the same index coverage, so the fragment the preceding merge
 added (not indexed yet: catch-up follows compaction) would stay apart forever; when a compaction
 runs and some index has unindexed rows, it **indexes first** (the catch-up that would follow it)
-and plans after that, so the newest fragment is folded in too.
+and plans after that, so the newest fragment is folded in too. Likewise, fragments each in a
+delta segment of their own (a catch-up that appends segments) are never combined: then the
+indexes' segments are merged first (`coverage_merges`) and the plan is made again.
 """
 
 from __future__ import annotations
