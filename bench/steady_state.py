@@ -28,8 +28,8 @@ Goals, as ratios in one run: with compaction, the median merge time of the last
 table's; without compaction, the growth is reported.
 
 usage:
-  python bench/steady_state.py --cycles 1000          # the issue's length (hours on 2 cores)
-  python bench/steady_state.py --cycles 300           # what fits in ~15 min here
+  python bench/steady_state.py                         # 1,000 cycles on a 100,000-row base (hours on 2 cores)
+  python bench/steady_state.py --max-seconds 1800     # as many of them as fit in 30 min
   python bench/steady_state.py --quick                # 12 cycles (smoke test)
   python bench/steady_state.py --cycles 300 --cheap-rewrite-bytes 0   # the ratio thresholds alone
 Prints `RESULT steady_state ...` (the ratios) and `RESULT steady_state_window ...` lines.
@@ -126,7 +126,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cycles", type=int, default=1000)
     p.add_argument("--regions", type=int, default=2)
-    p.add_argument("--base-rows", type=int, default=20_000)
+    p.add_argument("--base-rows", type=int, default=100_000)
     p.add_argument("--rows", type=int, default=200, help="operations per cycle (over all regions)")
     p.add_argument("--lookups", type=int, default=100)
     p.add_argument("--window", type=int, default=100, help="cycles compared first vs last (capped at cycles/4)")
@@ -142,6 +142,8 @@ def main() -> int:
     p.add_argument("--probe-cycles", type=int, default=30, help="cycles of each fresh-process probe (0: none)")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--probe-compact", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop the cycles after this long (the ratios then compare the cycles run)")
     p.add_argument("--workdir")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
@@ -149,16 +151,15 @@ def main() -> int:
         return probe(a.probe, a.probe_cycles, a.probe_compact, a.rows)
     if a.quick:
         a.cycles, a.base_rows, a.window = 12, 2000, 3
-    window = max(1, min(a.window, a.cycles // 4))
     print_machine("steady_state", a)
     base = workdir("steady", a.workdir)
     try:
-        return run(a, base, window)
+        return run(a, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run(a, base: str, window: int) -> int:
+def run(a, base: str) -> int:
     template = os.path.join(base, "template")
     make_table(template, a)
     locs = {}
@@ -183,7 +184,12 @@ def run(a, base: str, window: int) -> int:
     rows: list[dict] = []
     rng = random.Random(11)
     t_start = time.monotonic()
+    cycles = 0
     for cycle in range(1, a.cycles + 1):
+        if a.max_seconds is not None and time.monotonic() - t_start > a.max_seconds:
+            say(f"--max-seconds {a.max_seconds:g} reached after {cycles} of {a.cycles} cycles")
+            break
+        cycles = cycle
         order = ("off", "on") if cycle % 2 else ("on", "off")
         keys = None
         for name in order:
@@ -233,6 +239,7 @@ def run(a, base: str, window: int) -> int:
                 + ", ".join(f"{n} merge {last[n]['merge_s']:.2f} s frags {last[n]['fragments']} "
                             f"scan {last[n]['scan_s'] * 1e3:.0f} ms lookups {last[n]['lookups_s'] * 1e3:.0f} ms"
                             for n in ("off", "on")))
+    window = max(1, min(a.window, cycles // 4))
     if workloads["on"].expected() != workloads["off"].expected():
         raise SystemExit("the two copies' models differ")
     for name in ("off", "on"):
@@ -291,7 +298,7 @@ def run(a, base: str, window: int) -> int:
             result("steady_state_window", table=name, metric=key, first=median(s[:window]),
                    last=median(s[-window:]), growth=ratio(median(s[-window:]), median(s[:window])))
     on_merge, off_merge = series("on", "merge_s"), series("off", "merge_s")
-    result("steady_state", cycles=a.cycles, window=window, regions=a.regions, base_rows=a.base_rows,
+    result("steady_state", cycles=cycles, cycles_planned=a.cycles, window=window, regions=a.regions, base_rows=a.base_rows,
            rows_per_cycle=a.rows, final_rows=len(workloads["on"].model),
            merge_last_over_first_on=ratio(median(on_merge[-window:]), median(on_merge[:window])),
            merge_last_over_first_off=ratio(median(off_merge[-window:]), median(off_merge[:window])),

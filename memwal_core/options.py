@@ -16,7 +16,7 @@ import re
 import typing
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
-from typing import Annotated, Any, Mapping, TypeVar
+from typing import Annotated, Any, ClassVar, Mapping, TypeVar
 
 from pydantic import BeforeValidator, WithJsonSchema
 
@@ -162,6 +162,9 @@ def from_mapping(cls: type[T], raw: Mapping[str, Any] | None, where: str) -> T:
     if not isinstance(raw, Mapping):
         raise OptionError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
     known = {f.name: f for f in fields(cls)}
+    for k in raw:
+        if k in getattr(cls, "removed_keys", {}):
+            raise OptionError(f"{where}: {k!r} is no longer a setting: {cls.removed_keys[k]}")  # type: ignore[attr-defined]
     unknown_keys(raw, known, where)
     hints = typing.get_type_hints(cls)
     values = {k: _convert(known[k], hints[k], v, f"{where}.{k}") for k, v in raw.items()}
@@ -390,7 +393,16 @@ class CompactionOptions(_Checked):
     instead: one extra fragment or one deletion file costs its scans 30-40 % (docs/benchmarks.md
     §7), more than rewriting it (0 turns this off). Index segments are merged when an index has
     more than `max_index_segments`.
+
+    One run rewrites at most `max_bytes_per_run` of data files (the oldest candidate fragments
+    first): the bound is in bytes only, so a table of many tiny fragments is not split over
+    runs, and a table of at most `cheap_rewrite_bytes` is rewritten whole in one run.
     """
+
+    # Keys of earlier releases, refused by `from_mapping` with what to set instead.
+    removed_keys: ClassVar[dict[str, str]] = {
+        "max_fragments_per_run": "the per-run bound is in bytes only: set max_bytes_per_run "
+                                 "(a table of at most cheap_rewrite_bytes is always compacted whole)"}
 
     max_fragments: int = 64
     max_small_fragments: int = 16
@@ -405,7 +417,6 @@ class CompactionOptions(_Checked):
     target_rows_per_fragment: int = 1_048_576
     materialize_deletions_threshold: float = 0.1
     max_bytes_per_run: Size = field(default=1 << 30, metadata={"kind": "size"})
-    max_fragments_per_run: int = 256
     max_attempts: int = 3  # plans executed before giving up to concurrent commits
     restore_catchup: bool = True
     retrain_vector_indexes: bool = False

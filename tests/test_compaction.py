@@ -57,9 +57,14 @@ def test_health_thresholds_and_plan_without_spark(table_loc):
     deletes = compaction.plan_compaction(table_loc, CompactionOptions(min_deleted_rows=40))
     assert any("deleted rows 43/300" in r for r in deletes.reasons)
     assert plan.tasks >= 1 and plan.source_fragments == 30 and plan.source_bytes > 0
-    # Bounded per run: at most this many source fragments in one plan.
-    small = compaction.plan_compaction(table_loc, CompactionOptions(max_fragments_per_run=8))
-    assert 0 < small.source_fragments <= 8
+    # Bounded per run in bytes: at most about eight fragments' data files in one plan (the
+    # table is small enough to keep fully compacted, which is not bounded: turned off here).
+    per_fragment = max(sum(f.file_size_bytes for f in fr.metadata.files)
+                       for fr in table.open_dataset(table_loc).get_fragments())
+    small = compaction.plan_compaction(table_loc, CompactionOptions(max_bytes_per_run=8 * per_fragment,
+                                                                    cheap_rewrite_bytes=0))
+    assert 2 <= small.source_fragments <= 8 and small.source_bytes <= 8 * per_fragment
+    assert plan.full and plan.source_fragments == 30  # kept fully compacted: the whole table
     # Under the thresholds: healthy, nothing planned, nothing runs (no Spark needed).
     lax = CompactionOptions(max_fragments=100, max_small_fragments=100, max_small_fragment_share=1.0,
                             max_deleted_row_ratio=0.5, cheap_rewrite_bytes=0)
@@ -184,6 +189,67 @@ def test_small_table_without_an_index_is_kept_fully_compacted(table_loc, spark):
         assert (r.health_after.fragments, r.health_after.fragments_with_deletions) == (1, 0)
         assert table.read_memwal_state(table_loc).merged == before
         assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+
+
+def test_small_table_of_300_fragments_is_fully_compacted_in_one_pass(table_loc, spark):
+    """A 3,000-row table in 300 fragments, every one with a deletion file, and a merge on top:
+    it is under `cheap_rewrite_bytes`, so one pass leaves one fragment and no deletion file
+    (the per-run bound is in bytes, and a table kept fully compacted is rewritten whole),
+    with merge progress and the model intact."""
+    data = demo.rows_table([demo.row(i, 0) for i in range(3000)])
+    ds = lance.write_dataset(data, table_loc.lance_uri, schema=demo.SCHEMA, max_rows_per_file=10)
+    ds.delete("id % 7 = 0")
+    ds.create_scalar_index("id", "BTREE", name="id_btree")
+    ds.initialize_mem_wal(bucket_column="id", num_buckets=2, maintained_indexes=["id_btree"])
+    w = demo.Workload(table_loc, seed=9, key_space=4000, max_memtable_rows=40)
+    w.write_round(60, overwrite=0.4, delete=0.1, puts_per_batch=10)
+    assert not merge.merge(table_loc, spark).region_errors
+    h = compaction.read_health(table_loc)
+    assert h.fragments == 301 and h.fragments_with_deletions >= 300 and h.bytes < CompactionOptions().cheap_rewrite_bytes
+    before = table.read_memwal_state(table_loc).merged
+    r = compaction.compact(table_loc, spark)
+    assert r.status == "compacted" and not r.errors, r.summary()
+    assert (r.health_after.fragments, r.health_after.fragments_with_deletions, r.health_after.unindexed_rows) == (1, 0, 0)
+    assert table.read_memwal_state(table_loc).merged == before
+    assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
+    index_lookups_agree(table_loc, w.expected())
+
+
+def test_merged_fragments_each_in_its_own_index_segment_are_compacted(table_loc, spark):
+    """A catch-up that appends a delta segment per merge (`num_indices_to_merge: 0`) gives every
+    merged fragment its own index coverage, and Lance compacts only fragments with the same
+    coverage: a trigger fires, Lance plans nothing, and every pass would say "healthy, skipped"
+    while fragments pile up. The plan merges those indexes' segments first, then compacts: one
+    fragment, no deletion file, progress and catch-up intact, lookups through both indexes right."""
+    demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=500, btree_index=True,
+                      maintained_indexes=["id_btree"])
+    table.open_dataset(table_loc).create_scalar_index("n", "BITMAP", name="n_bitmap")
+    w = demo.Workload(table_loc, seed=29, key_space=5000, max_memtable_rows=100)
+    for _ in range(2):
+        w.write_round(40, overwrite=0.4, delete=0.1, puts_per_batch=10)
+        assert not merge.merge(table_loc, spark).region_errors
+        assert not catchup.run_catchup(table_loc, num_indices_to_merge=0).errors
+    h = compaction.read_health(table_loc)
+    assert (h.fragments, h.unindexed_rows, h.index_segments) == (3, 0, {"id_btree": 3, "n_bitmap": 3})
+    # What Lance plans as is: each fragment rewritten alone (its deletions materialized), none combined.
+    lance_plan = compaction.bounded_plan(table.open_dataset(table_loc), CompactionOptions(), full=True)
+    assert [len(t.fragments) for t in lance_plan.tasks] in ([], [1], [1, 1], [1, 1, 1])
+    before = table.read_memwal_state(table_loc)
+    plan = compaction.plan_compaction(table_loc)
+    assert not plan.healthy and plan.index_first == [] and plan.segments_first == {"id_btree": 3, "n_bitmap": 3}
+    assert plan.summary.startswith("merge index segments of id_btree (3), n_bitmap (3) first"), plan.summary
+    r = compaction.execute_compaction(table_loc, plan, spark)
+    assert r.status == "compacted" and not r.errors and r.segments_merged == {"id_btree": 3, "n_bitmap": 3}, r.summary()
+    after = r.health_after
+    assert (after.fragments, after.fragments_with_deletions, after.unindexed_rows) == (1, 0, 0)
+    assert after.index_segments == {"id_btree": 1, "n_bitmap": 1}
+    state = table.read_memwal_state(table_loc)
+    assert state.merged == before.merged and state.catchup["id_btree"] == state.merged
+    model = w.expected()
+    assert as_dict(table.open_dataset(table_loc).to_table()) == model
+    index_lookups_agree(table_loc, model)
+    ds = table.open_dataset(table_loc)
+    assert as_dict(ds.to_table(filter="n = 0")) == {k: v for k, v in model.items() if v["n"] == 0}
 
 
 def test_merge_landing_between_plan_and_commit_is_retried(table_loc, spark):
@@ -444,6 +510,13 @@ def test_compaction_thresholds_per_table_in_config(tmp_path):
     cfg.write_text("tables:\n  - {name: a, uri: data/a, compaction: {max_small_fragment: 4}}\n")
     with pytest.raises(ConfigError, match="compaction: unknown key 'max_small_fragment'.*did you mean 'max_small_fragments'"):
         load_config(cfg)
+    # The per-run bound is in bytes only: the count bound of earlier releases is refused, saying
+    # what to set, rather than ignored (a bound an operator set that silently stopped bounding).
+    cfg.write_text("tables:\n  - {name: a, uri: data/a, compaction: {max_fragments_per_run: 256}}\n")
+    with pytest.raises(ConfigError, match="'max_fragments_per_run' is no longer a setting: .*max_bytes_per_run"):
+        load_config(cfg)
+    cfg.write_text("tables:\n  - {name: a, uri: data/a, compaction: {max_bytes_per_run: 2GB}}\n")
+    assert load_config(cfg)[0].compaction.max_bytes_per_run == 2 << 30
     cfg.write_text("tables:\n  - {name: a, uri: data/a, compaction: {max_attempts: 0}}\n")
     with pytest.raises(ConfigError, match="max_attempts"):
         load_config(cfg)
@@ -587,8 +660,10 @@ def test_bounded_runs_progress_and_deletion_only_trigger(table_loc, spark):
     progresses: at least two fragments); a table of large fragments whose only trouble is
     deleted rows is rewritten with its deletions materialized, progress kept."""
     w = fragmented_table(table_loc)
-    removed = [compaction.compact(table_loc, spark, CompactionOptions(max_fragments_per_run=5)).fragments_removed,
-               compaction.compact(table_loc, spark, CompactionOptions(max_bytes_per_run=1)).fragments_removed]
+    sizes = [sum(f.file_size_bytes for f in fr.metadata.files) for fr in table.open_dataset(table_loc).get_fragments()]
+    bounded = [CompactionOptions(max_bytes_per_run=sum(sizes[:5]), cheap_rewrite_bytes=0),
+               CompactionOptions(max_bytes_per_run=1, cheap_rewrite_bytes=0)]
+    removed = [compaction.compact(table_loc, spark, o).fragments_removed for o in bounded]
     assert removed == [5, 2]
     assert compaction.read_health(table_loc).fragments == 30 - 4 - 1
     assert as_dict(table.open_dataset(table_loc).to_table()) == w.expected()
@@ -715,3 +790,60 @@ def test_a_failing_compaction_does_not_stall_the_rest_of_maintenance(table_loc, 
     rep = json.loads(capsys.readouterr().out)
     assert len(rep["failed"]) == 1 and rep["failed"][0].startswith("compact: "), rep["failed"]
     assert rep["steps"]["compact"]["ok"] is False
+
+
+def test_compaction_keeps_up_beside_a_merger_in_another_process(table_loc, spark, tmp_path):
+    """A writer and merger loop in its own process (own Spark) while this one runs a
+    compaction pass after each merge it sees land, as a maintenance run beside a merge run
+    does. A table with a btree and a bitmap index, small enough to keep fully compacted: every
+    pass reads the latest version (the other process's merge in it), catches the merge's
+    fragment up and compacts it: one fragment, no deletion file after every pass, never
+    "healthy, skipped" over a merged fragment. The table lease orders the two (a merge waits
+    for a compaction and the other way round), so nothing is lost: at the end the base table
+    equals the merger's model and merge progress is what it recorded."""
+    import os
+    import time
+
+    from support.procs import PROCS, spawn
+
+    from memwal_core.options import LeaseOptions
+
+    demo.create_table(table_loc, sharding="bucket", num_buckets=2, base_rows=2000, btree_index=True,
+                      maintained_indexes=["id_btree"])
+    table.open_dataset(table_loc).create_scalar_index("n", "BITMAP", name="n_bitmap")
+    rounds = 3
+    ready, out, log = str(tmp_path / "ready"), str(tmp_path / "merger.json"), str(tmp_path / "merger.log")
+    p = spawn([os.path.join(PROCS, "merge_loop.py"), table_loc.lance_uri, str(rounds), ready, out], log)
+    passes = []
+    try:
+        seen = table.open_dataset(table_loc).version
+        deadline = time.time() + 600
+        while p.poll() is None:
+            assert time.time() < deadline, "the merger did not finish"
+            if table.open_dataset(table_loc).version == seen:
+                time.sleep(0.2)
+                continue
+            r = compaction.compact(table_loc, spark, lease=LeaseOptions(wait_seconds=300))
+            passes.append(r)
+            seen = r.table_version
+            time.sleep(1.0)  # the merger waits for the lease: let it take it before the next look
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, open(log).read()[-3000:]
+    merger = json.load(open(out))
+    summaries = [(r.status, r.health_before.table_version, r.health_before.fragments) for r in passes]
+    merged_in = [r for r in passes if r.health_before.fragments > 1 or r.health_before.fragments_with_deletions]
+    assert len(merged_in) >= 2, summaries
+    for r in merged_in:
+        assert r.status == "compacted" and not r.errors and r.conflicts == 0, summaries
+        assert (r.health_after.fragments, r.health_after.fragments_with_deletions, r.health_after.unindexed_rows) == \
+            (1, 0, 0), summaries
+    final = compaction.compact(table_loc, spark)
+    assert final.health_after.fragments == 1 and final.health_after.fragments_with_deletions == 0
+    model = {int(k): v for k, v in merger["model"].items()}
+    assert merger["commits"] >= rounds
+    assert as_dict(table.open_dataset(table_loc).to_table()) == model
+    assert json.loads(json.dumps(table.read_memwal_state(table_loc).merged)) == merger["merged"]
+    index_lookups_agree(table_loc, model)

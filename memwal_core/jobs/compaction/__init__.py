@@ -7,8 +7,8 @@ index catch-up may add a delta index segment. Scans, point lookups and the merge
 thresholds of `CompactionOptions` whether anything is worth doing, and does it:
 
 - **Plan** (`plan.py`) on the driver with `lance.optimize.Compaction.plan`, bounded per run
-  (`bounded_plan` excludes fragments past `max_fragments_per_run` / `max_bytes_per_run`: one
-  run never holds the table's pool for long).
+  (`bounded_plan` excludes fragments past `max_bytes_per_run`: one run never holds the
+  table's pool for long; a table kept fully compacted is rewritten whole).
 - **Rewrite** (`rewrite.py`) the `CompactionTask`s in Spark tasks (the merger's distribution
   story: only DataFrame APIs, so Spark Connect and clusters work the same).
 - **Commit** (`execute.py`) on the driver with `Compaction.commit` (a Lance *Rewrite*),

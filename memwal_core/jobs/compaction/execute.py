@@ -23,7 +23,9 @@ What a Rewrite commit does to MemWAL state (pylance 14.0.2, tests/test_compactio
 Lance compacts only fragments with the same index coverage, so the fragment the preceding merge
 added (not indexed yet: catch-up follows compaction) would stay apart forever; when a compaction
 runs and some index has unindexed rows, it **indexes first** (the catch-up that would follow it)
-and plans after that, so the newest fragment is folded in too.
+and plans after that, so the newest fragment is folded in too. Likewise, fragments each in a
+delta segment of their own (a catch-up that appends segments) are never combined: then the
+indexes' segments are merged first (`coverage_merges`) and the plan is made again.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from memwal_core.state.lance_mem_wal import is_commit_conflict
 from memwal_core.state.store import TableLocation
 
 from .health import read_health
-from .plan import CompactionPlan, bounded_plan, plan_compaction
+from .plan import CompactionPlan, bounded_plan, coverage_merges, plan_compaction
 from .result import CompactionResult
 from .rewrite import discard_rewrites, execute_tasks
 
@@ -109,12 +111,19 @@ def _rewrite(loc: TableLocation, plan: CompactionPlan, spark, result: Compaction
     if plan.index_first:
         _index_first(loc, plan.index_first, result, say)
         lance_plan = None
+    coverage_merged = bool(plan.segments_first)
+    if plan.segments_first:
+        _merge_for_coverage(loc, plan.segments_first, result, say)
+        lance_plan = None
     while result.attempts < o.max_attempts:
         result.attempts += 1
         if lance_plan is None:  # after the catch-up, or a retry: plan from the latest version
-            ds = table.open_dataset(loc)
-            lance_plan = bounded_plan(ds, o, plan.full)
-            before = table.read_memwal_state(loc, ds.version)
+            lance_plan, before = _plan_latest(loc, plan)
+        if not coverage_merged and (plan.full or not lance_plan.tasks):
+            # After the catch-up, the fragments it indexed may sit in a delta segment of their own.
+            coverage_merged = True
+            if _merge_for_coverage(loc, coverage_merges(read_health(loc, o)), result, say):
+                lance_plan, before = _plan_latest(loc, plan)
         if not lance_plan.tasks:
             return before
         result.tasks = len(lance_plan.tasks)
@@ -130,6 +139,26 @@ def _rewrite(loc: TableLocation, plan: CompactionPlan, spark, result: Compaction
                      "(merges); nothing of the rewrite is visible, the next run retries")
     log.warning("compaction of %s %s", loc.lance_uri, result.status)
     return before
+
+
+def _plan_latest(loc: TableLocation, plan: CompactionPlan) -> tuple:
+    """The bounded Lance plan of the latest version, and the MemWAL state it read."""
+    ds = table.open_dataset(loc)
+    return bounded_plan(ds, plan.options, plan.full), table.read_memwal_state(loc, ds.version)
+
+
+def _merge_for_coverage(loc: TableLocation, segments: dict[str, int], result: CompactionResult,
+                        say: Callable[[str], None]) -> bool:
+    """Merge the segments of each index in `segments` (index -> segments) so the fragments
+    they cover share one coverage and Lance can compact them together (see `coverage_merges`).
+    True when some index was merged; a failure is recorded and the rewrite goes on without."""
+    if not segments:
+        return False
+    say(f"compaction: merging index segments of {', '.join(segments)} first (Lance compacts only fragments "
+        "with the same index coverage)")
+    for name, n in segments.items():
+        _optimize(loc, name, result, {"num_indices_to_merge": n}, result.segments_merged, n)
+    return any(name in result.segments_merged for name in segments)
 
 
 def _commit_attempt(loc: TableLocation, spark, lance_plan, result: CompactionResult,

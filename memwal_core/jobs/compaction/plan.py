@@ -13,7 +13,7 @@ from memwal_core.options import CompactionOptions
 from memwal_core.state import table
 from memwal_core.state.store import TableLocation
 
-from .health import TableHealth, read_health
+from .health import IndexHealth, TableHealth, read_health
 
 
 @dataclass
@@ -25,6 +25,7 @@ class CompactionPlan:
     reasons: list[str]  # data triggers that fired
     full: bool = False  # cheap enough to keep fully compacted: every deletion file materialized
     index_first: list[str] = field(default_factory=list)  # indexes caught up before the rewrite
+    segments_first: dict[str, int] = field(default_factory=dict)  # index -> segments merged before it
     tasks: int = 0
     source_fragments: int = 0
     source_bytes: int = 0
@@ -36,11 +37,12 @@ class CompactionPlan:
     @property
     def needs_spark(self) -> bool:
         """Fragments to rewrite now, or possibly after the catch-up that comes first."""
-        return bool(self.tasks or self.index_first)
+        return bool(self.tasks or self.index_first or self.segments_first)
 
     @property
     def healthy(self) -> bool:
-        return not self.tasks and not self.index_first and not self.merge_segments and not self.retrain
+        return not self.tasks and not self.index_first and not self.segments_first and not self.merge_segments \
+            and not self.retrain
 
     @property
     def summary(self) -> str:
@@ -51,9 +53,13 @@ class CompactionPlan:
         if self.index_first:
             parts.append(f"catch up {', '.join(self.index_first)} first ({self.health.unindexed_rows} unindexed "
                          "rows: Lance compacts only fragments with the same index coverage)")
-        if self.tasks or self.index_first:
+        if self.segments_first:
+            parts.append("merge index segments of " + ", ".join(f"{n} ({s})" for n, s in self.segments_first.items())
+                         + " first (each segment covers other fragments: Lance compacts only fragments with "
+                           "the same index coverage)")
+        if self.tasks or self.index_first or self.segments_first:
             parts.append(f"compact {self.source_fragments} fragments in {self.tasks} tasks ({'; '.join(self.reasons)})"
-                         + (" as planned now; planned again after the catch-up" if self.index_first else ""))
+                         + (" as planned now; planned again after that" if self.index_first or self.segments_first else ""))
         if self.merge_segments:
             parts.append("merge index segments of " + ", ".join(f"{n} ({s})" for n, s in self.merge_segments.items()))
         if self.retrain:
@@ -63,7 +69,7 @@ class CompactionPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"table": self.table_uri, "table_version": self.table_version, "summary": self.summary,
                 "health": self.health.to_dict(), "reasons": self.reasons, "full": self.full,
-                "index_first": self.index_first, "tasks": self.tasks,
+                "index_first": self.index_first, "segments_first": self.segments_first, "tasks": self.tasks,
                 "source_fragments": self.source_fragments, "source_bytes": self.source_bytes,
                 "merge_segments": self.merge_segments, "retrain": self.retrain,
                 "retrain_refused": self.retrain_refused, "options": asdict(self.options)}
@@ -74,15 +80,19 @@ def _task_bytes(task) -> int:
 
 
 def bounded_plan(ds: lance.LanceDataset, o: CompactionOptions, full: bool = False):
-    """`Compaction.plan` limited to the first candidate fragments (oldest first) that fit
-    `max_fragments_per_run` and `max_bytes_per_run` (at least two, so it always progresses)."""
+    """`Compaction.plan` limited to the first candidate fragments (oldest first) whose data
+    files fit `max_bytes_per_run` (at least two, so it always progresses). `full` (a table of
+    at most `cheap_rewrite_bytes`, kept fully compacted) is not bounded: the whole table is
+    the run's bound, and one run leaves one fragment without deletion files."""
     lp = Compaction.plan(ds, o.lance_options(full=full))
+    if full:
+        return lp
     candidates = [frag for t in lp.tasks for frag in t.fragments]
     keep: list[int] = []
     size = 0
     for frag in candidates:
         nbytes = sum(f.file_size_bytes or 0 for f in frag.files)
-        if len(keep) >= 2 and (len(keep) + 1 > o.max_fragments_per_run or size + nbytes > o.max_bytes_per_run):
+        if len(keep) >= 2 and size + nbytes > o.max_bytes_per_run:
             break
         keep.append(frag.id)
         size += nbytes
@@ -91,6 +101,23 @@ def bounded_plan(ds: lance.LanceDataset, o: CompactionOptions, full: bool = Fals
     kept = set(keep)
     return Compaction.plan(ds, o.lance_options([f.fragment_id for f in ds.get_fragments() if f.fragment_id not in kept],
                                                full=full))
+
+
+def mergeable_segments(ih: IndexHealth) -> int:
+    """Segments of `ih` a merge may fold together: a vector index keeps its first (trained)
+    segment apart (Lance merges the most recent N; merging the first too would hide the drift
+    from its training, so retraining would never be suggested)."""
+    return ih.segments - 1 if ih.vector else ih.segments
+
+
+def coverage_merges(health: TableHealth) -> dict[str, int]:
+    """Index -> segments to merge so the fragments they cover can be compacted together.
+
+    Lance compacts only fragments with the same index coverage; a catch-up that appends a delta
+    segment per merge (`catchup.num_indices_to_merge: 0`) gives every merged fragment its own,
+    so a trigger fires and Lance plans nothing (or rewrites each fragment alone), pass after
+    pass. Asked when Lance plans nothing, and always for a table kept fully compacted."""
+    return {ih.name: mergeable_segments(ih) for ih in health.indexes if mergeable_segments(ih) >= 2}
 
 
 def plan_compaction(loc: TableLocation, options: CompactionOptions | None = None) -> CompactionPlan:
@@ -112,11 +139,10 @@ def plan_compaction(loc: TableLocation, options: CompactionOptions | None = None
         plan.tasks = len(lp.tasks)
         plan.source_fragments = sum(len(t.fragments) for t in lp.tasks)
         plan.source_bytes = sum(_task_bytes(t) for t in lp.tasks)
+        if (full or not lp.tasks) and not plan.index_first:  # after a catch-up: checked again then
+            plan.segments_first = coverage_merges(health)
     for ih in health.indexes:
-        # A vector index keeps its first (trained) segment apart: Lance merges the most recent
-        # N segments, and merging the first one too would hide the drift from its training
-        # (rows outside the first segment), so retraining would never be suggested.
-        mergeable = ih.segments - 1 if ih.vector else ih.segments
+        mergeable = mergeable_segments(ih)
         if ih.segments > o.max_index_segments and mergeable >= 2:
             plan.merge_segments[ih.name] = mergeable
         if ih.vector and ih.drift_share > o.retrain_drift_share:
@@ -130,6 +156,6 @@ def plan_compaction(loc: TableLocation, options: CompactionOptions | None = None
                     "migrate to a new index instead")
             else:
                 plan.retrain.append(ih.name)
-    for name in plan.retrain:
+    for name in list(plan.retrain) + list(plan.segments_first):
         plan.merge_segments.pop(name, None)  # a retrain merges everything into one segment anyway
     return plan
