@@ -99,6 +99,8 @@ def test_schema_is_the_core_dataclasses():
     spec = TableSpec(name="t", uri="data/t", merge={"budget_bytes": "64MB"})
     assert spec.gc == SECTIONS["gc"]() and spec.merge.budget_bytes == 64 << 20
     assert TableSpec(name="t", uri="x", merge=SECTIONS["merge"](max_generations=3)).merge.max_generations == 3
+    assert TableSpec(name="t", uri="x").merge.max_generations is None  # batches sized by bytes alone
+    assert TableSpec(name="t", uri="x", merge={"max_generations": 256}).merge.max_generations == 256  # older configs
 
 
 def test_defs_yaml_and_memwal_yaml_are_one_schema(tmp_path, monkeypatch):
