@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--budget", metavar="SIZE", help="merge.budget_bytes: bytes of generations per merge batch "
                                                     "(e.g. 256MB)")
     m.add_argument("--max-generations", metavar="N",
-                   help="merge.max_generations: at most N generations per merge batch (default: no cap; batches are "
-                        "sized by --budget)")
+                   help="merge.max_generations: at most N generations per merge batch (default: no cap, batches are "
+                        "sized by --budget; off lifts a configured cap)")
     m.add_argument("--spark-master", metavar="MASTER",
                    help="spark.master (default: the table's, else local[*]); the CLI runs its own session, "
                         "not the table's spark.connect server (sc://HOST:PORT here asks for one)")
