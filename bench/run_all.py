@@ -6,7 +6,7 @@ with the machine line. Exit status: non-zero when any script failed (the others 
 
 usage: python bench/run_all.py [--quick] [--only merge,sensor,...] [--skip merge_2000,...] [--log-dir DIR]
 
-Names: snapshot, gc, merge, merge_2000, merge_memory, sensor, latency, e2e, steady_state, liveness_e2e (gc and snapshot only when
+Names: snapshot, gc, merge, merge_2000, merge_memory, sensor, latency, cold_start, e2e, steady_state, liveness_e2e (gc and snapshot only when
 their scripts exist). `--quick` runs every script at small sizes (a smoke test; minutes).
 """
 
@@ -32,6 +32,7 @@ BENCHES: list[tuple[str, str, list[str], list[str]]] = [
     ("merge_memory", "merge.py", ["--memory"], ["--memory", "--quick"]),
     ("sensor", "sensor.py", [], ["--quick"]),
     ("latency", "latency.py", [], ["--quick"]),
+    ("cold_start", "cold_start.py", [], ["--quick"]),
     ("e2e", "e2e.py", [], ["--quick"]),
     ("steady_state", "steady_state.py", ["--cycles", "250"], ["--quick"]),
     ("liveness_e2e", "liveness_e2e.py", [], ["--duration", "90", "--downtime", "30"]),

@@ -212,10 +212,12 @@ class SparkOptions(_Checked):
 
 @dataclass(frozen=True)
 class MergeOptions(_Checked):
-    """How much one merge batch takes (bytes of generations, and a count)."""
+    """How much one merge batch takes: generations up to `budget_bytes` (manifest bytes), however
+    many they are (one batch, one Spark job and one commit while the backlog fits).
+    `max_generations` caps the count as well, for smaller commits; None (the default): no cap."""
 
     budget_bytes: Size = field(default=256 * 1024 * 1024, metadata=_min(1, kind="size"))
-    max_generations: int = field(default=256, metadata=_min(1))
+    max_generations: int | None = field(default=None, metadata=_min(1))
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ def test_schema_is_the_core_dataclasses():
     spec = TableSpec(name="t", uri="data/t", merge={"budget_bytes": "64MB"})
     assert spec.gc == SECTIONS["gc"]() and spec.merge.budget_bytes == 64 << 20
     assert TableSpec(name="t", uri="x", merge=SECTIONS["merge"](max_generations=3)).merge.max_generations == 3
+    assert TableSpec(name="t", uri="x").merge.max_generations is None  # batches sized by bytes alone
+    assert TableSpec(name="t", uri="x", merge={"max_generations": 256}).merge.max_generations == 256  # older configs
     # Unknown keys are refused all the same, by the one did-you-mean memwal.yaml uses.
     for raw, said in (({"name": "t", "uri": "x", "merge": {"budget_byte": 1}}, "did you mean 'budget_bytes'"),
                       ({"name": "t", "ur": "x"}, "unknown key 'ur' (did you mean 'uri'?)")):

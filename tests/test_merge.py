@@ -82,6 +82,28 @@ def test_batches_respect_budget_and_order(table_loc, spark):
     assert result.rows_upserted > 0 and result.bytes_read > 0 and result.bytes_written > 0
 
 
+def test_a_backlog_within_the_budget_is_one_batch_whatever_its_generation_count(table_loc, spark):
+    """Batches are sized by bytes: 300 small generations (more than any count cap memwal had) fit
+    the default budget, so they are one batch, one Spark job and one commit; a `max_generations`
+    the caller sets (an older config's key) still caps the count."""
+    demo.create_table(table_loc, sharding="bucket", num_buckets=2)
+    w = demo.Workload(table_loc, seed=5, key_space=400, max_memtable_rows=2)
+    w.write_round(600, overwrite=0.3, puts_per_batch=2)
+    plan = merge.plan_merge(table_loc)
+    total = sum(len(b.generations) for b in plan.batches)
+    assert total > 256 and plan.max_generations is None
+    assert len(plan.batches) == 1 and len(plan.batches[0].generations) == total
+    capped = merge.plan_merge(table_loc, max_generations=100)
+    assert [len(b.generations) for b in capped.batches] == [100] * (total // 100) + ([total % 100] if total % 100 else [])
+    before = table.open_dataset(table_loc).version
+    result = merge.execute_merge(table_loc, plan, spark)
+    assert result.commits == 1 and result.generations_merged == total
+    assert table.open_dataset(table_loc).version == before + 1
+    assert base_rows(table_loc) == w.expected()
+    assert table.read_memwal_state(table_loc).merged == {
+        rid: max(g.generation for g in region.load_latest(table_loc.store, rid).generations) for rid in w.regions.values()}
+
+
 def test_rerun_is_noop_and_skips_merged(table_loc, spark):
     demo.create_table(table_loc, sharding="unsharded", base_rows=10)
     w = demo.Workload(table_loc, seed=3, key_space=50)

@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     _table_args(m)
     m.add_argument("--budget", metavar="SIZE", help="merge.budget_bytes: bytes of generations per merge batch "
                                                     "(e.g. 256MB)")
-    m.add_argument("--max-generations", metavar="N", help="merge.max_generations: generations per merge batch")
+    m.add_argument("--max-generations", metavar="N",
+                   help="merge.max_generations: at most N generations per merge batch (default: no cap, batches are "
+                        "sized by --budget; off lifts a configured cap)")
     m.add_argument("--spark-master", metavar="MASTER",
                    help="spark.master (default: the table's, else local[*]); the CLI runs its own session, "
                         "not the table's spark.connect server (sc://HOST:PORT here asks for one)")

@@ -83,7 +83,8 @@ def _check_progress(reason: RetryReason, before: Budget, after: Budget) -> None:
 
 def merge_batch(run: Run, batch: MergeBatch) -> None:
     """Attempt the batch until it is settled (see the module docstring)."""
-    run.walls.lift(read_memwal_state(run.loc).merged)  # transient walls another merger merged past
+    merged: dict[str, int] | None = read_memwal_state(run.loc).merged
+    run.walls.lift(merged)  # transient walls another merger merged past
     region_ids = sorted({g.region_id for g in batch.generations if run.walls.open(g)})
     index = {rid: i for i, rid in enumerate(region_ids)}
     for rid in region_ids:
@@ -91,7 +92,9 @@ def merge_batch(run: Run, batch: MergeBatch) -> None:
     conflicts = 0
     last: tuple[RetryReason, Budget] | None = None
     for _ in range(len(batch.generations) + 1 + run.max_attempts + 1):
-        merged = read_memwal_state(run.loc).merged
+        # The first attempt takes the progress read above; a retry reads it again (what a
+        # retry is about may have moved it).
+        merged = merged if merged is not None else read_memwal_state(run.loc).merged
         gens = _open(run, batch, merged)
         budget = Budget(len(gens), int(not run.dropped.known), run.max_attempts - conflicts)
         if last is not None:
@@ -110,6 +113,7 @@ def merge_batch(run: Run, batch: MergeBatch) -> None:
         else:
             log.info("re-reading the batch: %s", outcome.reason.value)
         last = (outcome.reason, budget)
+        merged = None
     raise AssertionError("unreachable: every retry shrinks the batch's budget (`_check_progress`)")
 
 

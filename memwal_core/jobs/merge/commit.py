@@ -106,7 +106,7 @@ def _commit(run: Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration],
     if not _verified(run, deduped, gens, regions, ds.version, pending):
         return False
     run.keys.remember(deduped, regions)
-    _count(run, deduped, gens, index, stats, ds.version)
+    _count(run, deduped, gens, index, stats, ds)
     log.info("merged %d generations of %d regions: +%d upserted, -%d deleted, progress %s "
              "(read version %d, committed version %d)",
              len(gens), len(progress), stats["num_inserted_rows"] + stats["num_updated_rows"],
@@ -154,12 +154,13 @@ def _verified(run: Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration
 
 
 def _count(run: Run, deduped: sparkpath.Deduped, gens: list[PlannedGeneration], index: dict[str, int],
-           stats: dict, version: int) -> None:
+           stats: dict, ds: lance.LanceDataset) -> None:
+    """Count the commit `ds` now holds (merge_insert moved it to the committed version)."""
     result = run.result
     result.commits += 1
     result.rows_upserted += stats["num_inserted_rows"] + stats["num_updated_rows"]
     result.rows_deleted += stats["num_deleted_rows"]
-    result.bytes_written += _bytes_written(open_dataset(run.loc), version)
+    result.bytes_written += _bytes_written(ds, ds.version)
     by_gen = {(s.region, s.generation): s for s in deduped.stats}
     for g in gens:
         r = result.regions[g.region_id]

@@ -1,8 +1,12 @@
 """Which generations to merge, in which batches: the merge plan. Reads only committed state.
 
 Per region, the generations newer than `merged_generations[region]` (read fresh from the
-MemWAL index), ascending, grouped into batches bounded by bytes and generation count, round
-robin over regions so one region's backlog cannot starve the others. A region that cannot be
+MemWAL index), ascending, grouped into batches bounded by bytes (`MergeOptions.budget_bytes`),
+round robin over regions so one region's backlog cannot starve the others. A batch is not
+bounded by its generation count unless `max_generations` asks for it: every batch costs a Spark
+job, a commit and a join of its rows against the whole base table, so a backlog that fits the
+budget is merged as one batch. (The driver's and a task's memory follow the batch's bytes: the
+deduplicated rows; see docs/benchmarks.md, "Memory".) A region that cannot be
 planned (its manifest does not load, its generation list is malformed, its data predates the
 MemWAL initialization) gets a `RegionFailure` at its first unmerged generation and nothing
 planned; the other regions are planned.
@@ -63,7 +67,7 @@ class MergePlan:
     batches: list[MergeBatch]
     walls: dict[str, RegionFailure] = field(default_factory=dict)  # regions refused while planning
     budget_bytes: int = DEFAULT_BUDGET_BYTES
-    max_generations: int = DEFAULT_MAX_GENERATIONS
+    max_generations: int | None = DEFAULT_MAX_GENERATIONS  # None: batches are bounded by bytes only
     lifecycle: lifecycle.Lifecycle | None = None  # stale regions (data from before the initialization)
 
     @property
@@ -171,12 +175,14 @@ def _stale_failure(lc: lifecycle.Lifecycle, rid: str, m: region.RegionManifest, 
     return None
 
 
-def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: int) -> list[MergeBatch]:
+def _batches(queues: dict[str, list[PlannedGeneration]], budget: int, max_gens: int | None) -> list[MergeBatch]:
     """Round-robin over regions so one region's backlog cannot starve the others.
 
     Each region's generations stay in ascending order across batches; a single generation
-    larger than the budget gets a batch of its own.
+    larger than the budget gets a batch of its own. `max_gens` None: no count bound.
     """
+    if max_gens is None:
+        max_gens = sum(len(q) for q in queues.values()) or 1
     queues = {k: collections.deque(v) for k, v in queues.items()}  # popleft: linear in the backlog
     batches = []
     while any(queues.values()):
