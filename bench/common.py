@@ -31,7 +31,8 @@ if REPO not in sys.path:
 os.environ.setdefault("LANCE_LOG", "error,lance::index=off")
 BIN = os.path.dirname(sys.executable)
 
-from memwal_pipeline.s3_demo import LocalS3  # noqa: E402  (light: no Dagster import)
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from support.s3_server import LocalS3  # noqa: E402  (the S3 test server: test tooling)
 
 # ------------------------------------------------------------------------------ reporting
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from memwal_core import faults
 from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
-from memwal_core.jobs.gc import history, leaks, region_cache
+from memwal_core.jobs.gc import history, leak_refs, leaks, region_cache
 from memwal_core.jobs.gc.items import GENERATION, LEAKED, LEAKS_KEY, MANIFEST, ORPHAN, WAL, GcError, GcItem
 from memwal_core.jobs.gc.plan import GcPlan, RegionGcPlan
 from memwal_core.jobs.gc.result import GcResult
@@ -210,6 +210,8 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
         _delete_leaked(loc, plan.leaked, result)
     if plan.history is not None:  # the base-table versions read this pass: not again next pass
         history.save_summary(loc, plan.history)
+    if plan.leak_refs is not None:  # and what they reference
+        leak_refs.save(loc, plan.leak_refs)
     result.bytes_reclaimed = sum(i.bytes for i in result.deleted)
     result.execute_seconds = time.monotonic() - t0
     return result

@@ -62,6 +62,7 @@ class VersionHistory:
     read: int = 0  # manifests read this pass
     known: int = 0  # facts taken from the summary
     summary: str = "missing"  # used, missing, or why it was ignored
+    listing: list[ObjectInfo] = field(default_factory=list)  # `_versions/` as listed (the leak scan's too)
     changed: bool = True  # the summary to write differs from the one found
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,10 +81,11 @@ def version_of(key: str) -> int | None:
     return _U64_MAX - int(stem) if len(stem) == 20 else int(stem)
 
 
-def list_versions(loc: TableLocation) -> dict[int, ObjectInfo]:
-    """The retained versions' manifests (one listing); V2 naming first when both exist."""
+def list_versions(loc: TableLocation, listing: list[ObjectInfo] | None = None) -> dict[int, ObjectInfo]:
+    """The retained versions' manifests (from one listing of `_versions/`, or `listing`); V2
+    naming first when both exist."""
     out: dict[int, ObjectInfo] = {}
-    for o in loc.store.list(VERSIONS_DIR):
+    for o in loc.store.list(VERSIONS_DIR) if listing is None else listing:
         v = version_of(o.key)
         if v is not None and (v not in out or o.key == table.manifest_keys(v)[0]):
             out[v] = o
@@ -197,12 +199,13 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
     `use_summary=False`: read every manifest (what the summary must always agree with).
     `earlier`: a history read earlier in this pass, taken as the summary (checked against this
     listing the same way; its reads count in this one)."""
-    listed = list_versions(loc)
+    listing = list(loc.store.list(VERSIONS_DIR))
+    listed = list_versions(loc, listing)
     if earlier is not None:
         known, why = earlier.facts, earlier.summary
     else:
         known, why = load_summary(loc) if use_summary else ({}, "not used")
-    out = VersionHistory(summary=why)
+    out = VersionHistory(summary=why, listing=listing)
     todo = []
     for v, info in sorted(listed.items()):
         k = known.get(v)

@@ -17,7 +17,7 @@ from typing import Any
 
 from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
-from memwal_core.jobs.gc import leaks, region_cache
+from memwal_core.jobs.gc import leak_refs, leaks, region_cache
 from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan
 from memwal_core.jobs.gc.history import VersionHistory
 from memwal_core.jobs.gc.holds import Bound, GcHold, Hold, KeepReason, readable, summarize_holds
@@ -87,6 +87,7 @@ class GcPlan:
     leak_kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
     lifecycle: lifecycle.Lifecycle | None = None  # stale-region verdicts the plan used
     history: VersionHistory | None = None  # how the retained versions were learned (`history.py`)
+    leak_refs: leak_refs.RefsSummary | None = None  # what they reference, when learned anew (`leak_refs.py`)
 
     @property
     def region_errors(self) -> dict[str, str]:
@@ -394,7 +395,7 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, failures, base_cleanup,
                   lifecycle=ctx.stale, history=retention.history)
     if config.collect_leaked_files and regions is None:
-        _plan_leaks(loc, plan, now)
+        _plan_leaks(loc, plan, now, use_summary)
     return plan
 
 
@@ -424,9 +425,12 @@ def _plan_regions(ctx: _Context, loaded: region.RegionReads) -> dict[str, Region
     return plans
 
 
-def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float) -> None:
-    scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace)
-    plan.leak_scan = {"versions_read": scan.versions, "files_listed": scan.files_listed,
+def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float, use_summary: bool) -> None:
+    listing = plan.history.listing if plan.history is not None and plan.base_cleanup is None else None
+    scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace, use_summary=use_summary, versions_listing=listing)
+    plan.leak_refs = scan.refs
+    plan.leak_scan = {"versions_read": scan.versions, "manifests_read": scan.manifests_read,
+                      "files_listed": scan.files_listed,
                       "list_seconds": round(scan.list_seconds, 3), "refs_seconds": round(scan.refs_seconds, 3),
                       "kept": readable(scan.kept)}
     plan.leak_kept = collections.Counter(scan.kept)

@@ -20,6 +20,11 @@ from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.gc")
 
+# The lifecycle record (`state/lifecycle.py`) tells a new process up to which table version the
+# MemWAL initialization was verified; the merger advances it with its commits. GC advances it too
+# once it is this many versions behind (a table merged elsewhere, or compacted and indexed often).
+LIFECYCLE_REFRESH = 64
+
 
 @lease.step("gc")
 def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
@@ -40,8 +45,9 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
                           leak_scan=dict(plan.leak_scan))
     else:
         result = execute_gc(loc, plan)
-        if plan.lifecycle is not None:  # regions classified for the first time: not again next pass
-            lifecycle.save(loc, plan.lifecycle, verdicts_only=True)
+        if plan.lifecycle is not None:  # regions classified for the first time: not again next pass;
+            # the versions verified since the record, every LIFECYCLE_REFRESH versions
+            lifecycle.save(loc, plan.lifecycle, verdicts_only=True, refresh_after=LIFECYCLE_REFRESH)
     if base is not None and "error" not in base:  # as the plan read them, right after the cleanup
         base["versions_after"] = len(plan.retained_versions)
         base["versions_before"] = base["versions_after"] + base["old_versions"]
