@@ -142,11 +142,12 @@ def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which
 # Each invalidation on its own.
 
 
-def _history(tmp_path, cycles: int = 3):
+def _history(tmp_path, cycles: int = 3, merge: bool = True):
     loc, w = new_table(str(tmp_path / "t"))
     for _ in range(cycles):
         w.write_round(12, puts_per_batch=50)
-        mark_merged(loc, w)
+        if merge:
+            mark_merged(loc, w)
     forget_process()
     gc.run_gc(loc, KEEP)  # writes the summaries
     return loc, w
@@ -257,12 +258,14 @@ def test_a_version_summary_entry_is_used_only_for_that_manifest(tmp_path):
 
 def test_region_recreated_under_the_same_id(tmp_path):
     """The region's WAL and manifests removed and written again by a new writer: the cache's
-    anchors no longer match, so nothing of it is used."""
-    loc, w = _history(tmp_path)
+    anchors no longer match, so nothing of it is used (merged progress would make the region
+    corrupt: the table never merged it)."""
+    loc, w = _history(tmp_path, merge=False)
     rid = sorted(w.regions.values())[0]
     assert region_cache.load(loc.store, rid).wal
     shutil.rmtree(os.path.join(loc.lance_uri, layout.region_dir(rid)))
     time.sleep(0.01)
+    w.write_round(200, puts_per_batch=5)  # other entries at the cached positions (epochs, sentinels)
     w.write_round(12, puts_per_batch=50)
     assert_same_decision(loc, KEEP)
     assert_same_decision(loc, COLLECT)
@@ -286,3 +289,25 @@ def test_nothing_old_enough_skips_lances_cleanup(tmp_path):
     assert r.base_cleanup["skipped"] == "no version old enough"
     r = gc.run_gc(loc, COLLECT)
     assert "skipped" not in r.base_cleanup and r.base_cleanup["old_versions"] > 0
+
+
+def test_a_region_cache_is_used_only_while_its_anchors_hold(tmp_path):
+    """A cache whose lowest WAL entry or lowest manifest version is not the object it recorded
+    (another size or time: deleted by someone else, written again) is not used, even when it
+    parses and its checksum holds; while they hold, it is what the pass knows."""
+    loc, w = _history(tmp_path, cycles=4, merge=False)
+    rid = sorted(w.regions.values())[0]
+    good = region_cache.load(loc.store, rid)
+    assert good.wal and good.manifests is not None
+    forged = region_cache.RegionCache(rid, {p: region_cache.wal.WalEntryMeta(p, 99, None, True, 1) for p in good.wal},
+                                      set(), good.wal_anchor, dict(good.manifests))
+    p, size, mtime = good.wal_anchor
+    forged.wal_anchor = (p, size, mtime + 1)
+    region_cache.save(loc.store, forged)
+    assert_same_decision(loc, KEEP)
+    forged.wal_anchor = good.wal_anchor  # anchored: taken as known (the trust the anchor buys)
+    region_cache.save(loc.store, forged)
+    now = time.time()
+    forget_process()
+    kept = gc.plan_gc(loc, KEEP, now=now).regions[rid].kept
+    assert kept[gc.KeepReason.WAL_FENCE_SENTINEL] >= len(good.wal) - 1
