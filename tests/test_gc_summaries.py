@@ -100,7 +100,7 @@ OPS = st.lists(st.sampled_from(["write", "write", "merge", "config", "gc_collect
                                 "garble", "drop_summaries", "overwrite", "recreate"]), min_size=4, max_size=9)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ops=OPS, garbling=st.sampled_from(["truncate", "bytes", "body"]), which=st.integers(0, 2))
 def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which):
     root = tempfile.mkdtemp(prefix="memwal-gc-summaries-")
