@@ -179,7 +179,7 @@ def _manifests(loc: TableLocation, listing: list[ObjectInfo] | None = None) -> d
     return out
 
 
-def _refs_of(loc: TableLocation, key: str, info: ObjectInfo, scan: LeakScan) -> References | None:
+def _refs_of(loc: TableLocation, key: str, info: ObjectInfo, scan: LeakScan | None) -> References | None:
     """One manifest's references (None: removed by Lance's cleanup since the listing)."""
     ck = (loc.lance_uri, key, info.size, info.mtime)
     with _REFS_LOCK:
@@ -189,7 +189,8 @@ def _refs_of(loc: TableLocation, key: str, info: ObjectInfo, scan: LeakScan) -> 
             raw = loc.store.get(key)
         except NotFound:
             return None
-        scan.manifests_read += 1
+        if scan is not None:
+            scan.manifests_read += 1
         refs = references_of(raw, f"table {loc.lance_uri} manifest {key}")
         with _REFS_LOCK:
             if len(_REFS) >= _REFS_MAX:
@@ -198,7 +199,8 @@ def _refs_of(loc: TableLocation, key: str, info: ObjectInfo, scan: LeakScan) -> 
     return refs
 
 
-def _references(loc: TableLocation, manifests: dict[str, ObjectInfo], scan: LeakScan) -> tuple[set[str], set[str]]:
+def _references(loc: TableLocation, manifests: dict[str, ObjectInfo],
+                scan: LeakScan | None = None) -> tuple[set[str], set[str]]:
     files: set[str] = set()
     uuids: set[str] = set()
     for key, info in manifests.items():
