@@ -73,7 +73,9 @@ def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: 
     try:
         known = _versions(loc, config)
         if not dry_run and known is not None and _nothing_old_enough(known, config):
-            return {"old_versions": 0, "bytes_removed": 0, "skipped": "no version old enough"}, None, known
+            log.info("base-version cleanup not run: no retained version is older than %s",
+                     config.base_cleanup_older_than)
+            return {"old_versions": 0, "bytes_removed": 0}, None, known
         if dry_run:
             base_plan = plan_base_cleanup(loc, config)
             base = {"dry_run": True, "old_versions": len(base_plan.versions), "bytes_removed": base_plan.bytes}
