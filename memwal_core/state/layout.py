@@ -24,6 +24,12 @@ WALLS_DIR = f"{MEMWAL_DIR}/walls"
 UNVERIFIED_DIR = f"{MEMWAL_DIR}/unverified"
 _UNVERIFIED_NAME = re.compile(r"^([0-9a-f]{32})\.json$")
 LIFECYCLE_KEY = f"{MEMWAL_DIR}/lifecycle.json"  # stale-region verdicts (`state/lifecycle.py`)
+# What GC learned of the retained base-table versions, a cache (`jobs/gc/history.py`).
+GC_VERSIONS_KEY = f"{MEMWAL_DIR}/gc_versions.json"
+# The files the retained base-table versions reference, a cache (`jobs/gc/leak_refs.py`).
+GC_REFS_KEY = f"{MEMWAL_DIR}/gc_refs.json"
+# What GC learned of each region's WAL entries and manifest versions, a cache (`jobs/gc/region_cache.py`).
+GC_REGIONS_DIR = f"{MEMWAL_DIR}/gc_regions"
 # The table lease (`state/lease.py`): one object per fencing token, `{token:020d}.json`.
 LEASE_DIR = f"{MEMWAL_DIR}/lease"
 _LEASE_NAME = re.compile(r"^([0-9]{20})\.json$")
@@ -84,6 +90,11 @@ def gc_pending_key(region_id: str) -> str:
     """GC's intent marker for a region: present while (or after) a delete of its WAL entries or
     manifest versions is under way or failed part-way."""
     return f"{GC_PENDING_DIR}/{_checked(region_id)}"
+
+
+def gc_region_cache_key(region_id: str) -> str:
+    """What GC learned of a region's WAL entries and manifest versions (a cache)."""
+    return f"{GC_REGIONS_DIR}/{_checked(region_id)}.json"
 
 
 def wall_key(region_id: str) -> str:

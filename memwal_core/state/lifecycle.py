@@ -124,6 +124,7 @@ class Lifecycle:
     errors: dict[str, str] = field(default_factory=dict)               # regions not classified (transient)
     unrecorded: bool = False  # verdicts or the checked version differ from `_memwal/lifecycle.json`
     new_verdicts: bool = False  # regions classified that the record does not have
+    recorded_checked: int = 0  # the version the record was checked up to (0: no record)
 
     def verdict(self, region_id: str) -> RegionVerdict | None:
         return self.stale.get(region_id)
@@ -360,7 +361,7 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
     _SEEN[loc.lance_uri] = init
     same = rec is not None and known is not None and known.table_version == init.table_version \
         and known.initialized_at == init.initialized_at
-    lc = Lifecycle(init)
+    lc = Lifecycle(init, recorded_checked=known.checked_version if known is not None else 0)
     if same:
         lc.fresh = set(rec.get("fresh", []))
         lc.discarded = dict(rec.get("discarded", {}))
@@ -406,14 +407,19 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
     return lc
 
 
-def save(loc: TableLocation, lc: Lifecycle, *, strict: bool = False, verdicts_only: bool = False) -> None:
+def save(loc: TableLocation, lc: Lifecycle, *, strict: bool = False, verdicts_only: bool = False,
+         refresh_after: int | None = None) -> None:
     """Record `lc` when it says more than the record (a planner assesses without writing; its
     executor saves what the plan found). `strict`: a failed write raises. `verdicts_only`: only
     when regions were classified (not for the checked version alone: GC, which writes no table
-    version and so should not write a record on every pass)."""
-    if lc.new_verdicts if verdicts_only else lc.unrecorded:
+    version and so should not write a record on every pass), or, with `refresh_after`, when the
+    record was checked that many versions ago (every new process reads the versions since)."""
+    behind = lc.init is not None and refresh_after is not None and lc.unrecorded \
+        and lc.init.checked_version - lc.recorded_checked >= refresh_after
+    if (lc.new_verdicts or behind) if verdicts_only else lc.unrecorded:
         _write_record(loc, lc, strict)
         lc.unrecorded = lc.new_verdicts = False
+        lc.recorded_checked = lc.init.checked_version if lc.init is not None else 0
 
 
 def assess_table(loc: TableLocation, *, record: bool = False) -> tuple[Lifecycle, region.RegionReads]:

@@ -167,7 +167,11 @@ class LocalStore:
             if not isinstance(e, (FileNotFoundError, NotADirectoryError)):  # gone, never there, a file: nothing
                 raise StoreError(f"local list {e.filename or base} failed: {type(e).__name__}: {e.strerror or e}")
 
+        root = self.root.rstrip(os.sep) + os.sep
         for dirpath, dirs, files in os.walk(base, onerror=unreadable, followlinks=False):
+            # Keys relative to the root: a prefix cut (os.walk joins below `base`, under the root),
+            # `relpath` otherwise; a listing of thousands of versions spent most of its time there.
+            rel_dir = dirpath[len(root):] + os.sep if dirpath.startswith(root) else None
             for name in dirs + files:
                 full = os.path.join(dirpath, name)
                 try:
@@ -179,7 +183,7 @@ class LocalStore:
                                          f"follows links under a table root; refusing to list {prefix!r}")
                 if name in dirs:
                     continue
-                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
+                rel = (rel_dir + name if rel_dir is not None else os.path.relpath(full, self.root)).replace(os.sep, "/")
                 yield ObjectInfo(rel, st.st_size, st.st_mtime)
 
     def list_dirs(self, prefix: str) -> list[str]:

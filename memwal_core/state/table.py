@@ -260,8 +260,42 @@ def read_memwal_state(loc: TableLocation, version: int | None = None) -> MemWalS
     """Full MemWAL index details of `version` (default: latest)."""
     if version is None:
         version = open_dataset(loc).version
-    where = f"table {loc.lance_uri} version {version}"
-    table_version, indices = parse_index_section(read_manifest_bytes(loc, version), where)
+    return memwal_state_of(read_manifest_bytes(loc, version), f"table {loc.lance_uri} version {version}")
+
+
+def commit_timestamp(raw: bytes) -> float | None:
+    """Lance's `Manifest.timestamp` (field 7, a protobuf Timestamp) of a manifest file's bytes,
+    in epoch seconds to the microsecond (as `LanceDataset.versions()` gives it); None if absent."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    try:
+        (offset,) = struct.unpack_from("<Q", raw, len(raw) - 16)
+        (length,) = struct.unpack_from("<I", raw, offset)
+        head = raw[offset + 4: offset + 4 + length]
+        i = 0
+        while i < len(head):
+            tag, i = varint(head, i)
+            num, wire = tag >> 3, tag & 7
+            if wire == 2:
+                n, i = varint(head, i)
+                if num == 7:
+                    ts = Timestamp.FromString(head[i:i + n])
+                    return ts.seconds + (ts.nanos // 1000) / 1e6
+                i += n
+            elif wire == 0:
+                _, i = varint(head, i)
+            elif wire in (1, 5):
+                i += 8 if wire == 1 else 4
+            else:
+                return None
+    except (struct.error, ValueError, DecodeError):
+        return None
+    return None
+
+
+def memwal_state_of(raw: bytes, where: str) -> MemWalState:
+    """The MemWAL index details in a manifest file's bytes (`MemWalNotInitialized`: none)."""
+    table_version, indices = parse_index_section(raw, where)
     for idx in indices:
         if idx.name == MEMWAL_INDEX_NAME:
             if idx.index_details.type_url != MEMWAL_TYPE_URL:

@@ -13,7 +13,7 @@ so it lists what the real run deletes. Per region:
    - `merged[region]` of the latest table version,
    - `index_catchup[I][region]` for every index I whose catch-up gates GC
      (`MemWalState.gating_indexes`; an index or region absent from `index_catchup` counts as 0),
-   - `merged[region]` of **every retained base-table version** (`ds.versions()`): a reader
+   - `merged[region]` of **every retained base-table version** (`history.py`): a reader
      time-travelling to version v reads the generations newer than v's merged, so they stay.
      A version whose table has no MemWAL index yet needs none.
    - 0 for a sharded region whose routing value no MemWAL index snapshot records yet
@@ -71,7 +71,16 @@ nothing in it is touched; a region whose manifest cannot be read is skipped with
 Planning uses gets and existence probes; the only listings are the region directories (one
 per region, for orphans), the directories about to be deleted (their keys), GC's intent
 markers (one per table), the WAL and manifest directories of marked regions, and the base
-table's `_versions` (`ds.versions()`, through Lance).
+table's `_versions/`.
+
+What a pass learns is kept for the next one, since every run is a new process: the retained
+versions' merge progress and commit times (`history.py`, `_memwal/gc_versions.json`), the files
+they reference (`leak_refs.py`, `_memwal/gc_refs.json`), and per region the WAL entries and
+manifest versions that stay (`region_cache.py`, `_memwal/gc_regions/`). Each is a pure cache,
+checked against what it describes (manifest sizes and times, anchors, GC's intent markers) and
+ignored when missing or garbled, so a pass decides exactly what reading everything again decides
+(`plan_gc(use_summary=False)`) while reading only what is new. Lance's own version cleanup, which
+reads every manifest, is not run while no retained version is old enough for it.
 
 What GC keeps is typed (`holds.py`): every `kept` counter is keyed by a `KeepReason`
 (`kind:why`), and the generations kept above a region's bounds are `Hold`s (which bound, how
@@ -82,7 +91,8 @@ The package: `plan.py` (`plan_gc`, `GcPlan`, per-region planning: generations an
 `wal.py` and `manifests.py` (their rules), `retention.py` (what retained base-table versions
 read), `leaks.py` (leaked files), `base_cleanup.py` (Lance's version cleanup), `execute.py`
 (`execute_gc`), `result.py` (`GcResult`), `run.py` (`run_gc`), `items.py` (`GcItem`, kinds),
-`listing.py` (safe listings inside a region directory).
+`listing.py` (safe listings inside a region directory), `history.py`, `leak_refs.py` and
+`region_cache.py` (what earlier passes learned).
 """
 
 from memwal_core.jobs.gc import leaks

@@ -83,8 +83,9 @@ def plan_base_cleanup(loc: TableLocation, config: GcOptions, *, max_paths: int =
 
 def cleanup_base_versions(loc: TableLocation, config: GcOptions) -> dict[str, int]:
     """Option 5: Lance's own `cleanup_old_versions` (tagged versions are left alone). No version
-    listing here: `ds.versions()` reads every retained manifest, the largest part of a GC pass on
-    a long history, and the plan that follows reads them once anyway (`run_gc` fills in the counts).
+    listing here: the plan that follows lists them anyway (`run_gc` fills in the counts), and
+    `run_gc` does not call this while no retained version is old enough (Lance reads every
+    manifest to find that out).
 
     `older_than` is always passed, at least the retention floor (`GcOptions`): Lance removes a
     version only when it is older than `older_than` *and* not among the newest `retain_versions`

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from memwal_core import faults
 from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
-from memwal_core.jobs.gc import leaks
+from memwal_core.jobs.gc import history, leak_refs, leaks, region_cache
 from memwal_core.jobs.gc.items import GENERATION, LEAKED, LEAKS_KEY, MANIFEST, ORPHAN, WAL, GcError, GcItem
 from memwal_core.jobs.gc.plan import GcPlan, RegionGcPlan
 from memwal_core.jobs.gc.result import GcResult
@@ -115,6 +115,10 @@ def _delete_listed(loc: TableLocation, rp: RegionGcPlan, out: _RegionOutcome) ->
     marker = layout.gc_pending_key(rid)
     if wal_items or manifests:
         store.put(marker, f"GC of region {rid} deleting WAL entries / manifest versions\n".encode())
+        # The cache as it will be after the deletes: while the marker stands, nothing reads it.
+        if rp.cache is not None:
+            region_cache.save(store, rp.cache)
+            rp.cache_changed = False
     _delete(loc, rp.by_kind(GENERATION) + wal_items, out)
     if manifests:
         latest = region.probe_latest_version(store, rid, rp.manifest_version)
@@ -151,6 +155,9 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
         _commit_trim(loc, rp, out)
         _delete_listed(loc, rp, out)
         _delete_orphans(loc, rp, out)
+        if rp.cache is not None and rp.cache_changed:  # nothing of it deleted: as planned
+            region_cache.save(loc.store, rp.cache)
+            rp.cache_changed = False
     except Exception as e:  # noqa: BLE001 - reported per region; the others proceed
         reason = str(e) if isinstance(e, region.RegionError) else f"region {rid}: {type(e).__name__}: {e}"
         permanent = isinstance(e, (layout.UnsafePath, region.CorruptManifest))  # only a repair helps
@@ -187,7 +194,8 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
                       "retained); run GC itself (`run_gc`), which cleans up first and plans after")
     t0 = time.monotonic()
     result = GcResult(plan.table_uri, kept=plan.kept, failures=list(plan.failures))
-    todo = [rp for rp in plan.regions.values() if not rp.error and (rp.items or rp.trim or rp.leftover_scan)]
+    todo = [rp for rp in plan.regions.values()
+            if not rp.error and (rp.items or rp.trim or rp.leftover_scan or rp.cache_changed)]
     workers = max(1, min(plan.config.max_workers, len(todo) or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for out in pool.map(lambda r: _execute_region(loc, r), todo):
@@ -200,6 +208,10 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
     result.leak_scan = dict(plan.leak_scan)
     if plan.leaked:
         _delete_leaked(loc, plan.leaked, result)
+    if plan.history is not None:  # the base-table versions read this pass: not again next pass
+        history.save_summary(loc, plan.history)
+    if plan.leak_refs is not None:  # and what they reference
+        leak_refs.save(loc, plan.leak_refs)
     result.bytes_reclaimed = sum(i.bytes for i in result.deleted)
     result.execute_seconds = time.monotonic() - t0
     return result

@@ -11,7 +11,9 @@ references and keeps anything younger than a grace period.
 
 Plan (`plan_leaks`, read-only):
 1. list `_versions/` and read every manifest there (the retained versions, detached ones
-   included; one GET each, cached per process since versions are immutable): the data files and deletion files of their
+   included; one GET each, cached per process since versions are immutable, and what the
+   versions reference is kept for the next run in `_memwal/gc_refs.json`, `leak_refs.py`, so a
+   manifest is read once): the data files and deletion files of their
    fragments, their transaction file, and the uuids of their indexes. A manifest that cannot be
    read or that carries a field memwal does not know where file references live (a data file in
    another base, a future format) stops the whole scan: nothing is collected (fail closed);
@@ -38,6 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from memwal_core.errors import MemwalError
+from memwal_core.jobs.gc import history, leak_refs
 from memwal_core.jobs.gc.holds import KeepReason
 from memwal_core.state import table
 from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
@@ -88,6 +91,8 @@ class LeakScan:
     list_seconds: float = 0.0  # the four directory listings
     refs_seconds: float = 0.0  # reading the retained manifests (cached ones are free)
     error: str | None = None
+    manifests_read: int = 0  # manifests not known from the summary or this process
+    refs: leak_refs.RefsSummary | None = None  # what the next scan may take as known (changed this scan)
 
 
 def _fields(b: bytes):
@@ -159,9 +164,9 @@ _REFS_LOCK = threading.Lock()
 _REFS_MAX = 100_000
 
 
-def _manifests(loc: TableLocation) -> dict[str, ObjectInfo]:
+def _manifests(loc: TableLocation, listing: list[ObjectInfo] | None = None) -> dict[str, ObjectInfo]:
     out = {}
-    for o in loc.store.list(VERSIONS_DIR):
+    for o in loc.store.list(VERSIONS_DIR) if listing is None else listing:
         name = o.key[len(VERSIONS_DIR) + 1:]
         if not name.endswith(".manifest"):
             continue  # latest_version_hint.json and the like
@@ -174,37 +179,88 @@ def _manifests(loc: TableLocation) -> dict[str, ObjectInfo]:
     return out
 
 
-def _references(loc: TableLocation, manifests: dict[str, ObjectInfo]) -> tuple[set[str], set[str]]:
+def _refs_of(loc: TableLocation, key: str, info: ObjectInfo, scan: LeakScan | None) -> References | None:
+    """One manifest's references (None: removed by Lance's cleanup since the listing)."""
+    ck = (loc.lance_uri, key, info.size, info.mtime)
+    with _REFS_LOCK:
+        refs = _REFS.get(ck)
+    if refs is None:
+        try:
+            raw = loc.store.get(key)
+        except NotFound:
+            return None
+        if scan is not None:
+            scan.manifests_read += 1
+        refs = references_of(raw, f"table {loc.lance_uri} manifest {key}")
+        with _REFS_LOCK:
+            if len(_REFS) >= _REFS_MAX:
+                _REFS.clear()
+            _REFS[ck] = refs
+    return refs
+
+
+def _references(loc: TableLocation, manifests: dict[str, ObjectInfo],
+                scan: LeakScan | None = None) -> tuple[set[str], set[str]]:
     files: set[str] = set()
     uuids: set[str] = set()
     for key, info in manifests.items():
-        ck = (loc.lance_uri, key, info.size, info.mtime)
-        with _REFS_LOCK:
-            refs = _REFS.get(ck)
-        if refs is None:
-            try:
-                raw = loc.store.get(key)
-            except NotFound:
-                continue  # removed by Lance's cleanup since the listing: no longer retained
-            refs = references_of(raw, f"table {loc.lance_uri} manifest {key}")
-            with _REFS_LOCK:
-                if len(_REFS) >= _REFS_MAX:
-                    _REFS.clear()
-                _REFS[ck] = refs
-        files |= refs.files
-        uuids |= refs.index_uuids
+        refs = _refs_of(loc, key, info, scan)
+        if refs is not None:
+            files |= refs.files
+            uuids |= refs.index_uuids
     return files, uuids
 
 
-def plan_leaks(loc: TableLocation, now: float, grace_seconds: float) -> LeakScan:
-    """Leaked files older than `grace_seconds` (see the module docstring); reads only."""
+def _retained_references(loc: TableLocation, manifests: dict[str, ObjectInfo], scan: LeakScan,
+                         use_summary: bool) -> tuple[set[str], set[str]]:
+    """What the listed manifests reference: the versions' from the summary (`leak_refs.py`) and
+    the manifests it does not know, read; detached versions are read (or taken from this process)."""
+    attached: dict[int, tuple[str, ObjectInfo]] = {}
+    other: dict[str, ObjectInfo] = {}
+    for key, info in manifests.items():
+        v = history.version_of(key)
+        if v is not None and v in attached:  # both namings: Lance's V2 one is recorded, the other read
+            if key == table.manifest_keys(v)[0]:
+                other[attached[v][0]] = attached[v][1]
+                attached[v] = (key, info)
+            else:
+                other[key] = info
+        elif v is not None:
+            attached[v] = (key, info)
+        else:
+            other[key] = info
+    summary = leak_refs.load(loc) if use_summary else None
+    changed = not leak_refs.usable(summary, {v: i for v, (_, i) in attached.items()})
+    if changed:
+        summary = leak_refs.RefsSummary()
+    for v in sorted(attached):
+        if v not in summary.versions:
+            key, info = attached[v]
+            refs = _refs_of(loc, key, info, scan)
+            if refs is not None:
+                summary.add(v, info, refs.files, refs.index_uuids)
+                changed = True
+    retained = sorted(v for v in attached if v in summary.versions)
+    files, uuids = summary.referenced(retained)
+    more_files, more_uuids = _references(loc, other, scan)
+    if summary.prune(retained) or changed:
+        scan.refs = summary
+    return files | more_files, uuids | more_uuids
+
+
+def plan_leaks(loc: TableLocation, now: float, grace_seconds: float, *, use_summary: bool = True,
+               versions_listing: list[ObjectInfo] | None = None) -> LeakScan:
+    """Leaked files older than `grace_seconds` (see the module docstring); reads only.
+    `use_summary=False`: read every manifest this process has not read (ignore `leak_refs.py`).
+    `versions_listing`: step 1's listing of `_versions/`, taken earlier by the caller (a version
+    committed since is found by step 3 like one committed during the scan)."""
     scan = LeakScan()
     try:
         t0 = time.monotonic()
-        manifests = _manifests(loc)
+        manifests = _manifests(loc, versions_listing)
         if not manifests:
             raise LeakScanError("no manifest under _versions/")
-        files, uuids = _references(loc, manifests)
+        files, uuids = _retained_references(loc, manifests, scan, use_summary)
         scan.versions = len(manifests)
         scan.refs_seconds = time.monotonic() - t0
         t0 = time.monotonic()
@@ -213,7 +269,7 @@ def plan_leaks(loc: TableLocation, now: float, grace_seconds: float) -> LeakScan
         # A version committed while the directories were listed: its references count too.
         later = {k: o for k, o in _manifests(loc).items() if k not in manifests}
         if later:
-            more_files, more_uuids = _references(loc, later)
+            more_files, more_uuids = _references(loc, later, scan)
             files |= more_files
             uuids |= more_uuids
             scan.versions += len(later)

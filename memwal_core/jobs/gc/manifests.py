@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
+from memwal_core.jobs.gc import region_cache
 from memwal_core.jobs.gc.holds import KeepReason
 from memwal_core.jobs.gc.items import MANIFEST, GcItem
 from memwal_core.jobs.gc.listing import list_dir
@@ -24,19 +25,20 @@ class ManifestPlan:
     lowest_kept_version: int = 0
     items: list[GcItem] = field(default_factory=list)
     kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
+    existing: dict[int, ObjectInfo] = field(default_factory=dict)  # the versions at or below the cut found
 
 
-def _candidates(loc: TableLocation, rid: str, first_candidate: int,
-                leftover_scan: bool) -> list[tuple[int, ObjectInfo]]:
+def _candidates(loc: TableLocation, rid: str, first_candidate: int, leftover_scan: bool,
+                cache: region_cache.Checked | None = None) -> list[tuple[int, ObjectInfo]]:
     """The versions at or below `first_candidate` that exist, oldest first: probed down to the
     first missing one (earlier runs deleted from there down) and, for a region whose last delete
     may have left survivors below that hole, one listing of the (small: retained and young
-    versions) manifest directory."""
+    versions) manifest directory. Versions `cache` knows are not probed again."""
     store = loc.store
     existing: list[tuple[int, ObjectInfo]] = []
     v = first_candidate
     while v >= 1:
-        info = store.head(layout.manifest_key(rid, v))
+        info = (cache.manifest_info(v) if cache is not None else None) or store.head(layout.manifest_key(rid, v))
         if info is None:
             break  # a hole: earlier runs deleted from here down
         existing.append((v, info))
@@ -55,13 +57,14 @@ def _candidates(loc: TableLocation, rid: str, first_candidate: int,
 
 
 def plan_manifests(loc: TableLocation, m: region.RegionManifest, config: GcOptions, now: float, *,
-                   leftover_scan: bool) -> ManifestPlan:
+                   leftover_scan: bool, cache: region_cache.Checked | None = None) -> ManifestPlan:
     rid, latest = m.region_id, m.version
     out = ManifestPlan(hint=region.read_version_hint(loc.store, rid))
     first_candidate = latest - config.manifest_retention
     out.kept[KeepReason.MANIFEST_LATEST] += 1
     out.kept[KeepReason.MANIFEST_RETENTION_COUNT] += min(config.manifest_retention, latest) - 1
-    existing = _candidates(loc, rid, first_candidate, leftover_scan)
+    existing = _candidates(loc, rid, first_candidate, leftover_scan, cache)
+    out.existing = dict(existing)
     lowest_kept = latest
     for i, (v, info) in enumerate(existing):
         age = now - info.mtime

@@ -17,8 +17,9 @@ from typing import Any
 
 from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
-from memwal_core.jobs.gc import leaks
+from memwal_core.jobs.gc import leak_refs, leaks, region_cache
 from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan
+from memwal_core.jobs.gc.history import VersionHistory
 from memwal_core.jobs.gc.holds import Bound, GcHold, Hold, KeepReason, readable, summarize_holds
 from memwal_core.jobs.gc.items import GENERATION, KINDS, LEAKED, LEAKS_KEY, ORPHAN, GcError, GcItem
 from memwal_core.jobs.gc.listing import list_dir
@@ -53,6 +54,10 @@ class RegionGcPlan:
     leftover_scan: bool = False  # a marker said an earlier delete may have left survivors
     failure: RegionFailure | None = None  # the region cannot be planned: nothing is collected in it
     holds: list[Hold] = field(default_factory=list)  # its generations kept above a bound, per bound
+    # What the next pass may take as known of its WAL and manifest versions (`region_cache.py`),
+    # as it will be after this plan's deletes; written by execution.
+    cache: region_cache.RegionCache | None = None
+    cache_changed: bool = False
 
     @property
     def error(self) -> str | None:
@@ -81,6 +86,8 @@ class GcPlan:
     leak_scan: dict[str, Any] = field(default_factory=dict)  # its cost and what it kept (readable keys)
     leak_kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
     lifecycle: lifecycle.Lifecycle | None = None  # stale-region verdicts the plan used
+    history: VersionHistory | None = None  # how the retained versions were learned (`history.py`)
+    leak_refs: leak_refs.RefsSummary | None = None  # what they reference, when learned anew (`leak_refs.py`)
 
     @property
     def region_errors(self) -> dict[str, str]:
@@ -127,6 +134,7 @@ class GcPlan:
             "holds": [asdict(h) | {"text": h.describe()} for h in self.holds],
             "base_cleanup": self.base_cleanup.to_dict() if self.base_cleanup is not None else None,
             "leak_scan": dict(self.leak_scan),
+            "version_history": self.history.to_dict() if self.history is not None else None,
         }
 
 
@@ -148,6 +156,7 @@ class _Context:
     # Per region, the generation below the first one of a merge commit not verified yet; None:
     # the markers could not be read, so every region is held that way (at 0).
     unverified: dict[str, int] | None = field(default_factory=dict)
+    use_cache: bool = True  # what earlier passes learned of the regions (`region_cache.py`)
 
 
 def _stale_limit(ctx: _Context, rid: str) -> int:
@@ -240,18 +249,26 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     _plan_generations(ctx, rp, m, listed, bounds, verdict)
     kept_listed = {g.generation for g, _ in listed} - {g for g, _ in rp.trim}
 
+    # What earlier passes learned of its WAL entries and manifest versions (not while a delete
+    # may have failed part-way: then the region is read in full, below its holes too).
+    cache = region_cache.Checked(ctx.loc.store, None if rp.leftover_scan or not ctx.use_cache
+                                 else region_cache.load(ctx.loc.store, rid))
+
     # 2. WAL entries
     wal_plan = plan_wal(ctx.loc, m, rp.limit, kept_listed, keep_current_epoch=ctx.config.keep_current_epoch_wal,
-                        leftover_scan=rp.leftover_scan)
+                        leftover_scan=rp.leftover_scan, cache=cache)
     rp.wal_tail = wal_plan.tail
     rp.items += wal_plan.items
     rp.kept.update(wal_plan.kept)
 
     # 3. old manifest versions
-    manifest_plan = plan_manifests(ctx.loc, m, ctx.config, ctx.now, leftover_scan=rp.leftover_scan)
+    manifest_plan = plan_manifests(ctx.loc, m, ctx.config, ctx.now, leftover_scan=rp.leftover_scan, cache=cache)
     rp.hint, rp.lowest_kept_version = manifest_plan.hint, manifest_plan.lowest_kept_version
     rp.items += manifest_plan.items
     rp.kept.update(manifest_plan.kept)
+    rp.cache = region_cache.after_pass(cache, rid, wal_plan.metas, {i.number for i in wal_plan.items},
+                                       manifest_plan.existing, {i.number for i in manifest_plan.items})
+    rp.cache_changed = rp.cache != cache.cache
 
     # 4. orphan directories
     _plan_orphans(ctx, rp, m, {g.path for g, _ in listed})
@@ -346,9 +363,13 @@ def _pending(loc: TableLocation) -> set[str]:
 
 
 def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
-            now: float | None = None, base_cleanup: BaseCleanupPlan | None = None) -> GcPlan:
+            now: float | None = None, base_cleanup: BaseCleanupPlan | None = None,
+            use_summary: bool = True, history: VersionHistory | None = None) -> GcPlan:
     """What GC would delete, and why; reads only. `base_cleanup`: plan as if its base-table
-    versions were removed already (what the real run's cleanup does before it plans)."""
+    versions were removed already (what the real run's cleanup does before it plans).
+    `use_summary=False`: read every retained version's manifest and every region in full,
+    ignoring what earlier passes learned (`history.py`, `region_cache.py`); `history`: what this
+    pass learned of the versions already (checked again)."""
     config = config or GcOptions()
     now = time.time() if now is None else now
     ds = table.open_dataset(loc)
@@ -359,7 +380,7 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     gone = frozenset(base_cleanup.versions) if base_cleanup is not None else frozenset()
     if ds.version in gone:  # Lance never removes the latest version; a plan saying so is wrong
         raise GcError(f"base cleanup plan removes the latest table version {ds.version}")
-    retention = read_retention(loc, ds, gone)
+    retention = read_retention(loc, gone, use_summary=use_summary, earlier=history, max_workers=config.max_workers)
     # Manifests are read after the table state: merge progress only grows, so a merge landing
     # in between can only make the limits computed above conservative.
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
@@ -368,13 +389,13 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
                    unrecorded_regions(loc, state, loaded.manifests),
                    [s.spec_id for s in state.details.region_specs],
                    lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False),
-                   _unverified(loc))
+                   _unverified(loc), use_cache=use_summary)
     plans = _plan_regions(ctx, loaded)
     failures = [rp.failure for rp in plans.values() if rp.failure is not None]
     plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, failures, base_cleanup,
-                  lifecycle=ctx.stale)
+                  lifecycle=ctx.stale, history=retention.history)
     if config.collect_leaked_files and regions is None:
-        _plan_leaks(loc, plan, now)
+        _plan_leaks(loc, plan, now, use_summary)
     return plan
 
 
@@ -404,9 +425,12 @@ def _plan_regions(ctx: _Context, loaded: region.RegionReads) -> dict[str, Region
     return plans
 
 
-def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float) -> None:
-    scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace)
-    plan.leak_scan = {"versions_read": scan.versions, "files_listed": scan.files_listed,
+def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float, use_summary: bool) -> None:
+    listing = plan.history.listing if plan.history is not None and plan.base_cleanup is None else None
+    scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace, use_summary=use_summary, versions_listing=listing)
+    plan.leak_refs = scan.refs
+    plan.leak_scan = {"versions_read": scan.versions, "manifests_read": scan.manifests_read,
+                      "files_listed": scan.files_listed,
                       "list_seconds": round(scan.list_seconds, 3), "refs_seconds": round(scan.refs_seconds, 3),
                       "kept": readable(scan.kept)}
     plan.leak_kept = collections.Counter(scan.kept)

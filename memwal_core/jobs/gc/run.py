@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from memwal_core.errors import one_line
 from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan, cleanup_base_versions, plan_base_cleanup
+from memwal_core.jobs.gc import history
 from memwal_core.jobs.gc.execute import execute_gc
 from memwal_core.jobs.gc.plan import plan_gc
 from memwal_core.jobs.gc.result import GcResult
@@ -18,6 +19,11 @@ from memwal_core.state import lease, lifecycle
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.gc")
+
+# The lifecycle record (`state/lifecycle.py`) tells a new process up to which table version the
+# MemWAL initialization was verified; the merger advances it with its commits. GC advances it too
+# once it is this many versions behind (a table merged elsewhere, or compacted and indexed often).
+LIFECYCLE_REFRESH = 64
 
 
 @lease.step("gc")
@@ -28,9 +34,9 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     those versions were gone; `result.plan` lists what would be deleted."""
     config = config or GcOptions()
     discarded = _discard_expired(loc, config, dry_run)
-    base, base_plan = _clean_base(loc, config, dry_run, progress)
+    base, base_plan, known = _clean_base(loc, config, dry_run, progress)
     t0 = time.monotonic()
-    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan)
+    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan, history=known)
     plan_s = time.monotonic() - t0
     if progress:
         progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.failures)} region errors")
@@ -39,8 +45,9 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
                           leak_scan=dict(plan.leak_scan))
     else:
         result = execute_gc(loc, plan)
-        if plan.lifecycle is not None:  # regions classified for the first time: not again next pass
-            lifecycle.save(loc, plan.lifecycle, verdicts_only=True)
+        if plan.lifecycle is not None:  # regions classified for the first time: not again next pass;
+            # the versions verified since the record, every LIFECYCLE_REFRESH versions
+            lifecycle.save(loc, plan.lifecycle, verdicts_only=True, refresh_after=LIFECYCLE_REFRESH)
     if base is not None and "error" not in base:  # as the plan read them, right after the cleanup
         base["versions_after"] = len(plan.retained_versions)
         base["versions_before"] = base["versions_after"] + base["old_versions"]
@@ -54,14 +61,21 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
 
 
 def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: Callable[[str], None] | None
-                ) -> tuple[dict[str, Any] | None, BaseCleanupPlan | None]:
+                ) -> tuple[dict[str, Any] | None, BaseCleanupPlan | None, history.VersionHistory | None]:
     """The base-version cleanup (a dry run: its plan, for GC to plan as if it had run): what it
     did for the result (None: not configured, or skipped; `error`: it failed, and GC plans on
-    every version as retained, which stays safe)."""
+    every version as retained, which stays safe), and the retained versions when they were read
+    to find that no version is old enough for it (Lance's cleanup reads every manifest)."""
     if not (config.base_cleanup and (dry_run or _record_stale(loc))):
-        return None, None
+        return None, None, None
     base_plan: BaseCleanupPlan | None = None
+    known: history.VersionHistory | None = None
     try:
+        known = _versions(loc, config)
+        if not dry_run and known is not None and _nothing_old_enough(known, config):
+            log.info("base-version cleanup not run: no retained version is older than %s",
+                     config.base_cleanup_older_than)
+            return {"old_versions": 0, "bytes_removed": 0}, None, known
         if dry_run:
             base_plan = plan_base_cleanup(loc, config)
             base = {"dry_run": True, "old_versions": len(base_plan.versions), "bytes_removed": base_plan.bytes}
@@ -73,7 +87,28 @@ def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: 
     except Exception as e:  # noqa: BLE001 - planning below stays safe: it reads what is retained
         base = {"error": one_line(e)}
         log.warning("base table version cleanup failed, collecting without it: %s", base["error"])
-    return base, base_plan
+    return base, base_plan, known
+
+
+def _versions(loc: TableLocation, config: GcOptions) -> history.VersionHistory | None:
+    """The retained versions (`history.py`), or None when they cannot be read (the cleanup runs)."""
+    try:
+        return history.read_history(loc, max_workers=config.max_workers)
+    except Exception as e:  # noqa: BLE001 - only an optimization; planning reads them again
+        log.info("retained versions not read before the base-version cleanup: %s", one_line(e))
+        return None
+
+
+def _nothing_old_enough(known: history.VersionHistory, config: GcOptions) -> bool:
+    """Whether no retained version is older than the cleanup's age: then Lance's cleanup, which
+    reads every manifest, would remove no version (by age and by count alike it removes only
+    versions older than that), and is not run. The unreferenced files it would also remove once a
+    week old are GC's leak scan's (`leaks.py`)."""
+    older_than = config.base_cleanup_older_than
+    stamps = [f.stamp for f in known.facts.values()]
+    if older_than is None or not stamps or None in stamps:
+        return False
+    return min(stamps) > time.time() - older_than.total_seconds()
 
 
 def _record_stale(loc: TableLocation) -> bool:

@@ -12,6 +12,7 @@ import collections
 import logging
 from dataclasses import dataclass, field
 
+from memwal_core.jobs.gc import region_cache
 from memwal_core.jobs.gc.holds import KeepReason
 from memwal_core.jobs.gc.items import WAL, GcItem
 from memwal_core.jobs.gc.listing import listed_positions
@@ -28,6 +29,7 @@ class WalPlan:
     tail: int = 0
     items: list[GcItem] = field(default_factory=list)
     kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
+    metas: dict[int, wal.WalEntryMeta | None] = field(default_factory=dict)  # what the scan knew (None: missing)
 
 
 def covered_position(store, rid: str, m: region.RegionManifest, bound: int) -> tuple[int, int | None]:
@@ -96,8 +98,9 @@ class _Scan:
     """Classifies one region's WAL entries below the cut into `out` (entry metadata read once)."""
 
     def __init__(self, loc: TableLocation, m: region.RegionManifest, limit: int, kept_listed: set[int],
-                 keep_current_epoch: bool, out: WalPlan):
+                 keep_current_epoch: bool, out: WalPlan, cache: region_cache.Checked | None = None):
         self.loc, self.store, self.m, self.rid, self.out = loc, loc.store, m, m.region_id, out
+        self.cache = cache
         self.limit, self.kept_listed, self.keep_current_epoch = limit, kept_listed, keep_current_epoch
         self.replay_after = m.message.replay_after_wal_entry_position
         # Entries without a `generation` in their metadata (Lance 13, LanceDB 0.40) are decided
@@ -105,7 +108,7 @@ class _Scan:
         # collectable now (<= limit, < current_generation) and none of which is still listed as kept.
         self.nogen_bound = min([limit, m.current_generation - 1] + [g - 1 for g in kept_listed])
         self._nogen_cut: int | None = None  # found once, on the first such entry: pylance 14 tables never need it
-        self._metas: dict[int, wal.WalEntryMeta | None] = {}
+        self._metas = out.metas
 
     def nogen_cut(self) -> int:
         if self._nogen_cut is None:
@@ -114,7 +117,11 @@ class _Scan:
         return self._nogen_cut
 
     def meta(self, p: int) -> wal.WalEntryMeta | None:
-        """Entry metadata; None when the position does not exist."""
+        """Entry metadata; None when the position does not exist (known from the cache, or read)."""
+        if p not in self._metas and self.cache is not None:
+            known, got = self.cache.wal_meta(p)
+            if known:
+                self._metas[p] = got
         if p not in self._metas:
             try:
                 self._metas[p] = wal.read_entry_meta(self.store, self.rid, p)
@@ -190,10 +197,11 @@ class _Scan:
 
 
 def plan_wal(loc: TableLocation, m: region.RegionManifest, limit: int, kept_listed: set[int], *,
-             keep_current_epoch: bool, leftover_scan: bool) -> WalPlan:
+             keep_current_epoch: bool, leftover_scan: bool, cache: region_cache.Checked | None = None) -> WalPlan:
     """The WAL entries of region `m.region_id` GC deletes: covered (at or below
     `replay_after_wal_entry_position`, below the tail) entries of generations <= `limit` that are
-    not listed any more (`kept_listed`: the generations the manifest keeps listing)."""
+    not listed any more (`kept_listed`: the generations the manifest keeps listing). `cache`: what
+    earlier passes learned of the entries (`region_cache.py`), instead of reading them again."""
     out = WalPlan()
     replay_after = m.message.replay_after_wal_entry_position
     out.tail = tail = _tail(loc.store, m)
@@ -205,7 +213,7 @@ def plan_wal(loc: TableLocation, m: region.RegionManifest, limit: int, kept_list
     cut = min(replay_after, tail - 1)
     if cut < 1:
         return out
-    scan = _Scan(loc, m, limit, kept_listed, keep_current_epoch, out)
+    scan = _Scan(loc, m, limit, kept_listed, keep_current_epoch, out, cache)
     hole = scan.walk_down(scan.skip_current_epoch(cut))
     if hole > 1 and leftover_scan:
         scan.below_hole(hole, layout.region_dir(m.region_id))

@@ -1,0 +1,145 @@
+"""Benchmark: GC pass time as history grows, with the shipped retention (base versions kept a week).
+
+A real pylance table (bucket-sharded, `--regions` regions). Every cycle: pylance `ShardWriter`s
+flush a generation per region (`--rows` operations), one commit records them as merged (an
+empty `merge_insert` marking them, the merger's commit without rows), `--extra-versions` more
+table versions are committed (standing for compaction, index catch-up and the MemWAL index
+snapshot: `update_config`), then one GC pass with the default `GcOptions` runs. Nothing is ever
+old enough for the base-version cleanup, so every version stays retained and holds every
+generation: nothing is collected, and each pass sees all of the history.
+
+Every GC run is a new process in a deployment (CLI, Dagster run), so before each timed pass the
+in-process caches are emptied (`leaks._REFS`, the lifecycle's `_SEEN`); what carries over from one
+pass to the next is only what GC keeps on the store (`_memwal/gc_versions.json`,
+`_memwal/gc_refs.json`, `_memwal/gc_regions/`).
+
+Measured: the pass time (`run_gc`), median of the first and of the last `--window` cycles, and
+the baseline in the same run: a **full-read pass** (those summaries removed first, so every
+retained manifest, WAL entry and manifest version is read again, as before they existed), `--reps`
+times right after the first window and at the end. Also counted: GETs per pass at the end.
+
+usage: python bench/gc_history.py [--cycles 1000] [--quick]
+Prints `RESULT gc_history ... pass_last_over_first=R full_last_over_first=F last_full_over_cached=S`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pyarrow as pa  # noqa: E402
+from common import median, print_machine, ratio, result, say, workdir  # noqa: E402
+from lance.mem_wal import CompactedSsTable  # noqa: E402
+
+from memwal_core.jobs import gc  # noqa: E402
+from memwal_core.jobs.gc import leaks  # noqa: E402
+from memwal_core.state import layout, lifecycle, region, table  # noqa: E402
+from memwal_core.state.store import open_store  # noqa: E402
+from memwal_core.tools import demo  # noqa: E402
+
+
+def mark_merged(loc, regions: list[str]) -> None:
+    """One commit recording every flushed generation as merged (no rows)."""
+    ds = table.open_dataset(loc)
+    merged = table.read_memwal_state(loc, ds.version).merged
+    progress = {rid: region.load_latest(loc.store, rid).current_generation - 1 for rid in regions}
+    marks = [CompactedSsTable(rid, g) for rid, g in sorted(progress.items()) if g > merged.get(rid, 0)]
+    if marks:
+        empty = pa.table({f.name: pa.array([], f.type) for f in ds.schema}, schema=ds.schema)
+        ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all() \
+            .mark_sstables_as_compacted(marks).execute(empty)
+
+
+def forget_process() -> None:
+    """What a new process would not know."""
+    leaks._REFS.clear()
+    lifecycle._SEEN.clear()
+
+
+def forget_store(loc) -> None:
+    """What GC keeps on the store between passes (the full-read baseline starts without it)."""
+    loc.store.delete_many([layout.GC_VERSIONS_KEY, layout.GC_REFS_KEY]
+                          + [o.key for o in loc.store.list(layout.GC_REGIONS_DIR)])
+
+
+def gc_pass(loc, *, full: bool = False) -> tuple[float, gc.GcResult]:
+    forget_process()
+    if full:
+        forget_store(loc)
+    t = time.perf_counter()
+    r = gc.run_gc(loc)
+    s = time.perf_counter() - t
+    if r.region_errors:
+        raise SystemExit(f"GC failed: {r.region_errors}")
+    return s, r
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cycles", type=int, default=1000)
+    p.add_argument("--regions", type=int, default=2)
+    p.add_argument("--rows", type=int, default=40, help="operations per cycle (over all regions)")
+    p.add_argument("--extra-versions", type=int, default=3, help="table versions per cycle besides the merge")
+    p.add_argument("--window", type=int, default=50)
+    p.add_argument("--reps", type=int, default=5, help="full-read passes per checkpoint")
+    p.add_argument("--workdir")
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    if a.quick:
+        a.cycles, a.window, a.reps = 40, 10, 3
+    window = max(1, min(a.window, a.cycles // 4))
+    print_machine("gc_history", a)
+    base = workdir("gc-history", a.workdir)
+    try:
+        return run(a, base, window)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(a, base: str, window: int) -> int:
+    loc = open_store(os.path.join(base, "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=1000)
+    w = demo.Workload(loc, seed=3, key_space=10**6, max_memtable_rows=max(1000, a.rows * 4))
+    passes: list[float] = []
+    full: dict[str, list[float]] = {}
+    t0 = time.monotonic()
+    for cycle in range(1, a.cycles + 1):
+        w.write_round(a.rows, overwrite=0.3, delete=0.05, puts_per_batch=50)
+        mark_merged(loc, sorted(w.regions.values()))
+        ds = table.open_dataset(loc)
+        for i in range(a.extra_versions):
+            ds.update_config({"bench.cycle": f"{cycle}.{i}"})
+        s, r = gc_pass(loc)
+        passes.append(s)
+        if r.deleted_objects:
+            raise SystemExit(f"cycle {cycle}: GC deleted {r.deleted_objects} objects; nothing is old enough")
+        if cycle == window or cycle == a.cycles:
+            key = "first" if cycle == window else "last"
+            full[key] = [gc_pass(loc, full=True)[0] for _ in range(a.reps)]
+            gc_pass(loc)  # back to what the summaries know
+        if cycle % 50 == 0 or cycle == a.cycles:
+            say(f"cycle {cycle}/{a.cycles} ({time.monotonic() - t0:.0f} s): GC {s * 1e3:.0f} ms, "
+                f"{r.retained_versions} base versions retained, history {r.plan.history.to_dict()}")
+    loc.store.stats.clear()
+    last_s, last = gc_pass(loc)
+    gets = dict(loc.store.stats)
+    wal_entries = sum(1 for rid in w.regions.values() for o in loc.store.list(layout.wal_dir(rid)))
+    manifest_versions = sum(1 for rid in w.regions.values() for o in loc.store.list(layout.manifest_dir(rid)))
+    first_w, last_w = median(passes[:window]), median(passes[-window:])
+    result("gc_history", cycles=a.cycles, regions=a.regions, window=window,
+           base_versions=last.retained_versions, wal_entries=wal_entries, manifest_versions=manifest_versions,
+           pass_first_s=first_w, pass_last_s=last_w, pass_last_over_first=ratio(last_w, first_w),
+           full_first_s=median(full["first"]), full_last_s=median(full["last"]),
+           full_last_over_first=ratio(median(full["last"]), median(full["first"])),
+           last_full_over_cached=ratio(median(full["last"]), last_w),
+           requests_last_pass="/".join(f"{k}:{v}" for k, v in sorted(gets.items())),
+           seconds=round(time.monotonic() - t0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""What GC keeps between passes (`jobs/gc/history.py`, `leak_refs.py`, `region_cache.py`) is a
+pure cache: whatever happened to the table, the summaries or the regions since it was written,
+a plan made with it decides exactly what a plan that reads every manifest, WAL entry and
+manifest version again decides (the same items, kept counters, limits, holds and retained
+versions), and a pass reads only what it does not know yet."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lance.mem_wal import CompactedSsTable
+
+from memwal_core.jobs import gc
+from memwal_core.jobs.gc import history, leak_refs, leaks, region_cache
+from memwal_core.state import layout, lifecycle, region, table
+from memwal_core.state.store import open_store
+from memwal_core.tools import demo
+
+# GC that collects: every base version but the newest few cleaned up, manifests and leaks at any age.
+COLLECT = gc.GcOptions(cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0,
+                       cleanup_base_versions_retain=3, manifest_retention=2, manifest_min_age_seconds=0,
+                       orphan_grace_seconds=0, leaked_file_grace_seconds=0)
+KEEP = gc.GcOptions()  # the shipped retention: nothing is old enough, every version holds its generations
+SUMMARIES = (layout.GC_VERSIONS_KEY, layout.GC_REFS_KEY)
+
+
+def new_table(path: str, regions: int = 2):
+    loc = open_store(path)
+    demo.create_table(loc, sharding="bucket", num_buckets=regions, base_rows=20)
+    return loc, demo.Workload(loc, seed=5, key_space=10**6, max_memtable_rows=1000)
+
+
+def mark_merged(loc, w) -> None:
+    """A commit recording every flushed generation as merged (the merger's, without rows)."""
+    ds = table.open_dataset(loc)
+    merged = table.read_memwal_state(loc, ds.version).merged
+    marks = [CompactedSsTable(rid, g) for rid in sorted(w.regions.values())
+             if (g := region.load_latest(loc.store, rid).current_generation - 1) > merged.get(rid, 0)]
+    if marks:
+        empty = pa.table({f.name: pa.array([], f.type) for f in ds.schema}, schema=ds.schema)
+        ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all() \
+            .mark_sstables_as_compacted(marks).execute(empty)
+
+
+def forget_process() -> None:
+    """A new process: nothing learned in memory."""
+    leaks._REFS.clear()
+    lifecycle._SEEN.clear()
+
+
+def decision(plan: gc.GcPlan) -> dict:
+    return {"items": sorted(json.dumps(i.to_dict(), sort_keys=True) for i in plan.items),
+            "kept": dict(plan.kept), "limits": {r: p.limit for r, p in plan.regions.items()},
+            "retained": plan.retained_versions, "holds": plan.holds, "errors": plan.region_errors}
+
+
+def assert_same_decision(loc, config: gc.GcOptions) -> gc.GcPlan:
+    """The plan with what earlier passes learned equals the plan that reads everything again."""
+    now = time.time()
+    forget_process()
+    cached = gc.plan_gc(loc, config, now=now)
+    forget_process()
+    full = gc.plan_gc(loc, config, now=now, use_summary=False)
+    assert decision(cached) == decision(full)
+    return cached
+
+
+def overwrite(loc) -> None:
+    """A new lifetime: the overwrite drops the MemWAL index, which is initialized again."""
+    lance.write_dataset(table.open_dataset(loc).to_table(), loc.lance_uri, mode="overwrite")
+    table.open_dataset(loc).initialize_mem_wal(bucket_column="id", num_buckets=2)
+
+
+def garble(loc, key: str, how: str) -> None:
+    raw = loc.store.get(key)
+    if how == "truncate":
+        loc.store.put(key, raw[: len(raw) // 2])
+    elif how == "bytes":
+        loc.store.put(key, b"\x00\xff not json")
+    else:  # valid JSON, a body changed without its checksum: a lower merge progress, a forged run
+        doc = json.loads(raw)
+        doc["body"] = doc["body"].replace("1", "2", 1)
+        loc.store.put(key, json.dumps(doc).encode())
+
+
+# ------------------------------------------------------------------------------------------------
+# The property: random histories, GC passes among them, the cached plan always equals a full read.
+
+OPS = st.lists(st.sampled_from(["write", "write", "merge", "config", "gc_collect", "gc_keep", "cleanup_elsewhere",
+                                "garble", "drop_summaries", "overwrite", "recreate"]), min_size=4, max_size=9)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=OPS, garbling=st.sampled_from(["truncate", "bytes", "body"]), which=st.integers(0, 2))
+def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which):
+    root = tempfile.mkdtemp(prefix="memwal-gc-summaries-")
+    try:
+        loc, w = new_table(os.path.join(root, "t"))
+        for op in ops:
+            if op == "write":
+                w.write_round(12, puts_per_batch=50)
+            elif op == "merge":
+                mark_merged(loc, w)
+            elif op == "config":
+                table.open_dataset(loc).update_config({"k": str(time.time())})
+            elif op in ("gc_collect", "gc_keep"):
+                forget_process()
+                gc.run_gc(loc, COLLECT if op == "gc_collect" else KEEP)
+            elif op == "cleanup_elsewhere":  # another process's cleanup, GC not told
+                table.open_dataset(loc).cleanup_old_versions(older_than=timedelta(0), retain_versions=2,
+                                                             error_if_tagged_old_versions=False)
+            elif op == "garble":
+                keys = [k for k in SUMMARIES + tuple(o.key for o in loc.store.list(layout.GC_REGIONS_DIR))
+                        if loc.store.exists(k)]
+                if keys:
+                    garble(loc, keys[which % len(keys)], garbling)
+            elif op == "drop_summaries":
+                loc.store.delete_many(list(SUMMARIES))
+            elif op == "overwrite":  # a new lifetime: the MemWAL index dropped, initialized again
+                overwrite(loc)
+            elif op == "recreate":  # the table removed and created again at the same URI, _memwal/ left
+                for d in ("_versions", "data", "_transactions", "_deletions", "_indices"):
+                    shutil.rmtree(os.path.join(loc.lance_uri, d), ignore_errors=True)
+                loc, w = new_table(loc.lance_uri)
+            for config in (KEEP, COLLECT):
+                assert_same_decision(loc, config)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Each invalidation on its own.
+
+
+def _history(tmp_path, cycles: int = 3, merge: bool = True):
+    loc, w = new_table(str(tmp_path / "t"))
+    for _ in range(cycles):
+        w.write_round(12, puts_per_batch=50)
+        if merge:
+            mark_merged(loc, w)
+    forget_process()
+    gc.run_gc(loc, KEEP)  # writes the summaries
+    return loc, w
+
+
+def test_a_pass_reads_only_what_it_does_not_know(tmp_path):
+    loc, w = _history(tmp_path)
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP)
+    assert plan.history.read == 0 and plan.history.known == len(plan.retained_versions) > 3
+    assert plan.leak_scan["manifests_read"] == 0
+    w.write_round(12, puts_per_batch=50)
+    mark_merged(loc, w)
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP)
+    assert plan.history.read == 1  # the merge commit; the writers commit no table version
+    assert plan.leak_scan["manifests_read"] == 1
+    # The WAL entries and manifest versions of earlier passes are not read again.
+    reads: dict[str, int] = {}
+    orig_get, orig_head = loc.store.get, loc.store.head
+
+    def counting(fn, kind):
+        def wrapped(key, *a, **k):
+            if "/wal/" in key or "/manifest/" in key:
+                reads[kind] = reads.get(kind, 0) + 1
+            return fn(key, *a, **k)
+        return wrapped
+
+    forget_process()
+    gc.run_gc(loc, KEEP)  # learns the new ones
+    loc.store.get, loc.store.head = counting(orig_get, "get"), counting(orig_head, "head")
+    forget_process()
+    gc.plan_gc(loc, KEEP)
+    wal_entries = sum(1 for rid in w.regions.values() for _ in loc.store.list(layout.wal_dir(rid)))
+    # per region: the latest manifest, its hint, the WAL tail probe, the anchors, the holes below
+    assert sum(reads.values()) <= 12 * len(w.regions) < wal_entries + 12 * len(w.regions)
+    assert_same_decision(loc, KEEP)
+
+
+def test_versions_cleaned_up_by_another_process(tmp_path):
+    loc, _ = _history(tmp_path, cycles=4)
+    before = gc.plan_gc(loc, KEEP).retained_versions
+    table.open_dataset(loc).cleanup_old_versions(older_than=timedelta(0), retain_versions=2)
+    plan = assert_same_decision(loc, KEEP)
+    assert plan.retained_versions == before[-2:]
+    assert plan.history.read == 0  # nothing new: the removed versions simply stop counting
+    # The time-travel bound rises with the versions gone, as a full read says.
+    assert assert_same_decision(loc, COLLECT).items
+
+
+def test_table_overwritten_with_a_new_lifetime(tmp_path):
+    loc, w = _history(tmp_path)
+    overwrite(loc)
+    plan = assert_same_decision(loc, KEEP)
+    assert plan.history.read == 2
+    assert_same_decision(loc, COLLECT)
+
+
+def test_table_recreated_at_the_same_uri(tmp_path):
+    """Same version numbers, new manifests: neither summary is taken for them."""
+    loc, w = _history(tmp_path, cycles=4)
+    old = gc.plan_gc(loc, KEEP).retained_versions
+    for d in ("_versions", "data", "_transactions", "_deletions", "_indices"):
+        shutil.rmtree(os.path.join(loc.lance_uri, d), ignore_errors=True)
+    time.sleep(0.01)  # a different modification time, as on any real store
+    loc, w = new_table(loc.lance_uri)
+    forget_process()
+    plan = assert_same_decision(loc, KEEP)
+    assert plan.retained_versions == old[:2] and plan.history.read == 2
+    assert not leak_refs.usable(leak_refs.load(loc), history.list_versions(loc))
+
+
+@pytest.mark.parametrize("how", ["truncate", "bytes", "body"])
+@pytest.mark.parametrize("key", [layout.GC_VERSIONS_KEY, layout.GC_REFS_KEY, "region"])
+def test_a_corrupt_summary_is_read_around_and_written_again(tmp_path, key, how):
+    loc, w = _history(tmp_path)
+    if key == "region":
+        key = layout.gc_region_cache_key(sorted(w.regions.values())[0])
+    garble(loc, key, how)
+    plan = assert_same_decision(loc, KEEP)
+    if key == layout.GC_VERSIONS_KEY:
+        assert plan.history.summary.startswith("ignored") and plan.history.read == len(plan.retained_versions)
+    forget_process()
+    gc.run_gc(loc, KEEP)
+    good = loc.store.get(key)
+    json.loads(json.loads(good)["body"])  # written again, whole
+    if key == layout.GC_VERSIONS_KEY:
+        assert history.decode(good)
+    elif key == layout.GC_REFS_KEY:
+        assert leak_refs.RefsSummary.decode(good).versions
+    else:
+        assert region_cache.RegionCache.decode(good, key.rsplit("/", 1)[-1][:-5]).wal
+
+
+def test_a_version_summary_entry_is_used_only_for_that_manifest(tmp_path):
+    """An entry whose manifest is not the listed one (another size or time) is read again: a
+    summary cannot make GC take a version's merge progress from another manifest."""
+    loc, w = _history(tmp_path)
+    facts, _ = history.load_summary(loc)
+    v = max(v for v, f in facts.items() if f.merged)
+    forged = dict(facts)
+    forged[v] = history.VersionFacts(v, facts[v].size, facts[v].mtime - 1, facts[v].stamp,
+                                     {rid: 10**6 for rid in facts[v].merged})
+    loc.store.put(layout.GC_VERSIONS_KEY, history.encode(forged))
+    plan = assert_same_decision(loc, COLLECT)
+    assert plan.history.read == 1
+
+
+def test_region_recreated_under_the_same_id(tmp_path):
+    """The region's WAL and manifests removed and written again by a new writer: the cache's
+    anchors no longer match, so nothing of it is used (merged progress would make the region
+    corrupt: the table never merged it)."""
+    loc, w = _history(tmp_path, merge=False)
+    rid = sorted(w.regions.values())[0]
+    assert region_cache.load(loc.store, rid).wal
+    shutil.rmtree(os.path.join(loc.lance_uri, layout.region_dir(rid)))
+    time.sleep(0.01)
+    w.write_round(200, puts_per_batch=5)  # other entries at the cached positions (epochs, sentinels)
+    w.write_round(12, puts_per_batch=50)
+    assert_same_decision(loc, KEEP)
+    assert_same_decision(loc, COLLECT)
+
+
+def test_a_failed_delete_leaves_the_region_read_in_full(tmp_path):
+    """While GC's intent marker stands (a delete that may have stopped part-way), the region's
+    cache is not used."""
+    loc, w = _history(tmp_path, cycles=4)
+    rid = sorted(w.regions.values())[0]
+    loc.store.put(layout.gc_pending_key(rid), b"x")
+    for p in sorted(region_cache.load(loc.store, rid).wal)[1:3]:  # survivors: a delete that stopped
+        os.unlink(os.path.join(loc.lance_uri, layout.wal_key(rid, p)))
+    assert_same_decision(loc, COLLECT)
+
+
+def test_nothing_old_enough_skips_lances_cleanup(tmp_path, monkeypatch):
+    """Lance's cleanup reads every manifest: it is not run when no retained version is old enough
+    for it to remove (by age or count, it removes only versions older than the age)."""
+    loc, _ = _history(tmp_path)
+    from memwal_core.jobs.gc import run
+
+    calls = []
+    real = run.cleanup_base_versions
+    monkeypatch.setattr(run, "cleanup_base_versions", lambda *a, **k: calls.append(1) or real(*a, **k))
+    forget_process()
+    r = gc.run_gc(loc, KEEP)
+    assert not calls and r.base_cleanup["old_versions"] == 0
+    r = gc.run_gc(loc, COLLECT)
+    assert calls and r.base_cleanup["old_versions"] > 0
+
+
+def test_a_region_cache_is_used_only_while_its_anchors_hold(tmp_path):
+    """A cache whose lowest WAL entry or lowest manifest version is not the object it recorded
+    (another size or time: deleted by someone else, written again) is not used, even when it
+    parses and its checksum holds; while they hold, it is what the pass knows."""
+    loc, w = _history(tmp_path, cycles=4, merge=False)
+    rid = sorted(w.regions.values())[0]
+    good = region_cache.load(loc.store, rid)
+    assert good.wal and good.manifests is not None
+    forged = region_cache.RegionCache(rid, {p: region_cache.wal.WalEntryMeta(p, 99, None, True, 1) for p in good.wal},
+                                      set(), good.wal_anchor, dict(good.manifests))
+    p, size, mtime = good.wal_anchor
+    forged.wal_anchor = (p, size, mtime + 1)
+    region_cache.save(loc.store, forged)
+    assert_same_decision(loc, KEEP)
+    forged.wal_anchor = good.wal_anchor  # anchored: taken as known (the trust the anchor buys)
+    region_cache.save(loc.store, forged)
+    now = time.time()
+    forget_process()
+    kept = gc.plan_gc(loc, KEEP, now=now).regions[rid].kept
+    assert kept[gc.KeepReason.WAL_FENCE_SENTINEL] >= len(good.wal) - 1
