@@ -11,7 +11,11 @@ The summary is a pure cache:
 - an entry is used only for a version the listing shows now, with the same manifest size and
   modification time as when it was read; any other listed version is read from its manifest.
   Versions removed since (memwal's or anyone's `cleanup_old_versions`) are simply not listed,
-  so they hold nothing; a table re-created at the same URI writes new manifests (new times);
+  so they hold nothing; a table re-created at the same URI writes new manifests, usually with
+  new times, but a store whose times have whole seconds (S3) can show the same key, size and
+  time: so each pass also reads the newest manifest the summary vouches for and compares its
+  commit time (to the microsecond) with the recorded one; a difference drops the summary
+  (`recreated`), and the leak scan's and the regions' caches with it;
 - a summary that is missing, garbled, of another format or whose checksum does not match is
   ignored (every manifest is read, and the summary written again); writing it may fail;
 - it is written by GC alone, with what GC read from the manifests it lists, so whatever it
@@ -64,6 +68,7 @@ class VersionHistory:
     summary: str = "missing"  # used, missing, or why it was ignored
     listing: list[ObjectInfo] = field(default_factory=list)  # `_versions/` as listed (the leak scan's too)
     changed: bool = True  # the summary to write differs from the one found
+    recreated: bool = False  # the summary described another table at this URI: every cache is dropped
 
     def to_dict(self) -> dict[str, Any]:
         return {"versions": len(self.facts), "manifests_read": self.read, "from_summary": self.known,
@@ -193,6 +198,23 @@ def _read(loc: TableLocation, v: int, info: ObjectInfo) -> VersionFacts | None:
     return VersionFacts(v, info.size, info.mtime, table.commit_timestamp(raw), merged)
 
 
+def _another_table(loc: TableLocation, known: dict[int, VersionFacts], listed: dict[int, ObjectInfo]) -> bool:
+    """Whether the newest listed version the summary vouches for (same size and time) has another
+    commit time than recorded: the table was re-created at this URI within the store's time
+    resolution. One manifest read per pass; a manifest gone meanwhile proves nothing."""
+    vouched = [v for v, info in listed.items()
+               if (k := known.get(v)) is not None and k.size == info.size and k.mtime == info.mtime
+               and k.stamp is not None]
+    if not vouched:
+        return False
+    v = max(vouched)
+    try:
+        raw = loc.store.get(listed[v].key)
+    except NotFound:
+        return False
+    return table.commit_timestamp(raw) != known[v].stamp
+
+
 def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: VersionHistory | None = None,
                  max_workers: int = 16) -> VersionHistory:
     """Every listed version's facts: from the summary when it knows that very manifest, else read.
@@ -205,7 +227,15 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
         known, why = earlier.facts, earlier.summary
     else:
         known, why = load_summary(loc) if use_summary else ({}, "not used")
-    out = VersionHistory(summary=why, listing=listing)
+    recreated = False
+    if earlier is None and known:
+        recreated = _another_table(loc, known, listed)
+        if recreated:
+            known, why = {}, "ignored: it describes another table at this URI (re-created)"
+            log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY, why[len("ignored: "):])
+    elif earlier is not None:
+        recreated = earlier.recreated
+    out = VersionHistory(summary=why, listing=listing, recreated=recreated)
     todo = []
     for v, info in sorted(listed.items()):
         k = known.get(v)

@@ -389,14 +389,19 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
                    unrecorded_regions(loc, state, loaded.manifests),
                    [s.spec_id for s in state.details.region_specs],
                    lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False),
-                   _unverified(loc), use_cache=use_summary)
+                   _unverified(loc), use_cache=use_summary and not _recreated(retention.history))
     plans = _plan_regions(ctx, loaded)
     failures = [rp.failure for rp in plans.values() if rp.failure is not None]
     plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, failures, base_cleanup,
                   lifecycle=ctx.stale, history=retention.history)
     if config.collect_leaked_files and regions is None:
-        _plan_leaks(loc, plan, now, use_summary)
+        _plan_leaks(loc, plan, now, use_summary and not _recreated(retention.history))
     return plan
+
+
+def _recreated(history: VersionHistory | None) -> bool:
+    """The version summary described another table at this URI: no cache of it is trusted."""
+    return history is not None and history.recreated
 
 
 def _plan_regions(ctx: _Context, loaded: region.RegionReads) -> dict[str, RegionGcPlan]:
