@@ -27,7 +27,6 @@ the reads it can.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memwal_core.errors import one_line
+from memwal_core.jobs.gc import sealed
 from memwal_core.jobs.gc.items import GcError
 from memwal_core.state import layout, table
 from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
@@ -97,10 +97,6 @@ def list_versions(loc: TableLocation, listing: list[ObjectInfo] | None = None) -
     return out
 
 
-def _checksum(body: str) -> str:
-    return hashlib.sha256(body.encode()).hexdigest()
-
-
 def encode(facts: dict[int, VersionFacts]) -> bytes:
     """The summary's bytes: versions in order, equal merge states stored once."""
     states: list[dict[str, int] | None] = []
@@ -113,22 +109,12 @@ def encode(facts: dict[int, VersionFacts]) -> bytes:
             index[key] = len(states)
             states.append(f.merged)
         rows.append([v, f.size, f.mtime, f.stamp, index[key]])
-    body = json.dumps({"versions": rows, "states": states}, sort_keys=True, separators=(",", ":"))
-    return json.dumps({"format": FORMAT, "sha256": _checksum(body), "body": body}).encode()
+    return sealed.seal({"versions": rows, "states": states}, FORMAT)
 
 
 def decode(raw: bytes) -> dict[int, VersionFacts]:
     """The summary's facts; ValueError (with why) for anything but a summary this code wrote."""
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"not JSON ({e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, expected {FORMAT}")
-    body = doc.get("body")
-    if not isinstance(body, str) or doc.get("sha256") != _checksum(body):
-        raise ValueError("checksum mismatch")
-    d = json.loads(body)
+    d = sealed.unseal(raw, FORMAT)
     states = d["states"]
     if not isinstance(states, list):
         raise ValueError("states is not a list")

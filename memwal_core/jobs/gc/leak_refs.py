@@ -19,12 +19,11 @@ an old run).
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 
 from memwal_core.errors import one_line
+from memwal_core.jobs.gc import sealed
 from memwal_core.state import layout
 from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
 
@@ -81,20 +80,12 @@ class RefsSummary:
         return before != (len(self.versions), len(self.files), len(self.uuids))
 
     def encode(self) -> bytes:
-        body = json.dumps({"versions": [[v, *x] for v, x in sorted(self.versions.items())], "top": self.top,
-                           "files": self.files, "uuids": self.uuids}, sort_keys=True, separators=(",", ":"))
-        return json.dumps({"format": FORMAT, "sha256": hashlib.sha256(body.encode()).hexdigest(),
-                           "body": body}).encode()
+        return sealed.seal({"versions": [[v, *x] for v, x in sorted(self.versions.items())], "top": self.top,
+                            "files": self.files, "uuids": self.uuids}, FORMAT)
 
     @staticmethod
     def decode(raw: bytes) -> "RefsSummary":
-        doc = json.loads(raw)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError("unknown format")
-        body = doc.get("body")
-        if not isinstance(body, str) or doc.get("sha256") != hashlib.sha256(body.encode()).hexdigest():
-            raise ValueError("checksum mismatch")
-        d = json.loads(body)
+        d = sealed.unseal(raw, FORMAT)
         out = RefsSummary(top=d["top"])
         if type(out.top) is not int or out.top < 0:
             raise ValueError("bad top")

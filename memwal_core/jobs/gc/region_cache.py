@@ -25,12 +25,11 @@ It is a pure cache, used only where it is checked:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 
 from memwal_core.errors import one_line
+from memwal_core.jobs.gc import sealed
 from memwal_core.state import layout, wal
 from memwal_core.state.store import NotFound, ObjectInfo, ObjectStore
 
@@ -52,25 +51,17 @@ class RegionCache:
     manifests: dict[int, tuple[int, float]] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        body = json.dumps({
+        return sealed.seal({
             "region": self.region_id,
             "wal": [[m.position, m.writer_epoch, m.generation, m.fence_sentinel, m.size]
                     for _, m in sorted(self.wal.items())],
             "missing": sorted(self.missing), "wal_anchor": list(self.wal_anchor) if self.wal_anchor else None,
             "manifests": [[v, s, t] for v, (s, t) in sorted(self.manifests.items())],
-        }, separators=(",", ":"))
-        return json.dumps({"format": FORMAT, "sha256": hashlib.sha256(body.encode()).hexdigest(),
-                           "body": body}).encode()
+        }, FORMAT)
 
     @staticmethod
     def decode(raw: bytes, region_id: str) -> "RegionCache":
-        doc = json.loads(raw)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError("unknown format")
-        body = doc.get("body")
-        if not isinstance(body, str) or doc.get("sha256") != hashlib.sha256(body.encode()).hexdigest():
-            raise ValueError("checksum mismatch")
-        d = json.loads(body)
+        d = sealed.unseal(raw, FORMAT)
         if d["region"] != region_id:
             raise ValueError(f"written for region {d['region']!r}")
         out = RegionCache(region_id)
