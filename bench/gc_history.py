@@ -31,33 +31,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import pyarrow as pa  # noqa: E402
-from common import median, print_machine, ratio, result, say, workdir  # noqa: E402
-from lance.mem_wal import CompactedSsTable  # noqa: E402
+from common import median, print_machine, ratio, result, say, workdir  # noqa: E402  (puts tests/ on the path)
+from support.gc_passes import forget_process, mark_merged  # noqa: E402
 
 from memwal_core.jobs import gc  # noqa: E402
-from memwal_core.jobs.gc import leaks  # noqa: E402
-from memwal_core.state import layout, lifecycle, region, table  # noqa: E402
+from memwal_core.state import layout, table  # noqa: E402
 from memwal_core.state.store import open_store  # noqa: E402
 from memwal_core.tools import demo  # noqa: E402
-
-
-def mark_merged(loc, regions: list[str]) -> None:
-    """One commit recording every flushed generation as merged (no rows)."""
-    ds = table.open_dataset(loc)
-    merged = table.read_memwal_state(loc, ds.version).merged
-    progress = {rid: region.load_latest(loc.store, rid).current_generation - 1 for rid in regions}
-    marks = [CompactedSsTable(rid, g) for rid, g in sorted(progress.items()) if g > merged.get(rid, 0)]
-    if marks:
-        empty = pa.table({f.name: pa.array([], f.type) for f in ds.schema}, schema=ds.schema)
-        ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all() \
-            .mark_sstables_as_compacted(marks).execute(empty)
-
-
-def forget_process() -> None:
-    """What a new process would not know."""
-    leaks._REFS.clear()
-    lifecycle._SEEN.clear()
 
 
 def forget_store(loc) -> None:

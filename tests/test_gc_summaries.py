@@ -14,15 +14,15 @@ import time
 from datetime import timedelta
 
 import lance
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lance.mem_wal import CompactedSsTable
+
+from support.gc_passes import forget_process, mark_merged
 
 from memwal_core.jobs import gc
-from memwal_core.jobs.gc import history, leak_refs, leaks, region_cache
-from memwal_core.state import layout, lifecycle, region, table
+from memwal_core.jobs.gc import history, leak_refs, region_cache
+from memwal_core.state import layout, table
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 
@@ -38,24 +38,6 @@ def new_table(path: str, regions: int = 2):
     loc = open_store(path)
     demo.create_table(loc, sharding="bucket", num_buckets=regions, base_rows=20)
     return loc, demo.Workload(loc, seed=5, key_space=10**6, max_memtable_rows=1000)
-
-
-def mark_merged(loc, w) -> None:
-    """A commit recording every flushed generation as merged (the merger's, without rows)."""
-    ds = table.open_dataset(loc)
-    merged = table.read_memwal_state(loc, ds.version).merged
-    marks = [CompactedSsTable(rid, g) for rid in sorted(w.regions.values())
-             if (g := region.load_latest(loc.store, rid).current_generation - 1) > merged.get(rid, 0)]
-    if marks:
-        empty = pa.table({f.name: pa.array([], f.type) for f in ds.schema}, schema=ds.schema)
-        ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all() \
-            .mark_sstables_as_compacted(marks).execute(empty)
-
-
-def forget_process() -> None:
-    """A new process: nothing learned in memory."""
-    leaks._REFS.clear()
-    lifecycle._SEEN.clear()
 
 
 def decision(plan: gc.GcPlan) -> dict:
@@ -110,7 +92,7 @@ def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which
             if op == "write":
                 w.write_round(12, puts_per_batch=50)
             elif op == "merge":
-                mark_merged(loc, w)
+                mark_merged(loc, w.regions.values())
             elif op == "config":
                 table.open_dataset(loc).update_config({"k": str(time.time())})
             elif op in ("gc_collect", "gc_keep"):
@@ -147,7 +129,7 @@ def _history(tmp_path, cycles: int = 3, merge: bool = True):
     for _ in range(cycles):
         w.write_round(12, puts_per_batch=50)
         if merge:
-            mark_merged(loc, w)
+            mark_merged(loc, w.regions.values())
     forget_process()
     gc.run_gc(loc, KEEP)  # writes the summaries
     return loc, w
@@ -160,7 +142,7 @@ def test_a_pass_reads_only_what_it_does_not_know(tmp_path):
     assert plan.history.read == 0 and plan.history.known == len(plan.retained_versions) > 3
     assert plan.leak_scan["manifests_read"] == 0
     w.write_round(12, puts_per_batch=50)
-    mark_merged(loc, w)
+    mark_merged(loc, w.regions.values())
     forget_process()
     plan = gc.plan_gc(loc, KEEP)
     assert plan.history.read == 1  # the merge commit; the writers commit no table version
