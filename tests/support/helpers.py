@@ -15,7 +15,8 @@ from memwal_core.state import layout, region
 def tree(root: str) -> dict[str, tuple[int, int]]:
     """Every file under `root`: relative path -> (size, mtime in ns); "touched nothing" means
     equal trees. The table lease's records are left out: every committing step takes the lease
-    (`_memwal/lease/`), also one that then refuses the table."""
+    (`_memwal/lease/`), also one that then refuses the table. A file gone between the listing
+    and its stat (a live writer's in-flight upload renamed as it lands) is not in the tree."""
     out = {}
     for d, _dirs, files in os.walk(root):
         for f in files:
@@ -23,7 +24,10 @@ def tree(root: str) -> dict[str, tuple[int, int]]:
             rel = os.path.relpath(p, root)
             if rel.startswith(layout.LEASE_DIR + "/") or f"/{layout.LEASE_DIR}/" in f"/{rel}":
                 continue
-            st = os.stat(p)
+            try:
+                st = os.stat(p)
+            except FileNotFoundError:
+                continue
             out[rel] = (st.st_size, st.st_mtime_ns)
     return out
 
