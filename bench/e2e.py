@@ -361,7 +361,7 @@ def main() -> None:
     p.add_argument("--regions", type=int, default=4)
     p.add_argument("--rows", type=int, default=400, help="operations per round (one flush per region)")
     p.add_argument("--flush-every", type=float, default=10.0)
-    p.add_argument("--sensor-interval", type=int, default=5)
+    p.add_argument("--sensor-interval", type=int, default=2)
     p.add_argument("--modes", default="connect,runs")
     p.add_argument("--warmup", type=float, default=60.0,
                    help="seconds of writes before the measured ones (the first merges on a fresh server and "

@@ -1,7 +1,8 @@
 """Merging in the sensor's tick (`memwal_pipeline/sensor/tick_merge.py`) against a real Spark
 Connect server and a real Dagster instance: a small merge runs in the tick and is recorded as
 base_table materializations with no run; without a server, or over the limit, the tick
-requests the merge run as before (`why_not`)."""
+requests the merge run as before (`why_not`); a lease another maintainer holds is waited for,
+and only one held past the wait sends the merge to a run."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 from support.tables import make_table, rows
 
@@ -28,11 +30,24 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _tick(uri: str, remote: str, home, limit: int = 64) -> dict:
-    out = subprocess.run([sys.executable, PROC, uri, remote, str(home), str(limit)], capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "MEMWAL_STATE_DIR": str(home.parent / "state")})
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _start(uri: str, remote: str, home, limit: int = 64, lease_wait: float | None = None,
+           gate: str | None = None) -> subprocess.Popen:
+    extra = [] if lease_wait is None else [str(lease_wait)]
+    env = {**os.environ, "MEMWAL_STATE_DIR": str(home.parent / "state")}
+    if gate:
+        env["MEMWAL_TEST_TICK_GATE"] = gate
+    return subprocess.Popen([sys.executable, PROC, uri, remote, str(home), str(limit), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _result(p: subprocess.Popen) -> dict:
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _tick(uri: str, remote: str, home, limit: int = 64, lease_wait: float | None = None) -> dict:
+    return _result(_start(uri, remote, home, limit, lease_wait))
 
 
 def _merge_requests(res: dict) -> list:
@@ -66,12 +81,26 @@ def test_a_small_merge_runs_in_the_tick_on_the_connect_server(table_loc, tmp_pat
         assert rows(table_loc) == w.expected()
         res = _tick(table_loc.lance_uri, remote, home2)
         assert [r["job"] for r in res["requests"]] == ["t_maintenance"]
-        # Another maintainer holds the table's lease past one sensor interval: the tick's merge
-        # is skipped and the merge run is requested, as without merges in the tick.
+        # Another maintainer (a maintenance run) holds the table's lease for a few seconds, longer
+        # than the sensor's interval: the tick waits for it and merges on its warm session.
+        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+        gate = str(tmp_path / "gate")
+        p = _start(table_loc.lance_uri, remote, home2, gate=gate)
+        while not os.path.exists(gate + ".ready"):
+            assert p.poll() is None, p.communicate()[1][-3000:]
+            time.sleep(0.05)
+        with lease.hold(table_loc, "compact", LeaseOptions(), run_id="a maintenance run"):
+            open(gate, "w").close()
+            time.sleep(15)  # the tick waits: three sensor intervals (5 s), within its 20 s wait
+        res = _result(p)
+        assert _merge_requests(res) == [] and res["merged_in_tick"], res
+        assert rows(table_loc) == w.expected()
+        # Held past the tick's wait (`lease.wait_seconds`, here 3 s): the tick's merge is skipped
+        # and the merge run is requested, as without merges in the tick.
         w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
         before = table.read_memwal_state(table_loc).merged
         with lease.hold(table_loc, "merge", LeaseOptions(), run_id="another maintainer"):
-            res = _tick(table_loc.lance_uri, remote, home2)
+            res = _tick(table_loc.lance_uri, remote, home2, lease_wait=3)
         assert len(_merge_requests(res)) == 1 and res["merged_in_tick"] == []
         assert table.read_memwal_state(table_loc).merged == before
     finally:

@@ -14,9 +14,14 @@ A tick whose merge outlives Dagster's sensor timeout (60 s) is failed by the dae
 thread goes on merging; later ticks then neither merge the table nor request a run for it
 until that merge ends (its commits move the progress, which the next tick reads).
 
+A tick whose table's lease another maintainer holds (a maintenance run after the last merge,
+`memwal maintain`) waits for it up to `TICK_LEASE_WAIT_SECONDS` (at most `lease.wait_seconds`)
+and then merges on its warm session: a maintenance run holds the lease for seconds, and a merge
+run requested instead would queue behind it and then pay its own process start and a cold
+session (docs/benchmarks.md §6).
+
 Anything the tick does not finish cleanly goes to a run: when the step fails, is refused, is
-kept off by another maintainer's lease (waited for at most one sensor interval), or leaves a
-region unmerged, the tick requests the merge run it decided on anyway (same run key, the
+kept off by another maintainer's lease past that wait, or leaves a region unmerged, the tick requests the merge run it decided on anyway (same run key, the
 attempt counted): the run re-plans from whatever progress the tick committed and reports
 failures as every run does (failure history, walls, stuck regions, failed partitions). A
 tick never starts a JVM: the first merge of a deployment is a run, which starts the server.
@@ -42,6 +47,9 @@ from ..config import TableConfig
 from . import decide
 
 MERGED_BY = "sensor tick"
+# How long a tick waits for the table's lease: a third of Dagster's sensor timeout (60 s), so the
+# wait and a small merge stay well within it.
+TICK_LEASE_WAIT_SECONDS = 20.0
 
 _SESSIONS: dict[tuple, Any] = {}  # (table, spark settings) -> the resource holding a Connect session
 _RUNNING: set[str] = set()         # tables with a tick merge under way in this process
@@ -155,7 +163,7 @@ def _merge(cfg: TableConfig, loc: TableLocation, regions: tuple[str, ...], holde
 
     options = StepOptions.of(cfg)
     options = replace(options, lease=replace(options.lease, wait_seconds=min(
-        float(options.lease.wait_seconds), float(cfg.sensor.interval_seconds))))
+        float(options.lease.wait_seconds), TICK_LEASE_WAIT_SECONDS)))
     progress = (lambda line: log.info(line)) if log is not None else None
     outcome = run_step("merge", loc, options, provider, regions=list(regions), run_id=holder, progress=progress)
     if outcome.status is StepStatus.FAILED:

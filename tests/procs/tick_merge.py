@@ -3,28 +3,37 @@ table's Spark is a Connect server (`sys.argv[2]`), so a small merge may run in t
 separate process because pyspark refuses a Connect session in a process that already has a
 classic one (the test session's). The Dagster instance lives in `sys.argv[3]` (one per test,
 kept across ticks with the cursor); prints the tick's run requests, the base_table events it
-recorded and the tick's log lines as JSON."""
+recorded and the tick's log lines as JSON. With `MEMWAL_TEST_TICK_GATE` set, it ticks only once
+that file exists (after writing `<gate>.ready`), so a test can time the tick exactly."""
 
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dagster import DagsterInstance  # noqa: E402
 from support.sensor_ticks import tick  # noqa: E402
 
-from memwal_core.options import SensorOptions, SparkOptions  # noqa: E402
+from memwal_core.options import LeaseOptions, SensorOptions, SparkOptions  # noqa: E402
 from memwal_pipeline.config import TableConfig  # noqa: E402
 from memwal_pipeline.definitions import build_definitions, table_definitions  # noqa: E402
 
 uri, remote, home, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+lease_wait = float(sys.argv[5]) if len(sys.argv) > 5 else LeaseOptions().wait_seconds
 cfg = TableConfig(name="t", uri=uri, spark=SparkOptions(master="local[1]", connect=remote),
-                  sensor=SensorOptions(interval_seconds=5, tick_merge_max_generations=limit))
+                  sensor=SensorOptions(interval_seconds=5, tick_merge_max_generations=limit),
+                  lease=LeaseOptions(wait_seconds=lease_wait))
 td = table_definitions(cfg)
 defs = build_definitions([cfg])
 cursor_file = os.path.join(home, "cursor")
 cursor = open(cursor_file).read() if os.path.exists(cursor_file) else None
+gate = os.environ.get("MEMWAL_TEST_TICK_GATE")  # imports done: say so, tick when told
+if gate:
+    open(gate + ".ready", "w").close()
+    while not os.path.exists(gate):
+        time.sleep(0.05)
 with DagsterInstance.local_temp(tempdir=home) as instance:
     data, cursor = tick(defs, td, instance, cursor)
     with open(cursor_file, "w") as f:
