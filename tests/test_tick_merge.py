@@ -2,19 +2,24 @@
 Connect server and a real Dagster instance: a small merge runs in the tick and is recorded as
 base_table materializations with no run; without a server, or over the limit, the tick
 requests the merge run as before (`why_not`); a lease another maintainer holds is waited for,
-and only one held past the wait sends the merge to a run."""
+and only one held past the wait sends the merge to a run; a tick killed inside its merge loses
+nothing. One Connect server serves the module."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import signal
 import subprocess
 import sys
 import time
 
+import pytest
+
 from support.tables import make_table, rows
 
+from memwal_core.observe import reader
 from memwal_core.options import LeaseOptions, SensorOptions, SparkOptions
 from memwal_core.spark import connect as spark_connect
 from memwal_core.state import lease, table
@@ -31,9 +36,11 @@ def _port() -> int:
 
 
 def _start(uri: str, remote: str, home, limit: int = 64, lease_wait: float | None = None,
-           gate: str | None = None) -> subprocess.Popen:
+           gate: str | None = None, env: dict | None = None) -> subprocess.Popen:
+    """A tick in its own process; the instance (and cursor) live in `home`, the Connect server's
+    records in the `state` directory beside it."""
     extra = [] if lease_wait is None else [str(lease_wait)]
-    env = {**os.environ, "MEMWAL_STATE_DIR": str(home.parent / "state")}
+    env = {**os.environ, "MEMWAL_STATE_DIR": str(home.parent / "state"), **(env or {})}
     if gate:
         env["MEMWAL_TEST_TICK_GATE"] = gate
     return subprocess.Popen([sys.executable, PROC, uri, remote, str(home), str(limit), *extra],
@@ -50,61 +57,97 @@ def _tick(uri: str, remote: str, home, limit: int = 64, lease_wait: float | None
     return _result(_start(uri, remote, home, limit, lease_wait))
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One Spark Connect server for the module: (its URL, the directory holding `state` and the
+    instances' homes)."""
+    base = tmp_path_factory.mktemp("tick")
+    remote = f"sc://127.0.0.1:{_port()}"
+    assert spark_connect.ensure_server(remote, master="local[1]", state_dir=base / "state", timeout_s=600)
+    try:
+        yield remote, base
+    finally:
+        spark_connect.stop_server(remote, state_dir=base / "state")
+
+
+def _home(base, name: str):
+    home = base / name
+    home.mkdir()
+    return home
+
+
 def _merge_requests(res: dict) -> list:
     return [r for r in res["requests"] if r["job"] == "t_merge"]
 
 
-def test_a_small_merge_runs_in_the_tick_on_the_connect_server(table_loc, tmp_path):
-    remote = f"sc://127.0.0.1:{_port()}"
-    home = tmp_path / "home"
-    home.mkdir()
+def test_a_small_merge_runs_in_the_tick_on_the_connect_server(table_loc, tmp_path, server):
+    remote, base = server
     w = make_table(table_loc, regions=2, rounds=1)
     regions = sorted(w.regions.values())
-    # No server yet: the tick never starts a JVM; the merge run does (here: nobody).
-    first = _tick(table_loc.lance_uri, remote, home)
+    # No server at the table's URL: the tick never starts a JVM; the merge run does (here: nobody).
+    first = _tick(table_loc.lance_uri, f"sc://127.0.0.1:{_port()}", _home(tmp_path, "home"))
     assert len(_merge_requests(first)) == 1 and first["merged_in_tick"] == []
     assert table.read_memwal_state(table_loc).merged == {}
-    state = tmp_path / "state"
-    try:
-        assert spark_connect.ensure_server(remote, master="local[1]", state_dir=state, timeout_s=600)
-        home2 = tmp_path / "home2"
-        home2.mkdir()
-        res = _tick(table_loc.lance_uri, remote, home2)
-        assert _merge_requests(res) == [], res
-        assert res["merged_in_tick"] == regions and res["merged_by"] == [tick_merge.MERGED_BY]
-        assert res["recorded"] == regions  # stored as materializations of base_table's partitions
-        assert rows(table_loc) == w.expected()
-        # The next flushes: merged by the next tick; the one after requests maintenance.
-        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-        res = _tick(table_loc.lance_uri, remote, home2)
-        assert _merge_requests(res) == [] and res["merged_in_tick"]
-        assert rows(table_loc) == w.expected()
-        res = _tick(table_loc.lance_uri, remote, home2)
-        assert [r["job"] for r in res["requests"]] == ["t_maintenance"]
-        # Another maintainer (a maintenance run) holds the table's lease for a few seconds, longer
-        # than the sensor's interval: the tick waits for it and merges on its warm session.
-        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-        gate = str(tmp_path / "gate")
-        p = _start(table_loc.lance_uri, remote, home2, gate=gate)
-        while not os.path.exists(gate + ".ready"):
-            assert p.poll() is None, p.communicate()[1][-3000:]
-            time.sleep(0.05)
-        with lease.hold(table_loc, "compact", LeaseOptions(), run_id="a maintenance run"):
-            open(gate, "w").close()
-            time.sleep(15)  # the tick waits: three sensor intervals (5 s), within its 20 s wait
-        res = _result(p)
-        assert _merge_requests(res) == [] and res["merged_in_tick"], res
-        assert rows(table_loc) == w.expected()
-        # Held past the tick's wait (`lease.wait_seconds`, here 3 s): the tick's merge is skipped
-        # and the merge run is requested, as without merges in the tick.
+    home = _home(base, "small")
+    res = _tick(table_loc.lance_uri, remote, home)
+    assert _merge_requests(res) == [], res
+    assert res["merged_in_tick"] == regions and res["merged_by"] == [tick_merge.MERGED_BY]
+    assert res["recorded"] == regions  # stored as materializations of base_table's partitions
+    assert rows(table_loc) == w.expected()
+    # The next flushes: merged by the next tick; the one after requests maintenance.
+    w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+    res = _tick(table_loc.lance_uri, remote, home)
+    assert _merge_requests(res) == [] and res["merged_in_tick"]
+    assert rows(table_loc) == w.expected()
+    res = _tick(table_loc.lance_uri, remote, home)
+    assert [r["job"] for r in res["requests"]] == ["t_maintenance"]
+    # Another maintainer (a maintenance run) holds the table's lease for a few seconds, longer
+    # than the sensor's interval: the tick waits for it and merges on its warm session.
+    w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+    gate = str(tmp_path / "gate")
+    p = _start(table_loc.lance_uri, remote, home, gate=gate)
+    while not os.path.exists(gate + ".ready"):
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        time.sleep(0.05)
+    with lease.hold(table_loc, "compact", LeaseOptions(), run_id="a maintenance run"):
+        open(gate, "w").close()
+        time.sleep(15)  # the tick waits: three sensor intervals (5 s), within its 20 s wait
+    res = _result(p)
+    assert _merge_requests(res) == [] and res["merged_in_tick"], res
+    assert rows(table_loc) == w.expected()
+    # Held past the tick's wait (`lease.wait_seconds`, here 3 s): the tick's merge is skipped
+    # and the merge run is requested, as without merges in the tick.
+    w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+    before = table.read_memwal_state(table_loc).merged
+    with lease.hold(table_loc, "merge", LeaseOptions(), run_id="another maintainer"):
+        res = _tick(table_loc.lance_uri, remote, home, lease_wait=3)
+    assert len(_merge_requests(res)) == 1 and res["merged_in_tick"] == []
+    assert table.read_memwal_state(table_loc).merged == before
+
+
+def test_a_tick_killed_inside_its_merge_loses_nothing(table_loc, server):
+    """The code server dies (SIGKILL) at the first, a middle and the last write of a tick's
+    merge: every read stays right, progress never goes back, and the next tick (the dead
+    holder's lease taken over at once) merges the rest in the tick, with no run."""
+    remote, base = server
+    home = _home(base, "killed")
+    w = make_table(table_loc, regions=2, rounds=1)
+    counted = _result(_start(table_loc.lance_uri, remote, home, env={"MEMWAL_COUNT_OPS": "1"}))
+    assert counted["merged_in_tick"] and rows(table_loc) == w.expected()
+    n = len(counted["ops"])
+    assert n >= 2, counted["ops"]
+    for k in sorted({1, (n + 1) // 2, n}):
         w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
         before = table.read_memwal_state(table_loc).merged
-        with lease.hold(table_loc, "merge", LeaseOptions(), run_id="another maintainer"):
-            res = _tick(table_loc.lance_uri, remote, home2, lease_wait=3)
-        assert len(_merge_requests(res)) == 1 and res["merged_in_tick"] == []
-        assert table.read_memwal_state(table_loc).merged == before
-    finally:
-        spark_connect.stop_server(remote, state_dir=state)
+        p = _start(table_loc.lance_uri, remote, home, env={"MEMWAL_CRASH_AFTER_OPS": str(k), "MEMWAL_CRASH_SIGNAL": "1"})
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == -signal.SIGKILL, f"write {k} of {n}: not killed there: {err[-3000:]}"
+        after = table.read_memwal_state(table_loc).merged
+        assert all(after.get(r, 0) >= g for r, g in before.items()), f"write {k}: progress went back"
+        assert {r["id"]: r for r in reader.lsm_table(table_loc).to_pylist()} == w.expected(), f"write {k}"
+        res = _tick(table_loc.lance_uri, remote, home)
+        assert _merge_requests(res) == [], f"write {k}: {res}"
+        assert rows(table_loc) == w.expected(), f"write {k}: the next tick did not merge everything"
 
 
 def test_why_not_names_what_sends_a_merge_to_a_run(tmp_path):

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dagster import DagsterInstance  # noqa: E402
 from support.sensor_ticks import tick  # noqa: E402
 
+from memwal_core import faults  # noqa: E402
 from memwal_core.options import LeaseOptions, SensorOptions, SparkOptions  # noqa: E402
 from memwal_pipeline.config import TableConfig  # noqa: E402
 from memwal_pipeline.definitions import build_definitions, table_definitions  # noqa: E402
@@ -45,4 +46,5 @@ with DagsterInstance.local_temp(tempdir=home) as instance:
         "merged_in_tick": sorted(e.partition for e in base),
         "merged_by": sorted({e.metadata["merged_by"].value for e in base}),
         "recorded": sorted({r.partition_key for r in recorded}),
+        "ops": faults.ops(),  # the writes counted (`MEMWAL_COUNT_OPS=1`)
     }))
