@@ -31,6 +31,7 @@ COLLECT = gc.GcOptions(cleanup_base_versions_older_than_seconds=0, cleanup_base_
                        cleanup_base_versions_retain=3, manifest_retention=2, manifest_min_age_seconds=0,
                        orphan_grace_seconds=0, leaked_file_grace_seconds=0)
 KEEP = gc.GcOptions()  # the shipped retention: nothing is old enough, every version holds its generations
+KEEP_SCANNING = gc.GcOptions(full_scan_interval_seconds=0)  # and every pass a full scan
 SUMMARIES = (layout.GC_VERSIONS_KEY, layout.GC_REFS_KEY)
 
 
@@ -47,14 +48,34 @@ def decision(plan: gc.GcPlan) -> dict:
 
 
 def assert_same_decision(loc, config: gc.GcOptions) -> gc.GcPlan:
-    """The plan with what earlier passes learned equals the plan that reads everything again."""
+    """The plan with what earlier passes learned equals the plan that reads everything again, when
+    it lists the table (a full scan: `full_scan_interval_seconds` passed); between full scans
+    (versions probed, no leak scan) it deletes no more (`assert_keeps_more`)."""
     now = time.time()
     forget_process()
-    cached = gc.plan_gc(loc, config, now=now)
+    between = gc.plan_gc(loc, config, now=now)
+    forget_process()
+    cached = gc.plan_gc(loc, config, now=now, full_scan=True)
     forget_process()
     full = gc.plan_gc(loc, config, now=now, use_summary=False)
     assert decision(cached) == decision(full)
+    assert_keeps_more(between, full)
     return cached
+
+
+def assert_keeps_more(between: gc.GcPlan, full: gc.GcPlan) -> None:
+    """A plan made between full scans keeps at least what a full read keeps: every version the
+    full read retains, limits no higher, a subset of its items (no leaked file without a scan);
+    with the same versions, the same decision on the regions."""
+    assert set(between.retained_versions) >= set(full.retained_versions)
+    assert all(between.regions[r].limit <= p.limit for r, p in full.regions.items() if not p.error)
+    regional = lambda plan: {json.dumps(i.to_dict(), sort_keys=True) for i in plan.items if i.kind != "leaked"}  # noqa: E731
+    assert regional(between) <= regional(full)
+    assert {i.path for i in between.leaked} <= {i.path for i in full.leaked}
+    if between.retained_versions == full.retained_versions:
+        assert regional(between) == regional(full) and between.holds == full.holds
+    if between.leak_scan.get("skipped"):
+        assert not between.leaked
 
 
 def overwrite(loc) -> None:
@@ -138,14 +159,22 @@ def _history(tmp_path, cycles: int = 3, merge: bool = True):
 def test_a_pass_reads_only_what_it_does_not_know(tmp_path):
     loc, w = _history(tmp_path)
     forget_process()
-    plan = gc.plan_gc(loc, KEEP)
+    plan = gc.plan_gc(loc, KEEP)  # between full scans: `_versions/` is not listed, no leak scan
     assert plan.history.read == 0 and plan.history.known == len(plan.retained_versions) > 3
+    assert not plan.history.listed and plan.leak_scan["skipped"] and plan.leak_scan["next_scan_in_seconds"] > 0
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP, full_scan=True)
+    assert plan.history.read == 0 and plan.history.listed
     assert plan.leak_scan["manifests_read"] == 0
     w.write_round(12, puts_per_batch=50)
     mark_merged(loc, w.regions.values())
     forget_process()
     plan = gc.plan_gc(loc, KEEP)
-    assert plan.history.read == 1  # the merge commit; the writers commit no table version
+    assert plan.history.read == 1 and not plan.history.listed  # the merge commit, found by probing
+    assert table.open_dataset(loc).version in plan.retained_versions
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP, full_scan=True)
+    assert plan.history.read == 1  # the writers commit no table version
     assert plan.leak_scan["manifests_read"] == 1
     # The WAL entries and manifest versions of earlier passes are not read again.
     reads: dict[str, int] = {}
@@ -240,7 +269,7 @@ def test_a_corrupt_summary_is_read_around_and_written_again(tmp_path, key, how):
     if key == layout.GC_VERSIONS_KEY:
         assert plan.history.summary.startswith("ignored") and plan.history.read == len(plan.retained_versions)
     forget_process()
-    gc.run_gc(loc, KEEP)
+    gc.run_gc(loc, KEEP_SCANNING)  # the leak references are read (and written) only by a leak scan
     good = loc.store.get(key)
     json.loads(json.loads(good)["body"])  # written again, whole
     if key == layout.GC_VERSIONS_KEY:
