@@ -356,3 +356,109 @@ def test_a_region_cache_is_used_only_while_its_anchors_hold(tmp_path):
     forget_process()
     kept = gc.plan_gc(loc, KEEP, now=now).regions[rid].kept
     assert kept[gc.KeepReason.WAL_FENCE_SENTINEL] >= len(good.wal) - 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Between full scans: versions found by probing, removals by a check of the oldest and newest
+# known version, the whole table listed once per `full_scan_interval_seconds`.
+
+
+def _version_manifest(loc, v: int) -> str:
+    return next(k for k in table.manifest_keys(v) if loc.store.exists(k))
+
+
+def test_a_cleanup_that_left_the_oldest_version_is_seen_at_the_next_listing(tmp_path):
+    """A tagged oldest version survives Lance's cleanup of the ones after it: the probe does not
+    notice, so the removed versions still hold their generations (GC keeps more) until the next
+    listing, after `full_scan_interval_seconds`."""
+    loc, w = _history(tmp_path, cycles=4)
+    oldest = min(gc.plan_gc(loc, KEEP).retained_versions)
+    table.open_dataset(loc).tags.create("keep", oldest)
+    table.open_dataset(loc).cleanup_old_versions(older_than=timedelta(0), retain_versions=2,
+                                                 error_if_tagged_old_versions=False)
+    now = time.time()
+    forget_process()
+    between = gc.plan_gc(loc, COLLECT, now=now)
+    forget_process()
+    full = gc.plan_gc(loc, COLLECT, now=now, use_summary=False)
+    assert not between.history.listed and len(between.retained_versions) > len(full.retained_versions) == 3
+    assert_keeps_more(between, full)
+    forget_process()
+    later = gc.plan_gc(loc, COLLECT, now=now + COLLECT.full_scan_interval_seconds + 1)
+    assert later.history.listed and decision(later)["retained"] == full.retained_versions
+    assert_same_decision(loc, COLLECT)
+
+
+def test_lances_cleanup_of_the_oldest_versions_is_seen_at_once(tmp_path):
+    loc, w = _history(tmp_path, cycles=4)
+    table.open_dataset(loc).cleanup_old_versions(older_than=timedelta(0), retain_versions=2)
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP)
+    assert plan.history.listed and len(plan.retained_versions) == 2  # the oldest known is gone: listed
+    assert_same_decision(loc, COLLECT)
+
+
+def test_memwals_base_cleanup_is_listed_in_the_same_pass(tmp_path):
+    loc, w = _history(tmp_path, cycles=4)
+    forget_process()
+    r = gc.run_gc(loc, COLLECT)
+    assert r.base_cleanup["old_versions"] > 0 and r.plan.history.listed
+    assert r.retained_versions == len(table.open_dataset(loc).versions()) == 3
+    w.write_round(12, puts_per_batch=50)
+    mark_merged(loc, w.regions.values())
+    plan = assert_same_decision(loc, KEEP)
+    forget_process()
+    between = gc.plan_gc(loc, KEEP)
+    assert not between.history.listed and between.retained_versions == plan.retained_versions
+
+
+@pytest.mark.parametrize("longer", [False, True])
+def test_a_table_recreated_is_seen_by_the_probe(tmp_path, longer):
+    """The newest known version is read again each pass: a table created again at this URI has
+    none there (shorter) or another manifest (as long or longer): then `_versions/` is listed."""
+    loc, w = _history(tmp_path, cycles=2)
+    top = max(gc.plan_gc(loc, KEEP).retained_versions)
+    for d in ("_versions", "data", "_transactions", "_deletions", "_indices"):
+        shutil.rmtree(os.path.join(loc.lance_uri, d), ignore_errors=True)
+    time.sleep(0.01)
+    loc, w = new_table(loc.lance_uri)
+    while longer and table.open_dataset(loc).version <= top:
+        table.open_dataset(loc).update_config({"k": str(time.time())})
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP)
+    assert plan.history.listed
+    assert plan.retained_versions == [v["version"] for v in table.open_dataset(loc).versions()]
+    assert_same_decision(loc, KEEP)
+    assert_same_decision(loc, COLLECT)
+
+
+def test_a_missing_version_below_the_latest_makes_the_pass_list(tmp_path):
+    """The probe stops at the first missing version; when the table's latest is above it (a
+    version removed since, a gap), `_versions/` is listed so that no newer version is missed."""
+    loc, w = _history(tmp_path, cycles=2)
+    top = max(gc.plan_gc(loc, KEEP).retained_versions)
+    for _ in range(2):
+        table.open_dataset(loc).update_config({"k": str(time.time())})
+    os.unlink(os.path.join(loc.lance_uri, _version_manifest(loc, top + 1)))
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP)
+    assert plan.history.listed and top + 2 in plan.retained_versions and top + 1 not in plan.retained_versions
+    assert_same_decision(loc, KEEP)
+
+
+def test_the_newest_known_version_is_compared_with_its_manifest(tmp_path):
+    """A summary row for the newest known version that is not its manifest's (another merge
+    progress) makes the pass ignore the summary, even between listings."""
+    loc, w = _history(tmp_path)
+    summary = history.decode_summary(loc.store.get(layout.GC_VERSIONS_KEY))
+    top = max(summary.facts)
+    assert summary.facts[top].merged
+    forged = dict(summary.facts)
+    forged[top] = history.VersionFacts(top, forged[top].size, forged[top].mtime, forged[top].stamp,
+                                       {rid: 10**6 for rid in forged[top].merged})
+    loc.store.put(layout.GC_VERSIONS_KEY, history.encode(forged, time.time(), time.time()))
+    forget_process()
+    plan = gc.plan_gc(loc, COLLECT)
+    assert plan.history.listed and plan.history.summary.startswith("ignored")
+    assert plan.history.read == len(plan.retained_versions)
+    assert_same_decision(loc, COLLECT)

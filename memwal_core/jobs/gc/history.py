@@ -267,16 +267,29 @@ def _head_version(loc: TableLocation, v: int) -> ObjectInfo | None:
     return None
 
 
+class _Mismatch(Exception):
+    """The newest known version's manifest is not the one the summary describes."""
+
+    def __init__(self, another_table: bool):
+        super().__init__()
+        self.another_table = another_table
+
+
 def _probe(loc: TableLocation, known: dict[int, VersionFacts], checked: bool,
            latest: int | None) -> list[tuple[int, ObjectInfo]] | None:
     """The versions committed above the newest known one (steps 1-3 of the module docstring);
-    None: something is not as the summary says, list `_versions/`. `checked`: steps 1-2 were
-    done earlier in this pass."""
+    None: versions may be missing, list `_versions/`; `_Mismatch`: the newest known manifest is
+    another one (nothing of the summary is used). `checked`: steps 1-2 were done in this pass."""
     top = max(known)
     if not checked:
         info = _head_version(loc, top)
-        if info is None or _read(loc, top, info) != known[top]:
+        if info is None:
             return None
+        got = _read(loc, top, info)
+        if got is None:
+            return None
+        if got != known[top]:
+            raise _Mismatch(got.stamp != known[top].stamp)
         low = min(known)
         info = _head_version(loc, low)
         if info is None or (info.size, info.mtime) != (known[low].size, known[low].mtime):
@@ -309,9 +322,15 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
     must_list = (why != "used" or not base.facts or (earlier is not None and earlier.must_list)
                  or due(base.listed_at, now, interval)
                  or (for_leaks and not listed_before and due(base.leaks_at, now, interval)))
-    probed = None if must_list else _probe(loc, base.facts, earlier is not None, latest)
-    out = VersionHistory(summary=why, recreated=earlier.recreated if earlier is not None else False,
-                         listed_at=base.listed_at, leaks_at=base.leaks_at)
+    recreated = earlier.recreated if earlier is not None else False
+    try:
+        probed = None if must_list else _probe(loc, base.facts, earlier is not None, latest)
+    except _Mismatch as e:
+        probed, base, recreated = None, Summary(), e.another_table
+        why = ("ignored: it describes another table at this URI (re-created)" if recreated
+               else "ignored: its newest version is not that version's manifest")
+        log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY, why[len("ignored: "):])
+    out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at)
     if probed is not None:
         known, todo = base.facts, probed
         out.facts = dict(known)
