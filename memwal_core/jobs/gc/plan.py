@@ -439,8 +439,8 @@ def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float, use_summary: bool,
     that completed is in the version summary, saved with it by execution)."""
     h = plan.history
     if h is not None and not due(h.leaks_at, now, interval):
-        plan.leak_scan = {"skipped": True, "last_scan_seconds_ago": round(now - h.leaks_at),
-                          "next_scan_in_seconds": round(h.leaks_at + interval - now)}
+        plan.leak_scan = {"skipped": True, "last_scan_seconds_ago": round(now - h.leaks_at, 1),
+                          "next_scan_in_seconds": round(h.leaks_at + interval - now, 1)}
         return
     listing = h.listing if h is not None and plan.base_cleanup is None else None
     scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace, use_summary=use_summary, versions_listing=listing)
