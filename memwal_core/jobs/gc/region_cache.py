@@ -130,6 +130,7 @@ class Checked:
         self.store, self.cache = store, cache
         self._wal_ok: bool | None = None if cache is not None and cache.wal_anchor else False
         self._manifests_ok: bool | None = None if cache is not None and cache.manifests else False
+        self._manifest_dir = layout.manifest_dir(cache.region_id) if cache is not None else ""
 
     def wal_ok(self) -> bool:
         if self._wal_ok is None:
@@ -155,7 +156,7 @@ class Checked:
         if not self._manifests_ok:
             return None
         size, mtime = c.manifests[v]
-        return ObjectInfo(layout.manifest_key(c.region_id, v), size, mtime)
+        return ObjectInfo(f"{self._manifest_dir}/{layout.bitrev(v)}{layout.MANIFEST_SUFFIX}", size, mtime)
 
 
 def _same(info: ObjectInfo | None, size: int, mtime: float) -> bool:
