@@ -4,7 +4,8 @@ Every region is planned in parallel (`_plan_region`): its manifest is validated 
 one deletes nothing and is reported), a stale region keeps everything, then come its generations
 (`_plan_generations`, the holds on the others), WAL entries (`wal.py`), old manifest versions
 (`manifests.py`) and orphan directories (`_plan_orphans`). The table's leaked files (`leaks.py`)
-come last, when the plan covers every region."""
+come last, when the plan covers every region and a full scan is due (`GcOptions.full_scan_interval_seconds`:
+between, the retained versions are probed, `history.py`, and the leak scan skipped)."""
 
 from __future__ import annotations
 
