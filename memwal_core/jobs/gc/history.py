@@ -28,6 +28,10 @@ and the leak scan lists `_versions/` itself. The rows of the versions below the 
 checked against their manifests between listings: a version's manifest never changes, and the
 one way to get other manifests at the same keys (the table created again) changes or removes the
 newest one first, which step 1 sees. The summary is written by GC alone, sealed with a checksum.
+A version *missing* from what a pass believes would let it collect what that version reads; the
+probe cannot miss one above the newest known (it goes up to the latest), and one below can only
+appear in a slot a cleanup freed (a commit that read a version older than the retention floor,
+`GcOptions`, which rules that out); the next listing would see it.
 
 When `_versions/` is listed (the summary's usual use before):
 - an entry is used only for a version the listing shows now, with the same manifest size and

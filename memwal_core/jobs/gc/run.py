@@ -82,9 +82,11 @@ def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: 
             base_plan = plan_base_cleanup(loc, config)
             base = {"dry_run": True, "old_versions": len(base_plan.versions), "bytes_removed": base_plan.bytes}
         else:
-            if known is not None:  # what it removes is seen by listing again
+            if known is not None:  # what it removes is seen by listing again (also after a failure)
                 known.must_list = True
             base = cleanup_base_versions(loc, config)
+            if known is not None and base["old_versions"] == 0:
+                known.must_list = False
         if progress:
             progress(f"base table: {base['old_versions']} old versions "
                      f"{'would be cleaned up' if dry_run else 'cleaned up'}")
