@@ -462,3 +462,28 @@ def test_the_newest_known_version_is_compared_with_its_manifest(tmp_path):
     assert plan.history.listed and plan.history.summary.startswith("ignored")
     assert plan.history.read == len(plan.retained_versions)
     assert_same_decision(loc, COLLECT)
+
+
+def test_between_full_scans_a_pass_lists_no_table_directory(loc):
+    """Local and on S3 (moto), where a HEAD may give a time less precisely than a listing: a pass
+    between full scans takes every known version from the summary, reads only the new one, and
+    lists neither `_versions/` nor a leak directory."""
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
+    w = demo.Workload(loc, seed=5, key_space=10**6, max_memtable_rows=1000)
+    for _ in range(2):
+        w.write_round(12, puts_per_batch=50)
+        mark_merged(loc, w.regions.values())
+        forget_process()
+        gc.run_gc(loc, KEEP)
+    table.open_dataset(loc).update_config({"k": "v"})
+    listed = []
+    real_list = loc.store.list
+    loc.store.list = lambda prefix: listed.append(prefix) or real_list(prefix)
+    forget_process()
+    r = gc.run_gc(loc, KEEP)
+    loc.store.list = real_list
+    h = r.plan.history
+    assert h.summary == "used" and not h.listed and h.read == 1 and r.leak_scan["skipped"]
+    assert not {p.split("/")[0] for p in listed} & {"_versions", "data", "_deletions", "_transactions", "_indices"}
+    assert table.open_dataset(loc).version in r.plan.retained_versions
+    assert_same_decision(loc, KEEP)

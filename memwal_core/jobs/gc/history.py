@@ -10,10 +10,11 @@ Finding the versions without listing `_versions/` (its listing grows with the hi
 only ever adds a version above the newest (a commit makes latest + 1, and the manifest key of a
 version is computable), so a pass:
 1. reads the newest version the summary knows again (HEAD and GET) and compares it with the
-   summary's row (size, time, commit time to the microsecond, merge progress): a table removed
-   and created again at this URI has another manifest there, or none (when it is shorter);
-2. HEADs the oldest version the summary knows: anyone's `cleanup_old_versions` removes the
-   oldest versions first (by age, and by count among those old enough);
+   summary's row (size, commit time to the microsecond, merge progress): a table removed and
+   created again at this URI has another manifest there, or none (when it is shorter);
+2. HEADs the oldest version the summary knows (there, with its size): anyone's
+   `cleanup_old_versions` removes the oldest versions first (by age, and by count among those
+   old enough);
 3. probes upward from the newest known version (HEAD of the next key until there is none; the
    plan checks that it reached the latest version Lance opened, else a gap: list).
 Any surprise in 1-3 (a manifest missing or different), a summary that is missing or not usable,
@@ -22,9 +23,9 @@ a base-version cleanup run by this pass, and a listing older than `full_scan_int
 
 Why a summary that was not listed is safe: a version believed retained but removed since (a
 tagged oldest version left while younger ones went, a cleanup between listings) only holds more:
-it lowers the time-travel bound (merge progress is a minimum over the versions), its stamp can
-only make the base-version cleanup run when it would remove nothing (`run._nothing_old_enough`),
-and the leak scan lists `_versions/` itself. The rows of the versions below the newest are not
+it lowers the time-travel bound (merge progress is a minimum over the versions), its older
+commit time can only make `run_gc` run Lance's cleanup (`run._nothing_old_enough`), which decides
+from the manifests themselves, and the leak scan lists `_versions/` itself. The rows of the versions below the newest are not
 checked against their manifests between listings: a version's manifest never changes, and the
 one way to get other manifests at the same keys (the table created again) changes or removes the
 newest one first, which step 1 sees. The summary is written by GC alone, sealed with a checksum.
@@ -33,7 +34,7 @@ probe cannot miss one above the newest known (it goes up to the latest), and one
 appear in a slot a cleanup freed (a commit that read a version older than the retention floor,
 `GcOptions`, which rules that out); the next listing would see it.
 
-When `_versions/` is listed (the summary's usual use before):
+When `_versions/` is listed (at least once per interval):
 - an entry is used only for a version the listing shows now, with the same manifest size and
   modification time as when it was read; any other listed version is read from its manifest.
   Versions removed since are simply not listed, so they hold nothing; a table re-created at the
@@ -292,11 +293,12 @@ def _probe(loc: TableLocation, known: dict[int, VersionFacts], checked: bool,
         got = _read(loc, top, info)
         if got is None:
             return None
-        if got != known[top]:
-            raise _Mismatch(got.stamp != known[top].stamp)
+        k = known[top]  # not the modification time: a HEAD may give it less precisely than a listing
+        if (got.size, got.stamp, got.merged) != (k.size, k.stamp, k.merged):
+            raise _Mismatch(got.stamp != k.stamp)
         low = min(known)
         info = _head_version(loc, low)
-        if info is None or (info.size, info.mtime) != (known[low].size, known[low].mtime):
+        if info is None or info.size != known[low].size:
             return None
     new = []
     v = top + 1
