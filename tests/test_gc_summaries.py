@@ -6,6 +6,7 @@ versions), and a pass reads only what it does not know yet."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -487,3 +488,40 @@ def test_between_full_scans_a_pass_lists_no_table_directory(loc):
     assert not {p.split("/")[0] for p in listed} & {"_versions", "data", "_deletions", "_transactions", "_indices"}
     assert table.open_dataset(loc).version in r.plan.retained_versions
     assert_same_decision(loc, KEEP)
+
+
+def test_manifest_versions_walked_up_from_the_lowest_left(tmp_path):
+    """The region cache keeps only the lowest manifest version left at or below the retention
+    cut; a pass walks up from it to the first version young enough to stay, and decides as a
+    pass that walks every version down: with the split between old and young anywhere, and
+    after the old ones went."""
+    loc, w = _history(tmp_path, cycles=6, merge=False)
+    rid = sorted(w.regions.values())[0]
+    assert len(region_cache.load(loc.store, rid).manifests) == 1
+    mtimes = sorted(o.mtime for o in loc.store.list(layout.manifest_dir(rid)) if o.key.endswith(layout.MANIFEST_SUFFIX))
+    assert len(mtimes) > 8
+    keep2 = dataclasses.replace(KEEP, manifest_retention=2)
+    for split in (mtimes[1], mtimes[len(mtimes) // 2], mtimes[-4]):
+        for now in (split + 3600 - 1e-3, split + 3600 + 1e-3):
+            forget_process()
+            cached = gc.plan_gc(loc, keep2, now=now)
+            forget_process()
+            full = gc.plan_gc(loc, keep2, now=now, use_summary=False)
+            assert decision(cached)["items"] == decision(full)["items"] and cached.kept == full.kept
+    cfg = dataclasses.replace(keep2, manifest_min_age_seconds=time.time() - mtimes[len(mtimes) // 2])
+    forget_process()
+    r = gc.run_gc(loc, cfg)
+    assert any(i.kind == "manifest" for i in r.deleted)
+    w.write_round(12, puts_per_batch=50)
+    assert_same_decision(loc, cfg)
+    low = min(region_cache.load(loc.store, rid).manifests)
+    os.unlink(os.path.join(loc.lance_uri, layout.manifest_key(rid, low + 1)))  # missing on the way up
+    all_old = dataclasses.replace(cfg, manifest_min_age_seconds=0)
+    now = time.time()
+    forget_process()
+    cached = gc.plan_gc(loc, all_old, now=now)
+    forget_process()
+    full = gc.plan_gc(loc, all_old, now=now, use_summary=False)
+    assert decision(cached)["items"] == decision(full)["items"]  # walked down to the hole, as a full read
+    deleted = {i.number for i in cached.items if i.kind == "manifest" and i.region_id == rid}
+    assert deleted and low not in deleted and min(deleted) == low + 2
