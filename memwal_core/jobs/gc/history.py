@@ -21,18 +21,18 @@ Any surprise in 1-3 (a manifest missing or different), a summary that is missing
 a base-version cleanup run by this pass, and a listing older than `full_scan_interval_seconds`
 (`GcOptions`; its time is in the summary) make the pass list `_versions/` instead.
 
-Why a summary that was not listed is safe: a version believed retained but removed since (a
-tagged oldest version left while younger ones went, a cleanup between listings) only holds more:
-it lowers the time-travel bound (merge progress is a minimum over the versions), its older
-commit time can only make `run_gc` run Lance's cleanup (`run._nothing_old_enough`), which decides
-from the manifests themselves, and the leak scan lists `_versions/` itself. The rows of the versions below the newest are not
-checked against their manifests between listings: a version's manifest never changes, and the
-one way to get other manifests at the same keys (the table created again) changes or removes the
-newest one first, which step 1 sees. The summary is written by GC alone, sealed with a checksum.
-A version *missing* from what a pass believes would let it collect what that version reads; the
-probe cannot miss one above the newest known (it goes up to the latest), and one below can only
-appear in a slot a cleanup freed (a commit that read a version older than the retention floor,
-`GcOptions`, which rules that out); the next listing would see it.
+Why a summary that was not listed is safe: a version believed retained but removed since (a tagged
+oldest version left while younger ones went, a cleanup between listings) only holds more: it
+lowers the time-travel bound (merge progress is a minimum over the versions), its older commit
+time can only make `run_gc` run Lance's cleanup (`run._nothing_old_enough`), which decides from
+the manifests themselves, and the leak scan lists `_versions/` itself. The rows of the versions
+below the newest are not checked against their manifests between listings: a version's manifest
+never changes, and the one way to get other manifests at the same keys (the table created again)
+changes or removes the newest one first, which step 1 sees. The summary is written by GC alone,
+sealed with a checksum. A version *missing* from what a pass believes would let it collect what
+that version reads; the probe cannot miss one above the newest known (it goes up to the latest),
+and one below can only appear in a slot a cleanup freed (a commit that read a version older than
+the retention floor, `GcOptions`, which rules that out); the next listing would see it.
 
 When `_versions/` is listed (at least once per interval):
 - an entry is used only for a version the listing shows now, with the same manifest size and

@@ -36,8 +36,8 @@ class ManifestPlan:
     kept_low: dict[int, ObjectInfo] = field(default_factory=dict)
 
 
-def _candidates(loc: TableLocation, rid: str, first_candidate: int, leftover_scan: bool,
-                cache: region_cache.Checked | None = None) -> list[tuple[int, ObjectInfo]]:
+def _candidates(loc: TableLocation, rid: str, first_candidate: int,
+                leftover_scan: bool) -> list[tuple[int, ObjectInfo]]:
     """The versions at or below `first_candidate` that exist, oldest first: probed down to the
     first missing one (earlier runs deleted from there down) and, for a region whose last delete
     may have left survivors below that hole, one listing of the (small: retained and young
