@@ -13,10 +13,13 @@ in-process caches are emptied (`leaks._REFS`, the lifecycle's `_SEEN`); what car
 pass to the next is only what GC keeps on the store (`_memwal/gc_versions.json`,
 `_memwal/gc_refs.json`, `_memwal/gc_regions/`).
 
-Measured: the pass time (`run_gc`), median of the first and of the last `--window` cycles, and
+Measured: the pass time (`run_gc`), median (and mean, max) of the first and of the last `--window`
+cycles, the cycles whose pass listed the whole table (`full_scan_interval_seconds`), and
 the baseline in the same run: a **full-read pass** (those summaries removed first, so every
 retained manifest, WAL entry and manifest version is read again, as before they existed), `--reps`
-times right after the first window and at the end. Also counted: GETs per pass at the end.
+times right after the first window and at the end; and as often a **scan pass**: one that lists
+the whole table with what the summaries know (`full_scan_interval_seconds=0`), as a deployment's
+pass does once per interval. Also counted: GETs per pass at the end.
 
 usage: python bench/gc_history.py [--cycles 1000] [--quick]
 Prints `RESULT gc_history ... pass_last_over_first=R full_last_over_first=F last_full_over_cached=S`.
@@ -46,12 +49,17 @@ def forget_store(loc) -> None:
                           + [o.key for o in loc.store.list(layout.GC_REGIONS_DIR)])
 
 
-def gc_pass(loc, *, full: bool = False) -> tuple[float, gc.GcResult]:
+# A pass that lists the whole table with what the summaries know (once per interval in a deployment).
+SCAN = (gc.GcOptions(full_scan_interval_seconds=0) if "full_scan_interval_seconds" in gc.GcOptions.__dataclass_fields__
+        else gc.GcOptions())
+
+
+def gc_pass(loc, *, full: bool = False, scan: bool = False) -> tuple[float, gc.GcResult]:
     forget_process()
     if full:
         forget_store(loc)
     t = time.perf_counter()
-    r = gc.run_gc(loc)
+    r = gc.run_gc(loc, SCAN if scan else None)
     s = time.perf_counter() - t
     if r.region_errors:
         raise SystemExit(f"GC failed: {r.region_errors}")
@@ -85,7 +93,9 @@ def run(a, base: str, window: int) -> int:
     demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=1000)
     w = demo.Workload(loc, seed=3, key_space=10**6, max_memtable_rows=max(1000, a.rows * 4))
     passes: list[float] = []
+    full_scans: list[int] = []  # cycles whose pass listed the table (`full_scan_interval_seconds`)
     full: dict[str, list[float]] = {}
+    scans: dict[str, list[float]] = {}
     t0 = time.monotonic()
     for cycle in range(1, a.cycles + 1):
         w.write_round(a.rows, overwrite=0.3, delete=0.05, puts_per_batch=50)
@@ -95,12 +105,15 @@ def run(a, base: str, window: int) -> int:
             ds.update_config({"bench.cycle": f"{cycle}.{i}"})
         s, r = gc_pass(loc)
         passes.append(s)
+        if getattr(r.plan.history, "listed", True) or "skipped" not in r.leak_scan:
+            full_scans.append(cycle)
         if r.deleted_objects:
             raise SystemExit(f"cycle {cycle}: GC deleted {r.deleted_objects} objects; nothing is old enough")
         if cycle == window or cycle == a.cycles:
             key = "first" if cycle == window else "last"
             full[key] = [gc_pass(loc, full=True)[0] for _ in range(a.reps)]
             gc_pass(loc)  # back to what the summaries know
+            scans[key] = [gc_pass(loc, scan=True)[0] for _ in range(a.reps)]
         if cycle % 50 == 0 or cycle == a.cycles:
             say(f"cycle {cycle}/{a.cycles} ({time.monotonic() - t0:.0f} s): GC {s * 1e3:.0f} ms, "
                 f"{r.retained_versions} base versions retained, history {r.plan.history.to_dict()}")
@@ -113,9 +126,13 @@ def run(a, base: str, window: int) -> int:
     result("gc_history", cycles=a.cycles, regions=a.regions, window=window,
            base_versions=last.retained_versions, wal_entries=wal_entries, manifest_versions=manifest_versions,
            pass_first_s=first_w, pass_last_s=last_w, pass_last_over_first=ratio(last_w, first_w),
+           pass_first_mean_s=round(sum(passes[:window]) / window, 3), pass_first_max_s=round(max(passes[:window]), 3),
+           pass_last_mean_s=round(sum(passes[-window:]) / window, 3), pass_last_max_s=round(max(passes[-window:]), 3),
+           full_scan_cycles=",".join(map(str, full_scans[:20])) or "none",
            full_first_s=median(full["first"]), full_last_s=median(full["last"]),
            full_last_over_first=ratio(median(full["last"]), median(full["first"])),
            last_full_over_cached=ratio(median(full["last"]), last_w),
+           scan_first_s=median(scans["first"]), scan_last_s=median(scans["last"]),
            requests_last_pass="/".join(f"{k}:{v}" for k, v in sorted(gets.items())),
            seconds=round(time.monotonic() - t0))
     return 0

@@ -560,9 +560,14 @@ def test_manifest_retention_and_version_hint(table_loc):
     loc.store.stats.clear()
     assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_seconds=0)).items
     # regions, the region directory (orphans), GC's intent markers, the markers of unverified
-    # merge commits; the retained base versions (jobs/gc/history.py: _versions/, which the
-    # leaked-file scan starts from); and the leaked-file scan (jobs/gc/leaks.py): _versions/ again
-    # (versions committed meanwhile), data/, _deletions/, _transactions/, _indices/
+    # merge commits; the retained base versions are probed (jobs/gc/history.py), not listed, and
+    # the leaked-file scan is not due (the run above scanned)
+    assert loc.store.stats["list"] == 4
+    # A full scan: the retained base versions (_versions/, which the leaked-file scan starts
+    # from); and the leaked-file scan (jobs/gc/leaks.py): _versions/ again (versions committed
+    # meanwhile), data/, _deletions/, _transactions/, _indices/
+    loc.store.stats.clear()
+    assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_seconds=0), full_scan=True).items
     assert loc.store.stats["list"] == 4 + 1 + 5
     # Without the hint: memwal lists, pylance still opens, writes and flushes.
     os.unlink(os.path.join(loc.store.root, layout.version_hint_key(rid)))

@@ -6,6 +6,7 @@ versions), and a pass reads only what it does not know yet."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ COLLECT = gc.GcOptions(cleanup_base_versions_older_than_seconds=0, cleanup_base_
                        cleanup_base_versions_retain=3, manifest_retention=2, manifest_min_age_seconds=0,
                        orphan_grace_seconds=0, leaked_file_grace_seconds=0)
 KEEP = gc.GcOptions()  # the shipped retention: nothing is old enough, every version holds its generations
+KEEP_SCANNING = gc.GcOptions(full_scan_interval_seconds=0)  # and every pass a full scan
 SUMMARIES = (layout.GC_VERSIONS_KEY, layout.GC_REFS_KEY)
 
 
@@ -47,14 +49,34 @@ def decision(plan: gc.GcPlan) -> dict:
 
 
 def assert_same_decision(loc, config: gc.GcOptions) -> gc.GcPlan:
-    """The plan with what earlier passes learned equals the plan that reads everything again."""
+    """The plan with what earlier passes learned equals the plan that reads everything again, when
+    it lists the table (a full scan: `full_scan_interval_seconds` passed); between full scans
+    (versions probed, no leak scan) it deletes no more (`assert_keeps_more`)."""
     now = time.time()
     forget_process()
-    cached = gc.plan_gc(loc, config, now=now)
+    between = gc.plan_gc(loc, config, now=now)
+    forget_process()
+    cached = gc.plan_gc(loc, config, now=now, full_scan=True)
     forget_process()
     full = gc.plan_gc(loc, config, now=now, use_summary=False)
     assert decision(cached) == decision(full)
+    assert_keeps_more(between, full)
     return cached
+
+
+def assert_keeps_more(between: gc.GcPlan, full: gc.GcPlan) -> None:
+    """A plan made between full scans keeps at least what a full read keeps: every version the
+    full read retains, limits no higher, a subset of its items (no leaked file without a scan);
+    with the same versions, the same decision on the regions."""
+    assert set(between.retained_versions) >= set(full.retained_versions)
+    assert all(between.regions[r].limit <= p.limit for r, p in full.regions.items() if not p.error)
+    regional = lambda plan: {json.dumps(i.to_dict(), sort_keys=True) for i in plan.items if i.kind != "leaked"}  # noqa: E731
+    assert regional(between) <= regional(full)
+    assert {i.path for i in between.leaked} <= {i.path for i in full.leaked}
+    if between.retained_versions == full.retained_versions:
+        assert regional(between) == regional(full) and between.holds == full.holds
+    if between.leak_scan.get("skipped"):
+        assert not between.leaked
 
 
 def overwrite(loc) -> None:
@@ -138,14 +160,22 @@ def _history(tmp_path, cycles: int = 3, merge: bool = True):
 def test_a_pass_reads_only_what_it_does_not_know(tmp_path):
     loc, w = _history(tmp_path)
     forget_process()
-    plan = gc.plan_gc(loc, KEEP)
+    plan = gc.plan_gc(loc, KEEP)  # between full scans: `_versions/` is not listed, no leak scan
     assert plan.history.read == 0 and plan.history.known == len(plan.retained_versions) > 3
+    assert not plan.history.listed and plan.leak_scan["skipped"] and plan.leak_scan["next_scan_in_seconds"] > 0
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP, full_scan=True)
+    assert plan.history.read == 0 and plan.history.listed
     assert plan.leak_scan["manifests_read"] == 0
     w.write_round(12, puts_per_batch=50)
     mark_merged(loc, w.regions.values())
     forget_process()
     plan = gc.plan_gc(loc, KEEP)
-    assert plan.history.read == 1  # the merge commit; the writers commit no table version
+    assert plan.history.read == 1 and not plan.history.listed  # the merge commit, found by probing
+    assert table.open_dataset(loc).version in plan.retained_versions
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP, full_scan=True)
+    assert plan.history.read == 1  # the writers commit no table version
     assert plan.leak_scan["manifests_read"] == 1
     # The WAL entries and manifest versions of earlier passes are not read again.
     reads: dict[str, int] = {}
@@ -240,7 +270,7 @@ def test_a_corrupt_summary_is_read_around_and_written_again(tmp_path, key, how):
     if key == layout.GC_VERSIONS_KEY:
         assert plan.history.summary.startswith("ignored") and plan.history.read == len(plan.retained_versions)
     forget_process()
-    gc.run_gc(loc, KEEP)
+    gc.run_gc(loc, KEEP_SCANNING)  # the leak references are read (and written) only by a leak scan
     good = loc.store.get(key)
     json.loads(json.loads(good)["body"])  # written again, whole
     if key == layout.GC_VERSIONS_KEY:
@@ -327,3 +357,171 @@ def test_a_region_cache_is_used_only_while_its_anchors_hold(tmp_path):
     forget_process()
     kept = gc.plan_gc(loc, KEEP, now=now).regions[rid].kept
     assert kept[gc.KeepReason.WAL_FENCE_SENTINEL] >= len(good.wal) - 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Between full scans: versions found by probing, removals by a check of the oldest and newest
+# known version, the whole table listed once per `full_scan_interval_seconds`.
+
+
+def _version_manifest(loc, v: int) -> str:
+    return next(k for k in table.manifest_keys(v) if loc.store.exists(k))
+
+
+def test_a_cleanup_that_left_the_oldest_version_is_seen_at_the_next_listing(tmp_path):
+    """A tagged oldest version survives Lance's cleanup of the ones after it: the probe does not
+    notice, so the removed versions still hold their generations (GC keeps more) until the next
+    listing, after `full_scan_interval_seconds`."""
+    loc, w = _history(tmp_path, cycles=4)
+    oldest = min(gc.plan_gc(loc, KEEP).retained_versions)
+    table.open_dataset(loc).tags.create("keep", oldest)
+    table.open_dataset(loc).cleanup_old_versions(older_than=timedelta(0), retain_versions=2,
+                                                 error_if_tagged_old_versions=False)
+    now = time.time()
+    forget_process()
+    between = gc.plan_gc(loc, COLLECT, now=now)
+    forget_process()
+    full = gc.plan_gc(loc, COLLECT, now=now, use_summary=False)
+    assert not between.history.listed and len(between.retained_versions) > len(full.retained_versions) == 3
+    assert_keeps_more(between, full)
+    forget_process()
+    later = gc.plan_gc(loc, COLLECT, now=now + COLLECT.full_scan_interval_seconds + 1)
+    assert later.history.listed and decision(later)["retained"] == full.retained_versions
+    assert_same_decision(loc, COLLECT)
+
+
+def test_lances_cleanup_of_the_oldest_versions_is_seen_at_once(tmp_path):
+    loc, w = _history(tmp_path, cycles=4)
+    table.open_dataset(loc).cleanup_old_versions(older_than=timedelta(0), retain_versions=2)
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP)
+    assert plan.history.listed and len(plan.retained_versions) == 2  # the oldest known is gone: listed
+    assert_same_decision(loc, COLLECT)
+
+
+def test_memwals_base_cleanup_is_listed_in_the_same_pass(tmp_path):
+    loc, w = _history(tmp_path, cycles=4)
+    forget_process()
+    r = gc.run_gc(loc, COLLECT)
+    assert r.base_cleanup["old_versions"] > 0 and r.plan.history.listed
+    assert r.retained_versions == len(table.open_dataset(loc).versions()) == 3
+    w.write_round(12, puts_per_batch=50)
+    mark_merged(loc, w.regions.values())
+    plan = assert_same_decision(loc, KEEP)
+    forget_process()
+    between = gc.plan_gc(loc, KEEP)
+    assert not between.history.listed and between.retained_versions == plan.retained_versions
+
+
+@pytest.mark.parametrize("longer", [False, True])
+def test_a_table_recreated_is_seen_by_the_probe(tmp_path, longer):
+    """The newest known version is read again each pass: a table created again at this URI has
+    none there (shorter) or another manifest (as long or longer): then `_versions/` is listed."""
+    loc, w = _history(tmp_path, cycles=2)
+    top = max(gc.plan_gc(loc, KEEP).retained_versions)
+    for d in ("_versions", "data", "_transactions", "_deletions", "_indices"):
+        shutil.rmtree(os.path.join(loc.lance_uri, d), ignore_errors=True)
+    time.sleep(0.01)
+    loc, w = new_table(loc.lance_uri)
+    while longer and table.open_dataset(loc).version <= top:
+        table.open_dataset(loc).update_config({"k": str(time.time())})
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP)
+    assert plan.history.listed
+    assert plan.retained_versions == [v["version"] for v in table.open_dataset(loc).versions()]
+    assert_same_decision(loc, KEEP)
+    assert_same_decision(loc, COLLECT)
+
+
+def test_a_missing_version_below_the_latest_makes_the_pass_list(tmp_path):
+    """The probe stops at the first missing version; when the table's latest is above it (a
+    version removed since, a gap), `_versions/` is listed so that no newer version is missed."""
+    loc, w = _history(tmp_path, cycles=2)
+    top = max(gc.plan_gc(loc, KEEP).retained_versions)
+    for _ in range(2):
+        table.open_dataset(loc).update_config({"k": str(time.time())})
+    os.unlink(os.path.join(loc.lance_uri, _version_manifest(loc, top + 1)))
+    forget_process()
+    plan = gc.plan_gc(loc, KEEP)
+    assert plan.history.listed and top + 2 in plan.retained_versions and top + 1 not in plan.retained_versions
+    assert_same_decision(loc, KEEP)
+
+
+def test_the_newest_known_version_is_compared_with_its_manifest(tmp_path):
+    """A summary row for the newest known version that is not its manifest's (another merge
+    progress) makes the pass ignore the summary, even between listings."""
+    loc, w = _history(tmp_path)
+    summary = history.decode_summary(loc.store.get(layout.GC_VERSIONS_KEY))
+    top = max(summary.facts)
+    assert summary.facts[top].merged
+    forged = dict(summary.facts)
+    forged[top] = history.VersionFacts(top, forged[top].size, forged[top].mtime, forged[top].stamp,
+                                       {rid: 10**6 for rid in forged[top].merged})
+    loc.store.put(layout.GC_VERSIONS_KEY, history.encode(forged, time.time(), time.time()))
+    forget_process()
+    plan = gc.plan_gc(loc, COLLECT)
+    assert plan.history.listed and plan.history.summary.startswith("ignored")
+    assert plan.history.read == len(plan.retained_versions)
+    assert_same_decision(loc, COLLECT)
+
+
+def test_between_full_scans_a_pass_lists_no_table_directory(loc):
+    """Local and on S3 (moto), where a HEAD may give a time less precisely than a listing: a pass
+    between full scans takes every known version from the summary, reads only the new one, and
+    lists neither `_versions/` nor a leak directory."""
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
+    w = demo.Workload(loc, seed=5, key_space=10**6, max_memtable_rows=1000)
+    for _ in range(2):
+        w.write_round(12, puts_per_batch=50)
+        mark_merged(loc, w.regions.values())
+        forget_process()
+        gc.run_gc(loc, KEEP)
+    table.open_dataset(loc).update_config({"k": "v"})
+    listed = []
+    real_list = loc.store.list
+    loc.store.list = lambda prefix: listed.append(prefix) or real_list(prefix)
+    forget_process()
+    r = gc.run_gc(loc, KEEP)
+    loc.store.list = real_list
+    h = r.plan.history
+    assert h.summary == "used" and not h.listed and h.read == 1 and r.leak_scan["skipped"]
+    assert not {p.split("/")[0] for p in listed} & {"_versions", "data", "_deletions", "_transactions", "_indices"}
+    assert table.open_dataset(loc).version in r.plan.retained_versions
+    assert_same_decision(loc, KEEP)
+
+
+def test_manifest_versions_walked_up_from_the_lowest_left(tmp_path):
+    """The region cache keeps only the lowest manifest version left at or below the retention
+    cut; a pass walks up from it to the first version young enough to stay, and decides as a
+    pass that walks every version down: with the split between old and young anywhere, and
+    after the old ones went."""
+    loc, w = _history(tmp_path, cycles=6, merge=False)
+    rid = sorted(w.regions.values())[0]
+    assert len(region_cache.load(loc.store, rid).manifests) == 1
+    mtimes = sorted(o.mtime for o in loc.store.list(layout.manifest_dir(rid)) if o.key.endswith(layout.MANIFEST_SUFFIX))
+    assert len(mtimes) > 8
+    keep2 = dataclasses.replace(KEEP, manifest_retention=2)
+    for split in (mtimes[1], mtimes[len(mtimes) // 2], mtimes[-4]):
+        for now in (split + 3600 - 1e-3, split + 3600 + 1e-3):
+            forget_process()
+            cached = gc.plan_gc(loc, keep2, now=now)
+            forget_process()
+            full = gc.plan_gc(loc, keep2, now=now, use_summary=False)
+            assert decision(cached)["items"] == decision(full)["items"] and cached.kept == full.kept
+    cfg = dataclasses.replace(keep2, manifest_min_age_seconds=time.time() - mtimes[len(mtimes) // 2])
+    forget_process()
+    r = gc.run_gc(loc, cfg)
+    assert any(i.kind == "manifest" for i in r.deleted)
+    w.write_round(12, puts_per_batch=50)
+    assert_same_decision(loc, cfg)
+    low = min(region_cache.load(loc.store, rid).manifests)
+    os.unlink(os.path.join(loc.lance_uri, layout.manifest_key(rid, low + 1)))  # missing on the way up
+    all_old = dataclasses.replace(cfg, manifest_min_age_seconds=0)
+    now = time.time()
+    forget_process()
+    cached = gc.plan_gc(loc, all_old, now=now)
+    forget_process()
+    full = gc.plan_gc(loc, all_old, now=now, use_summary=False)
+    assert decision(cached)["items"] == decision(full)["items"]  # walked down to the hole, as a full read
+    deleted = {i.number for i in cached.items if i.kind == "manifest" and i.region_id == rid}
+    assert deleted and low not in deleted and min(deleted) == low + 2

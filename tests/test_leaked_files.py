@@ -11,6 +11,7 @@ them while younger than the grace, and leave every retained version reading as b
 from __future__ import annotations
 
 import contextlib
+import time
 
 import lance
 import pyarrow as pa
@@ -118,7 +119,8 @@ def test_lost_commits_leave_files_that_gc_collects_exactly(loc):
     assert r.counts()["leaked"] == len(plan.leaked) and not r.region_errors
     assert not (_files(loc) & planned)
     assert _contents(loc) == contents  # every retained version reads as before
-    again = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0))
+    again = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0),
+                       full_scan=True)  # the scan that just ran is not due again for an interval
     assert not again.leaked and again.leak_scan["versions_read"] == len(contents)
 
 
@@ -138,3 +140,40 @@ def test_an_unplaceable_manifest_stops_the_leak_scan(tmp_path):
     assert res.metrics()["regions_failed"] == 1 and "leaked files not collected" in res.summary()
     off = gc.plan_gc(loc, gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0, collect_leaked_files=False))
     assert not off.leaked and gc.LEAKS_KEY not in off.region_errors
+
+
+def test_a_leaked_file_is_collected_within_the_full_scan_interval(tmp_path):
+    """The leak scan runs once per `full_scan_interval_seconds` (between, a pass deletes no
+    leaked file); a file a lost commit leaves after a scan is collected by the first pass after
+    the interval: within the grace (0 here) plus the interval, plus the time to that pass. A dry
+    run scans whenever it runs."""
+    loc = open_store(str(tmp_path / "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
+    cfg = gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0, full_scan_interval_seconds=6)
+    first = gc.run_gc(loc, cfg)
+    assert "skipped" not in first.leak_scan and not first.region_errors
+    before = _files(loc)
+    rows = _ds(loc).to_table().slice(0, 2)
+    with pytest.raises(OSError):
+        _ds(loc, commit_lock=_abandon).insert(rows.set_column(0, rows.schema.field(0), pa.array([7, 8], pa.int64())))
+    leaked_at = time.time()
+    leaked = _files(loc) - before
+    assert any(k.startswith("data/") for k in leaked)
+    dry = gc.run_gc(loc, cfg, dry_run=True)
+    assert {k for i in dry.plan.leaked for k in i.keys} == leaked and dry.leak_scan["versions_read"] >= 1
+    skipped = 0
+    while True:
+        r = gc.run_gc(loc, cfg)
+        assert not r.region_errors
+        if r.leak_scan.get("skipped"):
+            skipped += 1
+            assert leaked <= _files(loc) and not r.leaked_objects
+            assert 0 <= r.leak_scan["next_scan_in_seconds"] <= cfg.full_scan_interval_seconds
+            assert time.time() - leaked_at < cfg.full_scan_interval_seconds + 5
+            time.sleep(0.5)
+            continue
+        break
+    assert skipped and r.leaked_objects == len(leaked) and not leaked & _files(loc)
+    assert time.time() - leaked_at <= cfg.leaked_grace + cfg.full_scan_interval_seconds + 5
+    after = gc.run_gc(loc, cfg)
+    assert after.leak_scan.get("skipped")  # the scan that collected was recorded

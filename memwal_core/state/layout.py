@@ -7,6 +7,7 @@ Anything taken from a manifest is validated here before it is opened or deleted.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 
@@ -56,6 +57,7 @@ def parse_bitrev(name: str) -> int | None:
     return int(stem[::-1], 2) if _BITREV.fullmatch(stem) else None
 
 
+@functools.lru_cache(maxsize=4096)  # every key of a region is built from its id: checked once per process
 def is_region_id(name: str) -> bool:
     try:
         return str(uuid.UUID(name)) == name.lower() and len(name) == 36

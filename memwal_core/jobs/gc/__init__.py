@@ -56,7 +56,9 @@ so it lists what the real run deletes. Per region:
    every region): files under `data/`, `_deletions/`, `_transactions/`, `_indices/` that no
    retained version's manifest references (commits that lost a race or crashed), older than
    `leaked_file_grace_seconds` (a week, never below the retention floor); kind `leaked`,
-   region "" (deleted after the regions' work).
+   region "" (deleted after the regions' work). The scan lists the whole table, so it runs once
+   per `full_scan_interval_seconds` (an hour) and in every dry run; `GcPlan.leak_scan` says
+   when it was skipped and when the next is due.
 
 Every committing step holds the table lease (`state/lease.py`): `run_gc` / `execute_gc` take it,
 and the base-version cleanup, each manifest commit and each delete are fenced by it.

@@ -2,33 +2,60 @@
 
 Of every retained version GC needs its merge progress (a reader time-travelling to it reads the
 generations above it) and its commit time (when the base-version cleanup removes it). A table
-version is immutable, so a GC pass lists `_versions/` once (the retained versions, with each
-manifest's size and modification time) and reads only the manifests it does not know yet. What
-it knows is kept beside the table in `_memwal/gc_versions.json` (written by `run_gc` after a
-pass that learned something), because every GC run is a new process (CLI, Dagster run).
+version is immutable, so GC reads only the manifests it does not know yet. What it knows is kept
+beside the table in `_memwal/gc_versions.json` (written by `run_gc` after a pass that learned
+something), because every GC run is a new process (CLI, Dagster run).
 
-The summary is a pure cache:
+Finding the versions without listing `_versions/` (its listing grows with the history). Lance
+only ever adds a version above the newest (a commit makes latest + 1, and the manifest key of a
+version is computable), so a pass:
+1. reads the newest version the summary knows again (HEAD and GET) and compares it with the
+   summary's row (size, commit time to the microsecond, merge progress): a table removed and
+   created again at this URI has another manifest there, or none (when it is shorter);
+2. HEADs the oldest version the summary knows (there, with its size): anyone's
+   `cleanup_old_versions` removes the oldest versions first (by age, and by count among those
+   old enough);
+3. probes upward from the newest known version (HEAD of the next key until there is none; the
+   plan checks that it reached the latest version Lance opened, else a gap: list).
+Any surprise in 1-3 (a manifest missing or different), a summary that is missing or not usable,
+a base-version cleanup run by this pass, and a listing older than `full_scan_interval_seconds`
+(`GcOptions`; its time is in the summary) make the pass list `_versions/` instead.
+
+Why a summary that was not listed is safe: a version believed retained but removed since (a tagged
+oldest version left while younger ones went, a cleanup between listings) only holds more: it
+lowers the time-travel bound (merge progress is a minimum over the versions), its older commit
+time can only make `run_gc` run Lance's cleanup (`run._nothing_old_enough`), which decides from
+the manifests themselves, and the leak scan lists `_versions/` itself. The rows of the versions
+below the newest are not checked against their manifests between listings: a version's manifest
+never changes, and the one way to get other manifests at the same keys (the table created again)
+changes or removes the newest one first, which step 1 sees. The summary is written by GC alone,
+sealed with a checksum. A version *missing* from what a pass believes would let it collect what
+that version reads; the probe cannot miss one above the newest known (it goes up to the latest),
+and one below can only appear in a slot a cleanup freed (a commit that read a version older than
+the retention floor, `GcOptions`, which rules that out); the next listing would see it.
+
+When `_versions/` is listed (at least once per interval):
 - an entry is used only for a version the listing shows now, with the same manifest size and
   modification time as when it was read; any other listed version is read from its manifest.
-  Versions removed since (memwal's or anyone's `cleanup_old_versions`) are simply not listed,
-  so they hold nothing; a table re-created at the same URI writes new manifests, usually with
-  new times, but a store whose times have whole seconds (S3) can show the same key, size and
-  time: so each pass also reads the newest manifest the summary vouches for and compares its
-  commit time (to the microsecond) with the recorded one; a difference drops the summary
-  (`recreated`), and the leak scan's and the regions' caches with it;
+  Versions removed since are simply not listed, so they hold nothing; a table re-created at the
+  same URI writes new manifests, usually with new times, but a store whose times have whole
+  seconds (S3) can show the same key, size and time: so the newest manifest the summary vouches
+  for is read and its commit time compared (to the microsecond) with the recorded one; a
+  difference drops the summary (`recreated`), and the leak scan's and the regions' caches with it;
 - a summary that is missing, garbled, of another format or whose checksum does not match is
   ignored (every manifest is read, and the summary written again); writing it may fail;
-- it is written by GC alone, with what GC read from the manifests it lists, so whatever it
-  holds was true of a manifest with that exact size and time: it can never make GC keep less
-  than reading every manifest again would (the property tests compare the two).
-A process that reads it without writing (`plan_gc` from `memwal status`, a dry run) only saves
-the reads it can.
+- whatever it holds was true of a manifest with that exact size and time: it can never make GC
+  keep less than reading every manifest again would (the property tests compare the two).
+The summary also records when the leak scan last completed (`leaks.py`: it runs once per
+interval). A process that reads it without writing (`plan_gc` from `memwal status`, a dry run)
+only saves the reads it can.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,13 +93,35 @@ class VersionHistory:
     read: int = 0  # manifests read this pass
     known: int = 0  # facts taken from the summary
     summary: str = "missing"  # used, missing, or why it was ignored
-    listing: list[ObjectInfo] = field(default_factory=list)  # `_versions/` as listed (the leak scan's too)
+    listing: list[ObjectInfo] | None = None  # `_versions/` as listed (the leak scan's too); None: probed
     changed: bool = True  # the summary to write differs from the one found
     recreated: bool = False  # the summary described another table at this URI: every cache is dropped
+    listed_at: float | None = None  # when `_versions/` was last listed (now, when this pass did)
+    leaks_at: float | None = None  # when the leak scan last completed (`leaks.py`)
+    must_list: bool = False  # a later read in this pass lists (a base-version cleanup ran in between)
+
+    @property
+    def listed(self) -> bool:
+        return self.listing is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {"versions": len(self.facts), "manifests_read": self.read, "from_summary": self.known,
-                "summary": self.summary}
+                "summary": self.summary, "listed": self.listed}
+
+
+@dataclass
+class Summary:
+    """What `_memwal/gc_versions.json` holds: the facts, and when the table was last listed in full."""
+
+    facts: dict[int, VersionFacts] = field(default_factory=dict)
+    listed_at: float | None = None
+    leaks_at: float | None = None
+
+
+def due(at: float | None, now: float, interval: float) -> bool:
+    """Whether what was done at `at` is due again (never done, an interval passed, a clock that
+    went back)."""
+    return at is None or not 0 <= now - at < interval
 
 
 def version_of(key: str) -> int | None:
@@ -97,7 +146,7 @@ def list_versions(loc: TableLocation, listing: list[ObjectInfo] | None = None) -
     return out
 
 
-def encode(facts: dict[int, VersionFacts]) -> bytes:
+def encode(facts: dict[int, VersionFacts], listed_at: float | None = None, leaks_at: float | None = None) -> bytes:
     """The summary's bytes: versions in order, equal merge states stored once."""
     states: list[dict[str, int] | None] = []
     index: dict[str, int] = {}
@@ -109,12 +158,20 @@ def encode(facts: dict[int, VersionFacts]) -> bytes:
             index[key] = len(states)
             states.append(f.merged)
         rows.append([v, f.size, f.mtime, f.stamp, index[key]])
-    return sealed.seal({"versions": rows, "states": states}, FORMAT)
+    return sealed.seal({"versions": rows, "states": states, "listed_at": listed_at, "leaks_at": leaks_at}, FORMAT)
 
 
 def decode(raw: bytes) -> dict[int, VersionFacts]:
     """The summary's facts; ValueError (with why) for anything but a summary this code wrote."""
+    return decode_summary(raw).facts
+
+
+def decode_summary(raw: bytes) -> Summary:
+    """The summary; ValueError (with why) for anything but a summary this code wrote."""
     d = sealed.unseal(raw, FORMAT)
+    times = [d.get("listed_at"), d.get("leaks_at")]  # absent in summaries written before they were kept
+    if not all(t is None or (isinstance(t, (int, float)) and type(t) is not bool) for t in times):
+        raise ValueError("a bad listing time")
     states = d["states"]
     if not isinstance(states, list):
         raise ValueError("states is not a list")
@@ -132,24 +189,29 @@ def decode(raw: bytes) -> dict[int, VersionFacts]:
                 and 0 <= state < len(checked)) or v in out:
             raise ValueError(f"a bad version row {row!r}")
         out[v] = VersionFacts(v, size, float(mtime), None if stamp is None else float(stamp), checked[state])
-    return out
+    return Summary(out, *(None if t is None else float(t) for t in times))
 
 
 def load_summary(loc: TableLocation) -> tuple[dict[int, VersionFacts], str]:
     """The summary's facts and "used"; or nothing, and why (a summary is never needed)."""
+    summary, why = _load(loc)
+    return summary.facts, why
+
+
+def _load(loc: TableLocation) -> tuple[Summary, str]:
     try:
         raw = loc.store.get(layout.GC_VERSIONS_KEY)
     except NotFound:
-        return {}, "missing"
+        return Summary(), "missing"
     except Exception as e:  # noqa: BLE001 - a cache: every manifest is read instead
         log.warning("%s could not be read (%s); reading every retained manifest", layout.GC_VERSIONS_KEY, one_line(e))
-        return {}, f"unreadable: {one_line(e)}"
+        return Summary(), f"unreadable: {one_line(e)}"
     try:
-        return decode(raw), "used"
+        return decode_summary(raw), "used"
     except (ValueError, KeyError, TypeError) as e:
         log.warning("%s ignored (%s); reading every retained manifest and writing it again",
                     layout.GC_VERSIONS_KEY, e)
-        return {}, f"ignored: {e}"
+        return Summary(), f"ignored: {e}"
 
 
 def save_summary(loc: TableLocation, history: VersionHistory) -> None:
@@ -157,7 +219,7 @@ def save_summary(loc: TableLocation, history: VersionHistory) -> None:
     if not history.changed:
         return
     try:
-        loc.store.put(layout.GC_VERSIONS_KEY, encode(history.facts))
+        loc.store.put(layout.GC_VERSIONS_KEY, encode(history.facts, history.listed_at, history.leaks_at))
         history.changed = False
     except Exception as e:  # noqa: BLE001 - a cache
         log.warning("could not write %s: %s", layout.GC_VERSIONS_KEY, one_line(e))
@@ -201,34 +263,88 @@ def _another_table(loc: TableLocation, known: dict[int, VersionFacts], listed: d
     return table.commit_timestamp(raw) != known[v].stamp
 
 
+def _head_version(loc: TableLocation, v: int) -> ObjectInfo | None:
+    """The manifest of version `v` (Lance's V2 naming first), or None."""
+    for key in table.manifest_keys(v):
+        info = loc.store.head(key)
+        if info is not None:
+            return info
+    return None
+
+
+class _Mismatch(Exception):
+    """The newest known version's manifest is not the one the summary describes."""
+
+    def __init__(self, another_table: bool):
+        super().__init__()
+        self.another_table = another_table
+
+
+def _probe(loc: TableLocation, known: dict[int, VersionFacts], checked: bool,
+           latest: int | None) -> list[tuple[int, ObjectInfo]] | None:
+    """The versions committed above the newest known one (steps 1-3 of the module docstring);
+    None: versions may be missing, list `_versions/`; `_Mismatch`: the newest known manifest is
+    another one (nothing of the summary is used). `checked`: steps 1-2 were done in this pass."""
+    top = max(known)
+    if not checked:
+        info = _head_version(loc, top)
+        if info is None:
+            return None
+        got = _read(loc, top, info)
+        if got is None:
+            return None
+        k = known[top]  # not the modification time: a HEAD may give it less precisely than a listing
+        if (got.size, got.stamp, got.merged) != (k.size, k.stamp, k.merged):
+            raise _Mismatch(got.stamp != k.stamp)
+        low = min(known)
+        info = _head_version(loc, low)
+        if info is None or info.size != known[low].size:
+            return None
+    new = []
+    v = top + 1
+    while (info := _head_version(loc, v)) is not None:
+        new.append((v, info))
+        v += 1
+    if latest is not None and v <= latest:  # a version below the latest is missing: list
+        return None
+    return new
+
+
 def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: VersionHistory | None = None,
-                 max_workers: int = 16) -> VersionHistory:
-    """Every listed version's facts: from the summary when it knows that very manifest, else read.
-    `use_summary=False`: read every manifest (what the summary must always agree with).
-    `earlier`: a history read earlier in this pass, taken as the summary (checked against this
-    listing the same way; its reads count in this one)."""
-    listing = list(loc.store.list(VERSIONS_DIR))
-    listed = list_versions(loc, listing)
+                 max_workers: int = 16, interval: float = 0.0, now: float | None = None,
+                 latest: int | None = None, for_leaks: bool = False) -> VersionHistory:
+    """Every retained version's facts: from the summary when it knows that very manifest, else read.
+    `use_summary=False`: list and read every manifest (what the summary must always agree with).
+    `earlier`: a history read earlier in this pass, taken as the summary (its reads count in
+    this one). `interval`: list `_versions/` when the last listing is older (0: every pass), or
+    when the leak scan is due (`for_leaks`, so that it takes this listing); else probe for new
+    versions (module docstring). `latest`: a version known to exist (the one the plan opened)."""
+    now = time.time() if now is None else now
     if earlier is not None:
-        known, why = earlier.facts, earlier.summary
+        base, why = Summary(earlier.facts, earlier.listed_at, earlier.leaks_at), earlier.summary
     else:
-        known, why = load_summary(loc) if use_summary else ({}, "not used")
-    recreated = False
-    if earlier is None and known:
-        recreated = _another_table(loc, known, listed)
-        if recreated:
-            known, why = {}, "ignored: it describes another table at this URI (re-created)"
-            log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY, why[len("ignored: "):])
-    elif earlier is not None:
-        recreated = earlier.recreated
-    out = VersionHistory(summary=why, listing=listing, recreated=recreated)
-    todo = []
-    for v, info in sorted(listed.items()):
-        k = known.get(v)
-        if k is not None and k.size == info.size and k.mtime == info.mtime:
-            out.facts[v] = k
-        else:
-            todo.append((v, info))
+        base, why = _load(loc) if use_summary else (Summary(), "not used")
+    listed_before = earlier is not None and earlier.listed  # earlier in this pass: the leak scan takes it
+    must_list = (why != "used" or not base.facts or (earlier is not None and earlier.must_list)
+                 or due(base.listed_at, now, interval)
+                 or (for_leaks and not listed_before and due(base.leaks_at, now, interval)))
+    recreated = earlier.recreated if earlier is not None else False
+    try:
+        probed = None if must_list else _probe(loc, base.facts, earlier is not None, latest)
+    except _Mismatch as e:
+        probed, base, recreated = None, Summary(), e.another_table
+        why = ("ignored: it describes another table at this URI (re-created)" if recreated
+               else "ignored: its newest version is not that version's manifest")
+        log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY, why[len("ignored: "):])
+    out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at)
+    if probed is not None:
+        known, todo = base.facts, probed
+        out.facts = dict(known)
+        if listed_before:  # a version committed since is the leak scan's step 3
+            out.listing = earlier.listing
+    else:
+        known, todo = _listed(loc, base.facts, out, earlier is None)
+        out.listed_at = now
     if todo:
         with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
             for got in pool.map(lambda vi: _read(loc, *vi), todo):
@@ -238,7 +354,30 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
     out.facts = dict(sorted(out.facts.items()))
     # Whether the summary on the store differs from what is known now.
     out.changed = (earlier.changed if earlier is not None else why != "used") or bool(todo) \
-        or out.facts.keys() != known.keys()
+        or out.facts.keys() != known.keys() or out.listed
     out.read += earlier.read if earlier is not None else 0
     out.known = max(0, len(out.facts) - out.read)
     return out
+
+
+def _listed(loc: TableLocation, known: dict[int, VersionFacts], out: VersionHistory,
+            check_table: bool) -> tuple[dict[int, VersionFacts], list[tuple[int, ObjectInfo]]]:
+    """One listing of `_versions/`: the summary's facts for the listed manifests it knows (same
+    size and time; all of them dropped when it describes another table: `check_table`), into
+    `out`, and the versions to read."""
+    out.listing = list(loc.store.list(VERSIONS_DIR))
+    listed = list_versions(loc, out.listing)
+    if check_table and known and _another_table(loc, known, listed):
+        known, out.recreated = {}, True
+        out.summary = "ignored: it describes another table at this URI (re-created)"
+        out.leaks_at = None
+        log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY,
+                    out.summary[len("ignored: "):])
+    todo = []
+    for v, info in sorted(listed.items()):
+        k = known.get(v)
+        if k is not None and k.size == info.size and k.mtime == info.mtime:
+            out.facts[v] = k
+        else:
+            todo.append((v, info))
+    return known, todo

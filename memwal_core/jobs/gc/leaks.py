@@ -27,6 +27,14 @@ step 1, or committed during the scan, step 3) plus files it wrote itself, which 
 the grace unless that commit has run longer than the grace (a day by default; a memwal step that
 holds the table lease is fenced long before). Lance's own cleanup may remove versions meanwhile:
 that only removes references, never adds one.
+
+When: the scan lists the whole table, and leaked files are rare (a lost race, a crash), so a GC
+pass scans only when `GcOptions.full_scan_interval_seconds` passed since the last scan that
+completed (its time is kept in the version summary, `history.py`, written by execution; a failed
+scan is not recorded, so the next pass scans again). Skipping a scan deletes nothing, which is
+always safe; a file leaked at time t is collected by the first scan after t + grace, so within
+grace + interval (plus the time to the next pass). `run_gc(dry_run=True)` always scans, and a
+plan that skipped says when the next scan is due (`GcPlan.leak_scan`).
 """
 
 from __future__ import annotations

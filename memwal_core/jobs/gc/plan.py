@@ -4,7 +4,8 @@ Every region is planned in parallel (`_plan_region`): its manifest is validated 
 one deletes nothing and is reported), a stale region keeps everything, then come its generations
 (`_plan_generations`, the holds on the others), WAL entries (`wal.py`), old manifest versions
 (`manifests.py`) and orphan directories (`_plan_orphans`). The table's leaked files (`leaks.py`)
-come last, when the plan covers every region."""
+come last, when the plan covers every region and a full scan is due (`GcOptions.full_scan_interval_seconds`:
+between, the retained versions are probed, `history.py`, and the leak scan skipped)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs.gc import leak_refs, leaks, region_cache
 from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan
-from memwal_core.jobs.gc.history import VersionHistory
+from memwal_core.jobs.gc.history import VersionHistory, due
 from memwal_core.jobs.gc.holds import Bound, GcHold, Hold, KeepReason, readable, summarize_holds
 from memwal_core.jobs.gc.items import GENERATION, KINDS, LEAKED, LEAKS_KEY, ORPHAN, GcError, GcItem
 from memwal_core.jobs.gc.listing import list_dir
@@ -267,7 +268,7 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     rp.items += manifest_plan.items
     rp.kept.update(manifest_plan.kept)
     rp.cache = region_cache.after_pass(cache, rid, wal_plan.metas, {i.number for i in wal_plan.items},
-                                       manifest_plan.existing, {i.number for i in manifest_plan.items})
+                                       manifest_plan.kept_low, {i.number for i in manifest_plan.items})
     rp.cache_changed = rp.cache != cache.cache
 
     # 4. orphan directories
@@ -364,12 +365,13 @@ def _pending(loc: TableLocation) -> set[str]:
 
 def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
             now: float | None = None, base_cleanup: BaseCleanupPlan | None = None,
-            use_summary: bool = True, history: VersionHistory | None = None) -> GcPlan:
+            use_summary: bool = True, history: VersionHistory | None = None, full_scan: bool = False) -> GcPlan:
     """What GC would delete, and why; reads only. `base_cleanup`: plan as if its base-table
     versions were removed already (what the real run's cleanup does before it plans).
     `use_summary=False`: read every retained version's manifest and every region in full,
     ignoring what earlier passes learned (`history.py`, `region_cache.py`); `history`: what this
-    pass learned of the versions already (checked again)."""
+    pass learned of the versions already (checked again). `full_scan`: list `_versions/` and scan
+    for leaked files whether or not `full_scan_interval_seconds` passed since the last time."""
     config = config or GcOptions()
     now = time.time() if now is None else now
     ds = table.open_dataset(loc)
@@ -380,7 +382,10 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     gone = frozenset(base_cleanup.versions) if base_cleanup is not None else frozenset()
     if ds.version in gone:  # Lance never removes the latest version; a plan saying so is wrong
         raise GcError(f"base cleanup plan removes the latest table version {ds.version}")
-    retention = read_retention(loc, gone, use_summary=use_summary, earlier=history, max_workers=config.max_workers)
+    interval = 0.0 if full_scan or not use_summary else config.full_scan_interval_seconds
+    scan_leaks = config.collect_leaked_files and regions is None
+    retention = read_retention(loc, gone, use_summary=use_summary, earlier=history, max_workers=config.max_workers,
+                               interval=interval, now=now, latest=ds.version, for_leaks=scan_leaks)
     # Manifests are read after the table state: merge progress only grows, so a merge landing
     # in between can only make the limits computed above conservative.
     ids = regions if regions is not None else region.list_regions(loc.store).region_ids
@@ -394,8 +399,8 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     failures = [rp.failure for rp in plans.values() if rp.failure is not None]
     plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, failures, base_cleanup,
                   lifecycle=ctx.stale, history=retention.history)
-    if config.collect_leaked_files and regions is None:
-        _plan_leaks(loc, plan, now, use_summary and not _recreated(retention.history))
+    if scan_leaks:
+        _plan_leaks(loc, plan, now, use_summary and not _recreated(retention.history), interval)
     return plan
 
 
@@ -430,9 +435,18 @@ def _plan_regions(ctx: _Context, loaded: region.RegionReads) -> dict[str, Region
     return plans
 
 
-def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float, use_summary: bool) -> None:
-    listing = plan.history.listing if plan.history is not None and plan.base_cleanup is None else None
+def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float, use_summary: bool, interval: float) -> None:
+    """The leak scan, when it is due (`leaks.py`: once per `interval`; the time of the last one
+    that completed is in the version summary, saved with it by execution)."""
+    h = plan.history
+    if h is not None and not due(h.leaks_at, now, interval):
+        plan.leak_scan = {"skipped": True, "last_scan_seconds_ago": round(now - h.leaks_at, 1),
+                          "next_scan_in_seconds": round(h.leaks_at + interval - now, 1)}
+        return
+    listing = h.listing if h is not None and plan.base_cleanup is None else None
     scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace, use_summary=use_summary, versions_listing=listing)
+    if h is not None and not scan.error:
+        h.leaks_at, h.changed = now, True
     plan.leak_refs = scan.refs
     plan.leak_scan = {"versions_read": scan.versions, "manifests_read": scan.manifests_read,
                       "files_listed": scan.files_listed,

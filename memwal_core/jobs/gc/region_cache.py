@@ -6,7 +6,9 @@ retained base versions hold the generations (a week with the shipped retention),
 is deleted and every pass would read the same entries again. WAL entries and manifest versions
 are immutable (written once, put-if-absent), and only GC deletes them, so a pass keeps what it
 learned in `_memwal/gc_regions/{region}.json`: the metadata of the entries it saw that stay, the
-positions it deleted, and the size and time of the manifest versions that stay.
+positions it deleted, and the size and time of the lowest manifest version at or below the
+retention cut that stays (versions go oldest first and stay contiguous up to the latest, so the
+next pass walks up from it: `manifests.py`).
 
 It is a pure cache, used only where it is checked:
 - it is written before the region's deletes, as the state after them, and GC's intent marker
@@ -129,7 +131,6 @@ class Checked:
     def __init__(self, store: ObjectStore, cache: RegionCache | None):
         self.store, self.cache = store, cache
         self._wal_ok: bool | None = None if cache is not None and cache.wal_anchor else False
-        self._manifests_ok: bool | None = None if cache is not None and cache.manifests else False
 
     def wal_ok(self) -> bool:
         if self._wal_ok is None:
@@ -144,18 +145,15 @@ class Checked:
             return False, None
         return True, c.wal.get(p)
 
-    def manifest_info(self, v: int) -> ObjectInfo | None:
-        """A known manifest version's info (None: not known, probe it)."""
+    def manifest_low(self) -> tuple[int, ObjectInfo] | None:
+        """The lowest manifest version the cache knows, as a HEAD shows it now, when that is the
+        object it recorded (None: not known, or another object: walk the versions down)."""
         c = self.cache
-        if c is None or v not in c.manifests:
+        if c is None or not c.manifests:
             return None
-        if self._manifests_ok is None:
-            low = min(c.manifests)
-            self._manifests_ok = _same(self.store.head(layout.manifest_key(c.region_id, low)), *c.manifests[low])
-        if not self._manifests_ok:
-            return None
-        size, mtime = c.manifests[v]
-        return ObjectInfo(layout.manifest_key(c.region_id, v), size, mtime)
+        low = min(c.manifests)
+        info = self.store.head(layout.manifest_key(c.region_id, low))
+        return (low, info) if _same(info, *c.manifests[low]) else None
 
 
 def _same(info: ObjectInfo | None, size: int, mtime: float) -> bool:
@@ -166,7 +164,8 @@ def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMe
                manifests: dict[int, ObjectInfo], manifests_deleted: set[int]) -> RegionCache:
     """The cache as the region will be once this pass's deletes went: the entries known to exist
     (the old cache's, when its anchor holds, and those read) minus the deleted, the positions
-    known missing, and the manifest versions found at or below the cut minus the deleted."""
+    known missing, and the manifest versions given (the lowest at or below the cut that stays)
+    minus the deleted."""
     old = checked.cache
     keep_old = old is not None and old.wal_anchor is not None and checked.wal_ok()
     known = dict(old.wal) if keep_old else {}

@@ -49,7 +49,6 @@ def from_history(history: VersionHistory, gone: frozenset[int] = frozenset()) ->
                      {f.version: f.stamp for f in facts if f.stamp is not None}, history)
 
 
-def read_retention(loc: TableLocation, gone: frozenset[int] = frozenset(), *, use_summary: bool = True,
-                   earlier: VersionHistory | None = None, max_workers: int = 16) -> Retention:
-    """What the retained versions need (`history.py`: each manifest read once)."""
-    return from_history(read_history(loc, use_summary=use_summary, earlier=earlier, max_workers=max_workers), gone)
+def read_retention(loc: TableLocation, gone: frozenset[int] = frozenset(), **kw) -> Retention:
+    """What the retained versions need (`history.read_history`, its arguments: each manifest read once)."""
+    return from_history(read_history(loc, **kw), gone)

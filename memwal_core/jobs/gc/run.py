@@ -34,9 +34,11 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     those versions were gone; `result.plan` lists what would be deleted."""
     config = config or GcOptions()
     discarded = _discard_expired(loc, config, dry_run)
-    base, base_plan, known = _clean_base(loc, config, dry_run, progress)
+    base, base_plan, known = _clean_base(loc, config, dry_run, progress, leaks=regions is None)
     t0 = time.monotonic()
-    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan, history=known)
+    # A dry run lists the whole table (and scans for leaked files) whenever it runs: it is asked
+    # what GC would collect; `leak_scan` says when the real runs scan next.
+    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan, history=known, full_scan=dry_run)
     plan_s = time.monotonic() - t0
     if progress:
         progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.failures)} region errors")
@@ -60,8 +62,8 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     return result
 
 
-def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: Callable[[str], None] | None
-                ) -> tuple[dict[str, Any] | None, BaseCleanupPlan | None, history.VersionHistory | None]:
+def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: Callable[[str], None] | None,
+                leaks: bool) -> tuple[dict[str, Any] | None, BaseCleanupPlan | None, history.VersionHistory | None]:
     """The base-version cleanup (a dry run: its plan, for GC to plan as if it had run): what it
     did for the result (None: not configured, or skipped; `error`: it failed, and GC plans on
     every version as retained, which stays safe), and the retained versions when they were read
@@ -71,7 +73,7 @@ def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: 
     base_plan: BaseCleanupPlan | None = None
     known: history.VersionHistory | None = None
     try:
-        known = _versions(loc, config)
+        known = _versions(loc, config, dry_run, leaks)
         if not dry_run and known is not None and _nothing_old_enough(known, config):
             log.info("base-version cleanup not run: no retained version is older than %s",
                      config.base_cleanup_older_than)
@@ -80,7 +82,11 @@ def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: 
             base_plan = plan_base_cleanup(loc, config)
             base = {"dry_run": True, "old_versions": len(base_plan.versions), "bytes_removed": base_plan.bytes}
         else:
+            if known is not None:  # what it removes is seen by listing again (also after a failure)
+                known.must_list = True
             base = cleanup_base_versions(loc, config)
+            if known is not None and base["old_versions"] == 0:
+                known.must_list = False
         if progress:
             progress(f"base table: {base['old_versions']} old versions "
                      f"{'would be cleaned up' if dry_run else 'cleaned up'}")
@@ -90,10 +96,13 @@ def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: 
     return base, base_plan, known
 
 
-def _versions(loc: TableLocation, config: GcOptions) -> history.VersionHistory | None:
-    """The retained versions (`history.py`), or None when they cannot be read (the cleanup runs)."""
+def _versions(loc: TableLocation, config: GcOptions, dry_run: bool, leaks: bool) -> history.VersionHistory | None:
+    """The retained versions (`history.py`; listed as the plan would list them), or None when
+    they cannot be read (the cleanup runs)."""
     try:
-        return history.read_history(loc, max_workers=config.max_workers)
+        return history.read_history(loc, max_workers=config.max_workers,
+                                    interval=0.0 if dry_run else config.full_scan_interval_seconds,
+                                    for_leaks=leaks and config.collect_leaked_files)
     except Exception as e:  # noqa: BLE001 - only an optimization; planning reads them again
         log.info("retained versions not read before the base-version cleanup: %s", one_line(e))
         return None
