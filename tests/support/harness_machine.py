@@ -1082,6 +1082,10 @@ class MemWalMachine(RuleBasedStateMachine):
         elif retention == "long":
             kw["cleanup_base_versions_older_than_seconds"] = 3600.0
         # The retention floor lowered: nothing else commits while this rule runs (one process).
+        # Without grace every pass lists the table and scans for leaked files (collected at
+        # once); with it, passes probe for new versions between the hourly full scans.
+        if grace == 0.0:
+            kw["full_scan_interval_seconds"] = 0.0
         self.gc_run(self.loc, GcOptions(manifest_retention=keep, manifest_min_age_seconds=min_age,
                                         orphan_grace_seconds=grace, leaked_file_grace_seconds=grace,
                                         keep_current_epoch_wal=keep_epoch, max_workers=2,
