@@ -177,3 +177,34 @@ def test_a_leaked_file_is_collected_within_the_full_scan_interval(tmp_path):
     assert time.time() - leaked_at <= cfg.leaked_grace + cfg.full_scan_interval_seconds + 5
     after = gc.run_gc(loc, cfg)
     assert after.leak_scan.get("skipped")  # the scan that collected was recorded
+
+
+def test_a_scan_whose_deletes_failed_is_not_recorded_and_the_next_pass_scans_again(tmp_path, monkeypatch):
+    """A pass whose leak deletes fail reports it (under `LEAKS_KEY`) and does not record its
+    scan: the next pass scans again at once (not an interval later) and collects them."""
+    loc = open_store(str(tmp_path / "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
+    before = _files(loc)
+    rows = _ds(loc).to_table().slice(0, 2)
+    with pytest.raises(OSError):
+        _ds(loc, commit_lock=_abandon).insert(rows.set_column(0, rows.schema.field(0), pa.array([7, 8], pa.int64())))
+    leaked = _files(loc) - before
+    assert any(k.startswith("data/") for k in leaked)
+    cfg = gc.GcOptions(leaked_file_grace_seconds=0, cleanup_base_versions_floor_seconds=0)  # full scans hourly
+    real = loc.store.delete_many
+
+    def refusing(keys):
+        keys = list(keys)
+        if any(k in leaked for k in keys):
+            raise OSError("the store refused the delete")
+        return real(keys)
+
+    monkeypatch.setattr(loc.store, "delete_many", refusing)
+    failed = gc.run_gc(loc, cfg)
+    assert "skipped" not in failed.leak_scan and gc.LEAKS_KEY in failed.region_errors
+    assert leaked <= _files(loc)
+    monkeypatch.undo()
+    again = gc.run_gc(loc, cfg)
+    assert "skipped" not in again.leak_scan and not again.region_errors
+    assert again.leaked_objects == len(leaked) and not leaked & _files(loc)
+    assert gc.run_gc(loc, cfg).leak_scan.get("skipped")  # that scan was recorded

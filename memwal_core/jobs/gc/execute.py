@@ -206,12 +206,18 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
             if out.failure is not None:
                 result.failures.append(out.failure)
     result.leak_scan = dict(plan.leak_scan)
+    failures = len(result.failures)
     if plan.leaked:
         _delete_leaked(loc, plan.leaked, result)
-    if plan.history is not None:  # the base-table versions read this pass: not again next pass
-        history.save_summary(loc, plan.history)
-    if plan.leak_refs is not None:  # and what they reference
+    if plan.leak_refs is not None:  # what the retained versions reference: not read again next pass
         leak_refs.save(loc, plan.leak_refs)
+    if plan.history is not None:  # the base-table versions read this pass, and when the leak scan
+        # last completed: recorded only after its deletes and its reference summary, so a pass
+        # cut short (or whose leak deletes failed) is followed by a pass that scans again
+        h = plan.history
+        if plan.leaks_scanned_at is not None and len(result.failures) == failures:
+            h.leaks_at, h.changed = plan.leaks_scanned_at, True
+        history.save_summary(loc, h)
     result.bytes_reclaimed = sum(i.bytes for i in result.deleted)
     result.execute_seconds = time.monotonic() - t0
     return result

@@ -89,6 +89,9 @@ class GcPlan:
     lifecycle: lifecycle.Lifecycle | None = None  # stale-region verdicts the plan used
     history: VersionHistory | None = None  # how the retained versions were learned (`history.py`)
     leak_refs: leak_refs.RefsSummary | None = None  # what they reference, when learned anew (`leak_refs.py`)
+    # When this plan's leak scan ran (None: skipped or failed); execution records it in the
+    # version summary once the scan's deletes and its reference summary are done.
+    leaks_scanned_at: float | None = None
 
     @property
     def region_errors(self) -> dict[str, str]:
@@ -437,7 +440,7 @@ def _plan_regions(ctx: _Context, loaded: region.RegionReads) -> dict[str, Region
 
 def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float, use_summary: bool, interval: float) -> None:
     """The leak scan, when it is due (`leaks.py`: once per `interval`; the time of the last one
-    that completed is in the version summary, saved with it by execution)."""
+    that completed is in the version summary, recorded by execution after the scan's deletes)."""
     h = plan.history
     if h is not None and not due(h.leaks_at, now, interval):
         plan.leak_scan = {"skipped": True, "last_scan_seconds_ago": round(now - h.leaks_at, 1),
@@ -445,8 +448,8 @@ def _plan_leaks(loc: TableLocation, plan: GcPlan, now: float, use_summary: bool,
         return
     listing = h.listing if h is not None and plan.base_cleanup is None else None
     scan = leaks.plan_leaks(loc, now, plan.config.leaked_grace, use_summary=use_summary, versions_listing=listing)
-    if h is not None and not scan.error:
-        h.leaks_at, h.changed = now, True
+    if not scan.error:
+        plan.leaks_scanned_at = now
     plan.leak_refs = scan.refs
     plan.leak_scan = {"versions_read": scan.versions, "manifests_read": scan.manifests_read,
                       "files_listed": scan.files_listed,
