@@ -60,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from memwal_core.errors import one_line
+from memwal_core.errors import MemwalError, one_line
 from memwal_core.jobs.gc import sealed
 from memwal_core.jobs.gc.items import GcError
 from memwal_core.state import layout, table
@@ -272,7 +272,7 @@ def _head_version(loc: TableLocation, v: int) -> ObjectInfo | None:
     return None
 
 
-class _Mismatch(Exception):
+class _Mismatch(MemwalError):
     """The newest known version's manifest is not the one the summary describes."""
 
     def __init__(self, another_table: bool):
