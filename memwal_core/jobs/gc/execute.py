@@ -166,19 +166,23 @@ def _execute_region(loc: TableLocation, rp: RegionGcPlan) -> _RegionOutcome:
     return out
 
 
-def _delete_leaked(loc: TableLocation, leaked: list[GcItem], result: GcResult) -> None:
-    """The table's leaked files, after the regions' work; a failure is reported under `LEAKS_KEY`."""
+def _delete_leaked(loc: TableLocation, leaked: list[GcItem], result: GcResult) -> bool:
+    """The table's leaked files, after the regions' work; False when deleting failed (reported
+    under `LEAKS_KEY`)."""
     out = _RegionOutcome()
+    ok = True
     try:
         _delete(loc, leaked, out)
     except Exception as e:  # noqa: BLE001 - reported; the regions' results stand
         result.failures.append(RegionFailure(LEAKS_KEY, None, f"deleting leaked files: {one_line(e)}", False,
                                              step="gc"))
         log.error("GC: %s", result.region_errors[LEAKS_KEY])
+        ok = False
     result.deleted.extend(out.deleted)
     result.deleted_objects += out.objects
     result.leaked_objects = sum(len(i.keys) for i in out.deleted)
     result.leaked_bytes = sum(i.bytes for i in out.deleted)
+    return ok
 
 
 @lease.step("gc")
@@ -206,16 +210,14 @@ def execute_gc(loc: TableLocation, plan: GcPlan) -> GcResult:
             if out.failure is not None:
                 result.failures.append(out.failure)
     result.leak_scan = dict(plan.leak_scan)
-    failures = len(result.failures)
-    if plan.leaked:
-        _delete_leaked(loc, plan.leaked, result)
+    leaks_deleted = _delete_leaked(loc, plan.leaked, result) if plan.leaked else True
     if plan.leak_refs is not None:  # what the retained versions reference: not read again next pass
         leak_refs.save(loc, plan.leak_refs)
     if plan.history is not None:  # the base-table versions read this pass, and when the leak scan
         # last completed: recorded only after its deletes and its reference summary, so a pass
         # cut short (or whose leak deletes failed) is followed by a pass that scans again
         h = plan.history
-        if plan.leaks_scanned_at is not None and len(result.failures) == failures:
+        if plan.leaks_scanned_at is not None and leaks_deleted:
             h.leaks_at, h.changed = plan.leaks_scanned_at, True
         history.save_summary(loc, h)
     result.bytes_reclaimed = sum(i.bytes for i in result.deleted)
