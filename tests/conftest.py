@@ -59,13 +59,49 @@ def spark():
     session.stop()
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    """The stateful harness's counts (rules run, and how many steps did something: merges that
-    committed, GCs that deleted a generation, ...) at the end of every run, `-q` included."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under `pytest -n N --dist loadgroup` (make test), the tests of a module that shares a
+    module-scoped fixture (a table its tests build on, a server, a cluster) run in one worker, in
+    file order: built once, not once per worker, and seen in the state the previous test left.
+    Every other test is scheduled on its own."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    shared = {item.path for item in items
+              if any(d.scope in ("module", "package", "class")
+                     for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs)}
+    for item in items:
+        if item.path in shared:
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(config.rootpath).as_posix()))
+
+
+def _harness_summary() -> list[str]:
+    """This process's harness lines (support.harness_machine.Stats.summary), if it ran the harness."""
     import sys
 
     hm = sys.modules.get("support.harness_machine")
-    for line in getattr(getattr(hm, "Stats", None), "summary", []):
+    return list(getattr(getattr(hm, "Stats", None), "summary", []))
+
+
+_from_workers: list[str] = []  # under pytest-xdist: the lines the workers sent back
+
+
+def pytest_sessionfinish(session) -> None:
+    """An xdist worker hands its harness lines to the controller, which prints the summary."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["memwal_harness_summary"] = _harness_summary()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    _from_workers.extend(getattr(node, "workeroutput", {}).get("memwal_harness_summary", []))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The stateful harness's counts (rules run, and how many steps did something: merges that
+    committed, GCs that deleted a generation, ...) at the end of every run, `-q` and `-n N` included."""
+    for line in _harness_summary() + _from_workers:
         terminalreporter.write_line(line)
 
 
