@@ -67,12 +67,16 @@ def pytest_collection_modifyitems(config, items) -> None:
     Every other test is scheduled on its own."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    shared = {item.path for item in items
-              if any(d.scope in ("module", "package", "class")
-                     for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs)}
+    shared = {item.path for item in items if _uses_a_shared_fixture(item)}
     for item in items:
         if item.path in shared:
             item.add_marker(pytest.mark.xdist_group(item.path.relative_to(config.rootpath).as_posix()))
+
+
+def _uses_a_shared_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in ("module", "package", "class") for ds in defs for d in ds)
 
 
 def _harness_summary() -> list[str]:
