@@ -59,26 +59,6 @@ def spark():
     session.stop()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items) -> None:
-    """Under `pytest -n N --dist loadgroup` (make test), the tests of a module that shares a
-    module-scoped fixture (a table its tests build on, a server, a cluster) run in one worker, in
-    file order: built once, not once per worker, and seen in the state the previous test left.
-    Every other test is scheduled on its own."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    shared = {item.path for item in items if _uses_a_shared_fixture(item)}
-    for item in items:
-        if item.path in shared:
-            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(config.rootpath).as_posix()))
-
-
-def _uses_a_shared_fixture(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    return any(d.scope in ("module", "package", "class") for ds in defs for d in ds)
-
-
 def _harness_summary() -> list[str]:
     """This process's harness lines (support.harness_machine.Stats.summary), if it ran the harness."""
     import sys
