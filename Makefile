@@ -28,9 +28,12 @@ run: $(STAMP)
 
 # `dg check defs`: every defs.yaml against the MemWalTable schema, then the code location loads
 # (tests/test_component.py and tests/test_pipeline.py also run it and `dagster definitions validate`).
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them: a
+# module's shared fixtures are built once and its tests run in file order. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) emulators browser
 	$(BIN)/dg check defs
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Azurite (Azure Blob emulator, an npm package) for tests/test_object_stores.py, into .tools/azurite
 # of this checkout, never globally. Without npm the az:// tests skip and say why.

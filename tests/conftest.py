@@ -59,13 +59,33 @@ def spark():
     session.stop()
 
 
-def pytest_terminal_summary(terminalreporter) -> None:
-    """The stateful harness's counts (rules run, and how many steps did something: merges that
-    committed, GCs that deleted a generation, ...) at the end of every run, `-q` included."""
+def _harness_summary() -> list[str]:
+    """This process's harness lines (support.harness_machine.Stats.summary), if it ran the harness."""
     import sys
 
     hm = sys.modules.get("support.harness_machine")
-    for line in getattr(getattr(hm, "Stats", None), "summary", []):
+    return list(getattr(getattr(hm, "Stats", None), "summary", []))
+
+
+_from_workers: list[str] = []  # under pytest-xdist: the lines the workers sent back
+
+
+def pytest_sessionfinish(session) -> None:
+    """An xdist worker hands its harness lines to the controller, which prints the summary."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["memwal_harness_summary"] = _harness_summary()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    _from_workers.extend(getattr(node, "workeroutput", {}).get("memwal_harness_summary", []))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The stateful harness's counts (rules run, and how many steps did something: merges that
+    committed, GCs that deleted a generation, ...) at the end of every run, `-q` and `-n N` included."""
+    for line in _harness_summary() + _from_workers:
         terminalreporter.write_line(line)
 
 

@@ -8,6 +8,7 @@ emulator cannot be installed.
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import hmac
 import http.client
@@ -68,6 +69,14 @@ def install_azurite(timeout: float = 600) -> str | None:
     npm = shutil.which("npm")
     if npm is None:
         return "npm is not on PATH: Azurite (an npm package) cannot be installed"
+    # Parallel test processes (pytest -n) install it once: the others wait on the lock, then find it.
+    AZURITE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(AZURITE_DIR.parent / "azurite.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return None if AZURITE_BIN.exists() else _npm_install_azurite(npm, timeout)
+
+
+def _npm_install_azurite(npm: str, timeout: float) -> str | None:
     try:
         r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(AZURITE_DIR),
                             f"azurite@{AZURITE_VERSION}"], capture_output=True, text=True, timeout=timeout)
