@@ -476,6 +476,46 @@ def test_azure_body_cut_and_lost_answer_through_a_proxy(azurite):
         proxy.stop()
 
 
+def test_azure_delete_whose_connection_breaks_is_sent_again(azurite):
+    """A delete request that never got an answer (Azurite drops idle pooled connections; object_store
+    does not resend a batch POST) is sent again, deletes being idempotent: a whole batch, and a
+    single delete of the one-by-one pass that follows a batch refused for a key already gone."""
+    from support.s3proxy import S3Proxy
+
+    backend = Backend("az", azurite)
+    proxy = S3Proxy(f"http://127.0.0.1:{azurite.port}").start()
+    try:
+        opts = backend.options(azure_endpoint=f"{proxy.endpoint}/devstoreaccount1", client_max_retries="0")
+        store = open_store(backend.new_uri(), opts).store
+        keys = [f"_mem_wal/r/wal/{i:08d}.arrow" for i in range(6)]
+        for k in keys:
+            store.put(k, b"x")
+        is_delete = lambda r: r.method in ("POST", "DELETE")  # noqa: E731 - a batch POST or a DELETE
+
+        proxy.drop_answer("*", 1, match=is_delete)
+        assert store.delete_many(keys[:3]) == 3
+        assert store.stats["delete_batch_resent"] == 1
+        assert {o.key for o in store.list("_mem_wal")} == set(keys[3:])
+
+        # keys[0] is gone: the batch is refused, then each key is deleted alone; the first of
+        # those loses its answer and is sent again.
+        seen: list[int] = []
+
+        def second_delete(r) -> bool:  # the batch passes; the first single delete loses its answer
+            if is_delete(r) and id(r) not in seen:
+                seen.append(id(r))
+            return is_delete(r) and seen.index(id(r)) == 1
+
+        requests_before = store.stats["delete"]
+        proxy.drop_answer("*", 1, match=second_delete)
+        assert store.delete_many([keys[0]] + keys[3:]) == 4
+        assert store.stats["delete"] - requests_before == 4
+        assert store.stats["delete_batch_resent"] == 2
+        assert list(store.list("_mem_wal")) == []
+    finally:
+        proxy.stop()
+
+
 def test_messages_never_quote_a_secret():
     """object_store's errors quote the request URL, where a SAS token travels: its signature and
     every secret option's value are cut out of memwal's messages."""

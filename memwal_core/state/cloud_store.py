@@ -285,10 +285,30 @@ class CloudStore:
             raise self._fail("list", full, e) from None
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in result["common_prefixes"])
 
-    def delete_many(self, keys: Iterable[str]) -> int:
-        """Deletes `keys` (a key already gone counts as deleted, as on S3); returns how many."""
+    def _delete(self, paths: str | list[str]) -> None:
+        """One delete request (a key or a batch), sent again while it never reached the server.
+        Azurite drops idle pooled connections, and object_store does not resend the batch POST
+        (nor, on Azure, a single delete, which goes out as a batch of one): deletes are
+        idempotent, so memwal does. A key already gone raises object_store's not-found."""
         import obstore
 
+        def once() -> None:
+            try:
+                obstore.delete(self._store, paths)
+            except _NOT_FOUND:
+                raise
+            except Exception as e:  # noqa: BLE001
+                if "error sending request" in str(e):
+                    raise BrokeOff() from e
+                raise
+
+        try:
+            resend(self.attempts, self.stats, "delete_batch_resent")(once)
+        except BrokeOff as e:
+            raise e.__cause__ from None
+
+    def delete_many(self, keys: Iterable[str]) -> int:
+        """Deletes `keys` (a key already gone counts as deleted, as on S3); returns how many."""
         keys = list(keys)
         fulls = [self._key(k) for k in keys]  # every key checked before the first delete
         size = DELETE_BATCH[self.scheme]
@@ -296,29 +316,15 @@ class CloudStore:
             batch = fulls[i:i + size]
             target = f"{batch[0]} (and {len(batch) - 1} more keys)" if len(batch) > 1 else batch[0]
             self.stats["delete_batch"] += 1
-
-            def once(batch: list[str] = batch) -> None:
-                try:
-                    obstore.delete(self._store, batch)
-                except _NOT_FOUND:
-                    raise
-                except Exception as e:  # noqa: BLE001 - a batch that never reached the server: deletes
-                    if "error sending request" in str(e):  # are idempotent, so send it again
-                        raise BrokeOff() from e
-                    raise
-
             try:
-                try:
-                    resend(self.attempts, self.stats, "delete_batch_resent")(once)
-                except BrokeOff as e:
-                    raise e.__cause__ from None
+                self._delete(batch)
             except _NOT_FOUND:
                 # Azure's batch answers 404 for a key already gone and stops there: delete the
                 # batch one by one, passing over the missing ones.
                 for full in batch:
                     self.stats["delete"] += 1
                     try:
-                        obstore.delete(self._store, full)
+                        self._delete(full)
                     except _NOT_FOUND:
                         pass
                     except Exception as e:  # noqa: BLE001
