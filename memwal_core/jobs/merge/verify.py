@@ -21,7 +21,10 @@ column when the batch holds more than a tenth of the table's rows (measured: an 
 10,000 keys costs 18-28 ms on 100,000 rows, the whole key column 1-2 ms). On a 100,000-row base
 with a btree on the key (local disk, `python bench/verify_commit.py`, a loaded 2-core machine):
 100 keys 5 ms, 1,000 keys 8 ms, 10,000 keys 9 ms, 50,000 keys 24 ms, next to merge commits of
-21-363 ms; plus one read of the latest manifest for the progress.
+21-363 ms; plus one read of the latest manifest for the progress. With a single key column the
+keys found are checked with hash sets and one distinct count rather than group-bys and joins:
+764,000 upserted keys against an 814,000-row table took 0.9-1.5 s instead of 2.2-4.1 s (a
+loaded 2-core machine), about a fifth of such a merge before.
 """
 
 from __future__ import annotations
