@@ -286,3 +286,28 @@ def test_a_marker_of_a_commit_that_never_landed_is_forgotten(table_loc, spark):
     assert not result.region_errors and result.commits == 1
     assert _markers(loc) == [] and walls.read_all(loc.store) == {}
     assert {r["id"]: r for r in table.open_dataset(loc).to_table().to_pylist()} == w.expected()
+
+
+@settings(max_examples=200, deadline=None)
+@given(found=st.lists(st.integers(-3, 12), max_size=30), up=st.lists(st.integers(-3, 12), max_size=12),
+       gone=st.lists(st.integers(-3, 12), max_size=8), as_text=st.booleans())
+def test_one_key_column_and_a_composite_key_find_the_same_wrong_keys(found, up, gone, as_text):
+    """The single-column path (hash sets, one distinct count) and the composite-key path
+    (group-bys and joins) of `wrong_keys` agree, duplicates in the inputs included; and both
+    agree with a model of what is wrong."""
+    typ = pa.string() if as_text else pa.int64()
+    conv = (lambda k: f"k{k}") if as_text else (lambda k: k)
+
+    def t(keys, composite=False):
+        cols = {"id": pa.array([conv(k) for k in keys], typ)}
+        if composite:
+            cols["part"] = pa.array([7] * len(keys), pa.int32())
+        return pa.table(cols)
+
+    one = verify.wrong_keys(t(found), t(up), t(gone), ["id"])
+    two = verify.wrong_keys(t(found, True), t(up, True), t(gone, True), ["id", "part"])
+    assert [x.to_pylist() for x in one] == [x.select(["id"]).to_pylist() for x in two]
+    count = {k: found.count(k) for k in set(found)}
+    want = (sorted({conv(k) for k in found if count[k] > 1}), sorted({conv(k) for k in gone if k in count}),
+            sorted({conv(k) for k in up if k not in count}))
+    assert tuple(x.column("id").to_pylist() for x in one) == want

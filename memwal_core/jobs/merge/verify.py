@@ -21,7 +21,10 @@ column when the batch holds more than a tenth of the table's rows (measured: an 
 10,000 keys costs 18-28 ms on 100,000 rows, the whole key column 1-2 ms). On a 100,000-row base
 with a btree on the key (local disk, `python bench/verify_commit.py`, a loaded 2-core machine):
 100 keys 5 ms, 1,000 keys 8 ms, 10,000 keys 9 ms, 50,000 keys 24 ms, next to merge commits of
-21-363 ms; plus one read of the latest manifest for the progress.
+21-363 ms; plus one read of the latest manifest for the progress. With a single key column the
+keys found are checked with hash sets and one distinct count rather than group-bys and joins:
+764,000 upserted keys against an 814,000-row table took 0.9-1.5 s instead of 2.2-4.1 s (a
+loaded 2-core machine), about a fifth of such a merge before.
 """
 
 from __future__ import annotations
@@ -110,7 +113,41 @@ def present_keys(ds: lance.LanceDataset, keys: pa.Table, pk: list[str]) -> pa.Ta
 
 
 def _only(found: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
+    """The rows of `found` whose key is one of `keys` (with their multiplicity in `found`)."""
+    if len(pk) == 1:  # one hash set of the keys probed by every row: ~2x a semi join over a distinct
+        col = found.column(pk[0])
+        return pa.table({pk[0]: col.filter(pc.is_in(col, value_set=_array(keys.column(pk[0])), skip_nulls=True))})
     return found.select(pk).join(keys.select(pk).group_by(pk).aggregate([]), keys=pk, join_type="left semi")
+
+
+def _array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def wrong_keys(found: pa.Table, up: pa.Table, gone: pa.Table, pk: list[str]) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(duplicated, resurrected, missing) keys, each distinct and sorted: `found` holds the
+    committed rows whose key is one of `up` (upserted) or `gone` (tombstoned), one row per row.
+
+    A single key column (the common case) takes hash sets (`is_in`) and one distinct count that
+    proves no key is duplicated; a key of several columns takes group-bys and joins. Both give
+    the same answer (a property test compares them)."""
+    if len(pk) == 1:
+        k = pk[0]
+        f = _array(found.column(k))
+        if pc.count_distinct(f, mode="all").as_py() == len(f):
+            dup = f.slice(0, 0)
+        else:
+            counts = pc.value_counts(f)
+            dup = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+        ups, gones = _array(up.column(k)), _array(gone.column(k))
+        back = gones.filter(pc.is_in(gones, value_set=f, skip_nulls=True))
+        lost = ups.filter(pc.invert(pc.is_in(ups, value_set=f, skip_nulls=True)))
+        return tuple(pa.table({k: pc.unique(a)}).sort_by(k) for a in (dup, back, lost))
+    per_key = found.group_by(pk).aggregate([([], "count_all")])
+    dup = per_key.filter(pc.greater(per_key.column("count_all"), 1)).select(pk)
+    back = _distinct(gone.join(per_key.select(pk), keys=pk, join_type="left semi"), pk)
+    lost = _distinct(up.join(per_key.select(pk), keys=pk, join_type="left anti"), pk)
+    return tuple(t.sort_by([(c, "ascending") for c in pk]) for t in (dup, back, lost))
 
 
 def _distinct(t: pa.Table, pk: list[str]) -> pa.Table:
@@ -138,17 +175,14 @@ def verify_commit(loc: TableLocation, version: int, progress: dict[str, int], up
         except Exception as e:  # noqa: BLE001 - cleaned up since (no floor): the latest is what is left
             log.warning("committed version %d not readable (%s); checking the latest version", version, one_line(e))
     types = pa.schema([pa.field(c, ds.schema.field(c).type) for c in pk])  # as committed (`_cast_stream`)
-    up = _distinct(upserted.select(pk).cast(types), pk)
-    gone = _distinct(deleted.select(pk).cast(types), pk) if deleted is not None and deleted.num_rows else up.slice(0, 0)
+    up = upserted.select(pk).cast(types)
+    gone = deleted.select(pk).cast(types) if deleted is not None and deleted.num_rows else up.slice(0, 0)
     found = present_keys(ds, pa.concat_tables([up, gone]), pk)
-    per_key = found.group_by(pk).aggregate([([], "count_all")])
-    dup = per_key.filter(pc.greater(per_key.column("count_all"), 1)).select(pk)
+    dup, back, lost = wrong_keys(found, up, gone, pk)
     check.counts["duplicates"] = dup.num_rows
     check.duplicates = dup.slice(0, SHOWN_KEYS).to_pylist()
     bad = [dup]
     if check.checked_version is not None:  # later commits may legitimately change these keys
-        back = gone.join(per_key.select(pk), keys=pk, join_type="left semi")
-        lost = up.join(per_key.select(pk), keys=pk, join_type="left anti")
         check.counts["resurrected"], check.counts["missing"] = back.num_rows, lost.num_rows
         check.resurrected = back.slice(0, SHOWN_KEYS).to_pylist()
         check.missing = lost.slice(0, SHOWN_KEYS).to_pylist()
@@ -218,5 +252,5 @@ def commit_version(loc: TableLocation, read_version: int, progress: dict[str, in
     return version, exact
 
 
-__all__ = ["CommitCheck", "verify_commit", "present_keys", "regions_with_bad_keys", "bad_commit_failures",
+__all__ = ["CommitCheck", "verify_commit", "present_keys", "wrong_keys", "regions_with_bad_keys", "bad_commit_failures",
            "commit_version"]
