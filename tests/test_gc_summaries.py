@@ -249,7 +249,7 @@ def test_table_recreated_within_the_stores_time_resolution(tmp_path):
     assert set(listed) <= set(old)
     # What that store shows: the old summary's entries with the new manifests' sizes and times.
     loc.store.put(layout.GC_VERSIONS_KEY, history.encode(
-        {v: replace(f, size=listed[v].size, mtime=listed[v].mtime) if v in listed else f for v, f in old.items()}))
+        {v: f._replace(size=listed[v].size, mtime=listed[v].mtime) if v in listed else f for v, f in old.items()}))
     forget_process()
     plan = gc.plan_gc(loc, COLLECT)
     assert plan.history.recreated and plan.history.summary.startswith("ignored:")

@@ -271,7 +271,8 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     rp.items += manifest_plan.items
     rp.kept.update(manifest_plan.kept)
     rp.cache = region_cache.after_pass(cache, rid, wal_plan.metas, {i.number for i in wal_plan.items},
-                                       manifest_plan.kept_low, {i.number for i in manifest_plan.items})
+                                       manifest_plan.kept_low, {i.number for i in manifest_plan.items},
+                                       wal_plan.settled)
     rp.cache_changed = rp.cache != cache.cache
 
     # 4. orphan directories

@@ -23,10 +23,23 @@ It is a pure cache, used only where it is checked:
   where a full read would stop at the hole, and classifies entries by the same rules (a hole only
   ends the walk early, it never makes an entry deletable), and a planned delete of a missing key
   deletes nothing.
+
+Kept as aggregates, so that a pass costs the same however much history the retention holds:
+- `settled`: the run of entries the last walk classified down to its hole, all kept as fence
+  sentinels or entries of kept generations, with how many of each, their lowest generation and
+  their highest writer epoch. While the region's limit stays below that lowest generation and the
+  current epoch above that epoch (epochs never go back), the same rules keep every one of them
+  again, so the walk counts them and goes on at the hole without classifying them one by one
+  (`wal.py`). A walk that deleted, or met an unreadable entry, one without a generation or one of
+  the current epoch, records none. It is derived from the rows it covers, which stay in the cache
+  for the walk that does re-classify them (after the limit moved) without reading them again;
+- the rows are decoded a column at a time and turned into entry metadata only when looked up;
+  a cache that only gained entries above its rows is written by appending them to its text.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -41,51 +54,132 @@ FORMAT = 1
 MAX_MISSING = 1000  # deleted positions remembered (older ones are probed again: one read each)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Settled:
+    """Positions `bottom + 1 .. top` exist and were all kept, as `sentinels` fence sentinels and
+    `kept` entries of kept generations (the lowest `min_gen`, None: none), of writer epochs up to
+    `max_epoch`; `bottom` is where the walk that classified them stopped (a hole, or 0)."""
+
+    top: int
+    bottom: int
+    sentinels: int
+    kept: int
+    min_gen: int | None
+    max_epoch: int
+
+    def to_list(self) -> list:
+        return [self.top, self.bottom, self.sentinels, self.kept, self.min_gen, self.max_epoch]
+
+    @staticmethod
+    def from_list(x: list) -> "Settled":
+        top, bottom, sentinels, kept, min_gen, max_epoch = x
+        if not (_nat(top) and _nat(bottom, 0) and bottom < top and _nat(sentinels, 0) and _nat(kept, 0)
+                and sentinels + kept == top - bottom and (min_gen is None or _nat(min_gen))
+                and (min_gen is None) == (kept == 0) and _nat(max_epoch, 0)):
+            raise ValueError(f"a bad settled run {x!r}")
+        return Settled(top, bottom, sentinels, kept, min_gen, max_epoch)
+
+
+def _row(m: wal.WalEntryMeta) -> tuple:
+    return (m.position, m.writer_epoch, m.generation, m.fence_sentinel, m.size)
+
+
 class RegionCache:
     """Known WAL entries (position -> metadata) and deleted positions; known manifest versions at
-    or below the retention cut (version -> (size, mtime)); the anchors that validate each part."""
+    or below the retention cut (version -> (size, mtime)); the anchors that validate each part;
+    the settled run of kept entries (module docstring)."""
 
-    region_id: str
-    wal: dict[int, wal.WalEntryMeta] = field(default_factory=dict)
-    missing: set[int] = field(default_factory=set)
-    wal_anchor: tuple[int, int, float] | None = None  # (position, size, mtime) of the lowest known entry
-    manifests: dict[int, tuple[int, float]] = field(default_factory=dict)
+    def __init__(self, region_id: str, wal: dict[int, wal.WalEntryMeta] | None = None,
+                 missing: set[int] | None = None, wal_anchor: tuple[int, int, float] | None = None,
+                 manifests: dict[int, tuple[int, float]] | None = None, settled: Settled | None = None):
+        self.region_id = region_id
+        self.rows: dict[int, tuple] = {p: _row(m) for p, m in (wal or {}).items()}  # position -> row
+        self.missing = set(missing or ())
+        self.wal_anchor = wal_anchor
+        self.manifests = dict(manifests or {})
+        self.settled = settled
+        self._text: tuple[str, int, int] | None = None  # (rows' JSON text, how many, highest position)
+
+    @property
+    def wal(self) -> dict[int, wal.WalEntryMeta]:
+        """Every known entry's metadata (built on each use: passes look entries up one by one)."""
+        return {p: wal.WalEntryMeta(*r) for p, r in self.rows.items()}
+
+    def meta(self, p: int) -> wal.WalEntryMeta | None:
+        r = self.rows.get(p)
+        return None if r is None else wal.WalEntryMeta(*r)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RegionCache):
+            return NotImplemented
+        return (self.region_id, self.rows, self.missing, self.wal_anchor, self.manifests, self.settled) == \
+            (other.region_id, other.rows, other.missing, other.wal_anchor, other.manifests, other.settled)
+
+    def _rows_text(self) -> str:
+        """The rows as JSON, appended to the decoded text when the rows only gained higher ones."""
+        t = self._text
+        if t is not None and len(self.rows) >= t[1]:
+            text, n, top = t
+            new = sorted(p for p in self.rows if p > top)
+            if len(self.rows) == n + len(new):
+                more = [list(self.rows[p]) for p in new]
+                if not more:
+                    return text
+                enc = json.dumps(more, separators=(",", ":"))
+                return enc if text == "[]" else text[:-1] + "," + enc[1:]
+        return json.dumps([list(r) for _, r in sorted(self.rows.items())], separators=(",", ":"))
 
     def encode(self) -> bytes:
-        return sealed.seal({
-            "region": self.region_id,
-            "wal": [[m.position, m.writer_epoch, m.generation, m.fence_sentinel, m.size]
-                    for _, m in sorted(self.wal.items())],
-            "missing": sorted(self.missing), "wal_anchor": list(self.wal_anchor) if self.wal_anchor else None,
+        rest = json.dumps({
+            "region": self.region_id, "missing": sorted(self.missing),
+            "wal_anchor": list(self.wal_anchor) if self.wal_anchor else None,
             "manifests": [[v, s, t] for v, (s, t) in sorted(self.manifests.items())],
-        }, FORMAT)
+            "settled": self.settled.to_list() if self.settled is not None else None,
+        }, sort_keys=True, separators=(",", ":"))
+        return sealed.seal_body(rest[:-1] + ',"wal":' + self._rows_text() + "}", FORMAT)
 
     @staticmethod
     def decode(raw: bytes, region_id: str) -> "RegionCache":
-        d = sealed.unseal(raw, FORMAT)
+        body = sealed.unseal_body(raw, FORMAT)
+        d = json.loads(body)
+        if not isinstance(d, dict):
+            raise ValueError("not a region cache")
         if d["region"] != region_id:
             raise ValueError(f"written for region {d['region']!r}")
         out = RegionCache(region_id)
-        for p, epoch, gen, sentinel, size in d["wal"]:
-            if not (_nat(p) and type(epoch) is int and epoch >= 0 and (gen is None or type(gen) is int)
-                    and type(sentinel) is bool and _nat(size, 0)):
-                raise ValueError(f"a bad WAL row {[p, epoch, gen, sentinel, size]!r}")
-            out.wal[p] = wal.WalEntryMeta(p, epoch, gen, sentinel, size)
+        rows = d["wal"]
+        if not (isinstance(rows, list) and all(type(r) is list and len(r) == 5 for r in rows)):
+            raise ValueError("a bad WAL row")
+        ps, epochs, gens, sentinels, sizes = map(list, zip(*rows)) if rows else ([], [], [], [], [])
+        if not ({type(x) for x in ps} <= {int} and {type(x) for x in epochs} <= {int}
+                and {type(x) for x in gens} <= {int, type(None)} and {type(x) for x in sentinels} <= {bool}
+                and {type(x) for x in sizes} <= {int}):
+            raise ValueError("a bad WAL row")
+        if rows and (min(ps) < 1 or min(epochs) < 0 or min(sizes) < 0 or len(set(ps)) != len(ps)):
+            raise ValueError("a bad WAL row")
+        out.rows = dict(zip(ps, map(tuple, rows)))
+        wi = body.rfind(',"wal":')  # the text of the rows, for the next cache to append to
+        if wi > 0 and body.endswith("]}") and ps == sorted(ps):
+            out._text = (body[wi + len(',"wal":'):-1], len(ps), max(ps, default=0))
         if not all(_nat(p) for p in d["missing"]):
             raise ValueError("a bad missing position")
-        out.missing = set(d["missing"]) - set(out.wal)
+        out.missing = set(d["missing"]) - set(out.rows)
         a = d["wal_anchor"]
         if a is not None:
-            if not (_nat(a[0]) and _nat(a[1], 0) and isinstance(a[2], (int, float)) and a[0] in out.wal):
+            if not (_nat(a[0]) and _nat(a[1], 0) and isinstance(a[2], (int, float)) and a[0] in out.rows):
                 raise ValueError("a bad WAL anchor")
             out.wal_anchor = (a[0], a[1], float(a[2]))
-        elif out.wal:
+        elif out.rows:
             raise ValueError("WAL entries without an anchor")
         for v, size, mtime in d["manifests"]:
             if not (_nat(v) and _nat(size, 0) and isinstance(mtime, (int, float))):
                 raise ValueError("a bad manifest row")
             out.manifests[v] = (size, float(mtime))
+        st = d.get("settled")  # absent in caches written before it was kept
+        if st is not None:
+            out.settled = Settled.from_list(st)
+            if out.settled.top not in out.rows:
+                raise ValueError("a settled run above the known entries")
         return out
 
 
@@ -141,9 +235,14 @@ class Checked:
     def wal_meta(self, p: int) -> tuple[bool, wal.WalEntryMeta | None]:
         """(known, metadata or None for a deleted position)."""
         c = self.cache
-        if c is None or (p not in c.wal and p not in c.missing) or not self.wal_ok():
+        if c is None or (p not in c.rows and p not in c.missing) or not self.wal_ok():
             return False, None
-        return True, c.wal.get(p)
+        return True, c.meta(p)
+
+    def settled(self) -> Settled | None:
+        """The settled run of the last walk, when the WAL part holds."""
+        c = self.cache
+        return c.settled if c is not None and c.settled is not None and self.wal_ok() else None
 
     def manifest_low(self) -> tuple[int, ObjectInfo] | None:
         """The lowest manifest version the cache knows, as a HEAD shows it now, when that is the
@@ -161,26 +260,36 @@ def _same(info: ObjectInfo | None, size: int, mtime: float) -> bool:
 
 
 def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMeta | None], wal_deleted: set[int],
-               manifests: dict[int, ObjectInfo], manifests_deleted: set[int]) -> RegionCache:
+               manifests: dict[int, ObjectInfo], manifests_deleted: set[int],
+               settled: Settled | None = None) -> RegionCache:
     """The cache as the region will be once this pass's deletes went: the entries known to exist
     (the old cache's, when its anchor holds, and those read) minus the deleted, the positions
-    known missing, and the manifest versions given (the lowest at or below the cut that stays)
-    minus the deleted."""
+    known missing, the manifest versions given (the lowest at or below the cut that stays)
+    minus the deleted, and the walk's settled run (`settled`, of entries none of which is deleted)."""
     old = checked.cache
     keep_old = old is not None and old.wal_anchor is not None and checked.wal_ok()
-    known = dict(old.wal) if keep_old else {}
+    out = RegionCache(region_id)
+    known = dict(old.rows) if keep_old else {}
     missing = set(old.missing) if keep_old else set()
+    appended = keep_old  # only rows above the old ones added: its text is appended to
+    top = max(old.rows, default=0) if keep_old else 0
     for p, m in metas.items():
         if m is None:
             missing.add(p)
+            appended = appended and p not in known
             known.pop(p, None)
         elif m.writer_epoch >= 0:  # an unreadable entry is read again next time
-            known[p] = m
+            r = _row(m)
+            appended = appended and (p > top or known.get(p) == r)
+            known[p] = r
     for p in wal_deleted:
+        appended = appended and p not in known
         known.pop(p, None)
         missing.add(p)
-    missing -= set(known)
-    out = RegionCache(region_id, known, set(sorted(missing)[-MAX_MISSING:]))
+    missing = {p for p in missing if p not in known}
+    out.rows, out.missing = known, set(sorted(missing)[-MAX_MISSING:])
+    if appended and old._text is not None and len(old.rows) == old._text[1]:
+        out._text = old._text
     if known:
         low = min(known)
         if keep_old and old.wal_anchor[0] == low:
@@ -188,8 +297,11 @@ def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMe
         else:
             info = checked.store.head(layout.wal_key(region_id, low))
             if info is None:  # gone since it was read: know nothing of the WAL
-                out.wal, out.missing = {}, set()
+                out.rows, out.missing, out._text = {}, set(), None
             else:
                 out.wal_anchor = (low, info.size, info.mtime)
+    if out.rows and settled is not None and settled.top in out.rows \
+            and not any(settled.bottom < p <= settled.top for p in wal_deleted):
+        out.settled = settled
     out.manifests = {v: (i.size, i.mtime) for v, i in manifests.items() if v not in manifests_deleted}
     return out
