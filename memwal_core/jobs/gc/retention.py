@@ -49,21 +49,17 @@ class Retention:
         as one object, so most versions cost an identity lookup)."""
         if self._by_state is not None and self._by_state[0] == len(self.states):
             return self._by_state[1]
-        by_obj: dict[int, list] = {}
-        for v, m in self.states.items():
-            e = by_obj.get(id(m))
-            if e is None:
-                by_obj[id(m)] = [m, v, v]
-            else:
-                e[1], e[2] = min(e[1], v), max(e[2], v)
+        vs = sorted(self.states)
+        ms = [self.states[v] for v in vs]
+        ids = list(map(id, ms))  # by object first, in C: most versions share their state object
+        objs, newest, oldest = dict(zip(ids, ms)), dict(zip(ids, vs)), dict(zip(reversed(ids), reversed(vs)))
         by_content: dict[frozenset, list] = {}
-        for m, lo, hi in by_obj.values():
-            e = by_content.setdefault(frozenset(m.items()), [m, lo, hi])
-            e[1], e[2] = min(e[1], lo), max(e[2], hi)
+        for i, m in objs.items():
+            e = by_content.setdefault(frozenset(m.items()), [m, oldest[i], newest[i]])
+            e[1], e[2] = min(e[1], oldest[i]), max(e[2], newest[i])
         runs = [(m, lo, hi) for m, lo, hi in by_content.values()]
         self._by_state = (len(self.states), runs)
         return runs
-
 
 def from_history(history: VersionHistory, gone: frozenset[int] = frozenset()) -> Retention:
     """What the listed versions need; `gone`: versions taken as removed (a dry run's cleanup)."""
