@@ -142,28 +142,65 @@ def test_a_version_summary_in_another_layout_is_read_and_written_in_full():
     assert got.facts == facts and got.text is None
 
 
-def test_the_region_cache_appends_only_when_it_only_gained_higher_entries(tmp_path):
-    """The rows' text is reused only when every row it holds is still there, unchanged, and new
-    ones are above them; a position deleted, gone missing or read with other metadata encodes
-    every row again. Each result decodes to exactly the rows it holds."""
+def test_the_region_cache_keeps_settled_rows_as_text_until_one_is_looked_up(tmp_path):
+    """The rows of settled runs are carried over as the text they were read as, with the rows that
+    joined the run appended, while none of them is looked up; once one is (or a position of theirs
+    is deleted or found missing) every row is written again. Each result decodes to exactly the
+    rows it holds."""
     loc = open_store(str(tmp_path / "t"))
     rid = "00000000-0000-4000-8000-000000000001"
     meta = lambda p, e=1: wal.WalEntryMeta(p, e, None if p % 2 else p // 2, p % 2 == 1, 100 + p)  # noqa: E731
     loc.store.put(region_cache.layout.wal_key(rid, 1), b"x")
-    base = region_cache.RegionCache(rid, {p: meta(p) for p in range(1, 11)}, {20}, (1, 1, 1.0))
-    old = region_cache.RegionCache.decode(base.encode(), rid)
-    assert old._text is not None
-    for metas, deleted in (({11: meta(11), 12: meta(12)}, set()), ({5: meta(5)}, set()), ({}, {4}),
-                           ({6: None}, set()), ({7: meta(7, e=2)}, set()), ({3: meta(3), 13: meta(13)}, {2})):
+    first = region_cache.RegionCache(rid, {p: meta(p) for p in range(1, 11)}, {20}, (1, 1, 1.0),
+                                     settled=region_cache.Settled(8, 0, 4, 4, 1, 1))
+    checked = region_cache.Checked(loc.store, region_cache.RegionCache.decode(first.encode(), rid))
+    checked._wal_ok = True
+    base = region_cache.after_pass(checked, rid, {}, set(), {}, set(), region_cache.Settled(8, 0, 4, 4, 1, 1))
+    assert base.cold_top == 8
+    rows = {p: meta(p) for p in range(1, 11)}
+    cases = [({11: meta(11), 12: meta(12)}, set(), region_cache.Settled(10, 0, 5, 5, 1, 1), True),
+             ({11: meta(11)}, set(), None, True),
+             ({5: meta(5)}, set(), None, False),  # looked up: decoded
+             ({}, {4}, None, False), ({6: None}, set(), None, False), ({7: meta(7, e=2)}, set(), None, False)]
+    for metas, deleted, settled, as_text in cases:
+        old = region_cache.RegionCache.decode(base.encode(), rid)
+        assert old._cold is not None
         checked = region_cache.Checked(loc.store, old)
         checked._wal_ok = True
-        new = region_cache.after_pass(checked, rid, metas, deleted, {}, set())
-        expect = {p: meta(p) for p in range(1, 11)} | {p: m for p, m in metas.items() if m is not None}
+        for p in metas:
+            if p <= old.cold_top:
+                assert checked.wal_meta(p)[0]  # what the scan does before it reads an entry
+        new = region_cache.after_pass(checked, rid, metas, deleted, {}, set(), settled)
+        assert (new._cold is not None) == as_text
+        expect = rows | {p: m for p, m in metas.items() if m is not None}
         expect = {p: m for p, m in expect.items() if p not in deleted and metas.get(p, 0) is not None}
         again = region_cache.RegionCache.decode(new.encode(), rid)
+        assert again.cold_top == max(8, settled.top if settled else 0) and again._cold is not None
         assert again.wal == expect and again == new
-        assert (new._text is not None) == (not deleted and all(p > 10 or m == meta(p) for p, m in metas.items()
-                                                               if m is not None) and None not in metas.values())
+
+
+def test_settled_rows_that_are_not_the_recorded_ones_drop_the_cache(tmp_path):
+    """A text of settled rows that does not hold as many rows as recorded, or holds one above its
+    top, is found when it is decoded: the cache is then not used (the region is read in full)."""
+    loc, w = _history(tmp_path, cycles=4)
+    rid = sorted(w.regions.values())[0]
+    forget_process()
+    gc.run_gc(loc, KEEP)
+    good = region_cache.load(loc.store, rid)
+    assert good.cold_top and good._cold_n
+    key = region_cache.layout.gc_region_cache_key(rid)
+    d = sealed.unseal(loc.store.get(key), region_cache.FORMAT)
+    top, n, text = d["cold"]
+    rows = json.loads(text)
+    swapped = json.dumps([[top + 50] + rows[0][1:]] + rows[1:], separators=(",", ":"))  # passes the cheap checks
+    for cold in ([top, n + 1, text], [top - 1, n, text], [top, n, swapped]):
+        loc.store.put(key, sealed.seal(d | {"cold": cold}, region_cache.FORMAT))
+        c = region_cache.load(loc.store, rid)
+        if c is not None:  # found only once decoded: then the WAL part is not used
+            assert cold[2] == swapped
+            checked = region_cache.Checked(loc.store, c)
+            assert checked.wal_meta(1) == (False, None) and not checked.wal_ok()
+        assert_same_decision(loc, KEEP)
 
 
 # ------------------------------------------------------------------------------------------------

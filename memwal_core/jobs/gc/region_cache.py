@@ -87,89 +87,115 @@ def _row(m: wal.WalEntryMeta) -> tuple:
 class RegionCache:
     """Known WAL entries (position -> metadata) and deleted positions; known manifest versions at
     or below the retention cut (version -> (size, mtime)); the anchors that validate each part;
-    the settled run of kept entries (module docstring)."""
+    the settled run of kept entries (module docstring). The rows at or below `cold_top` (those
+    of settled runs) stay the JSON text they were read as until one of them is looked up."""
 
     def __init__(self, region_id: str, wal: dict[int, wal.WalEntryMeta] | None = None,
                  missing: set[int] | None = None, wal_anchor: tuple[int, int, float] | None = None,
                  manifests: dict[int, tuple[int, float]] | None = None, settled: Settled | None = None):
         self.region_id = region_id
-        self.rows: dict[int, tuple] = {p: _row(m) for p, m in (wal or {}).items()}  # position -> row
+        self._rows: dict[int, tuple] = {p: _row(m) for p, m in (wal or {}).items()}  # position -> row
         self.missing = set(missing or ())
         self.wal_anchor = wal_anchor
         self.manifests = dict(manifests or {})
         self.settled = settled
-        self._text: tuple[str, int, int] | None = None  # (rows' JSON text, how many, highest position)
+        self.cold_top = 0  # the rows at or below it are the text's (and those that joined it since)
+        self._cold: str | None = None  # the text, while not decoded into `_rows`
+        self._cold_n = 0  # how many rows the text holds
+        self._cold_below = 0  # every row of the text is at or below it; those that join are above
+
+    @property
+    def rows(self) -> dict[int, tuple]:
+        """Every known entry's row (the text decoded first)."""
+        if self._cold is not None:
+            rows = _decode_rows(json.loads(self._cold))
+            if len(rows) != self._cold_n or any(p > self._cold_below for p in rows):
+                raise ValueError("settled rows that are not the ones recorded")
+            self._cold = None
+            rows.update(self._rows)
+            self._rows = rows
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: dict[int, tuple]) -> None:
+        self._rows, self._cold, self.cold_top, self._cold_n, self._cold_below = rows, None, 0, 0, 0
+
+    def known(self, p: int) -> bool:
+        return p in self.missing or p in (self.rows if p <= self._cold_below else self._rows)
+
+    def meta(self, p: int) -> wal.WalEntryMeta | None:
+        r = (self.rows if p <= self._cold_below else self._rows).get(p)
+        return None if r is None else wal.WalEntryMeta(*r)
 
     @property
     def wal(self) -> dict[int, wal.WalEntryMeta]:
         """Every known entry's metadata (built on each use: passes look entries up one by one)."""
         return {p: wal.WalEntryMeta(*r) for p, r in self.rows.items()}
 
-    def meta(self, p: int) -> wal.WalEntryMeta | None:
-        r = self.rows.get(p)
-        return None if r is None else wal.WalEntryMeta(*r)
-
     def __eq__(self, other: object) -> bool:
+        """The same knowledge (and, to be written the same, the same settled top); the text of
+        settled rows compared as text while neither decoded it (a pass compares its cache with
+        the one it read to know whether to write it)."""
         if not isinstance(other, RegionCache):
             return NotImplemented
-        return (self.region_id, self.rows, self.missing, self.wal_anchor, self.manifests, self.settled) == \
-            (other.region_id, other.rows, other.missing, other.wal_anchor, other.manifests, other.settled)
-
-    def _rows_text(self) -> str:
-        """The rows as JSON, appended to the decoded text when the rows only gained higher ones."""
-        t = self._text
-        if t is not None and len(self.rows) >= t[1]:
-            text, n, top = t
-            new = sorted(p for p in self.rows if p > top)
-            if len(self.rows) == n + len(new):
-                more = [list(self.rows[p]) for p in new]
-                if not more:
-                    return text
-                enc = json.dumps(more, separators=(",", ":"))
-                return enc if text == "[]" else text[:-1] + "," + enc[1:]
-        return json.dumps([list(r) for _, r in sorted(self.rows.items())], separators=(",", ":"))
+        same = (self.region_id, self.missing, self.wal_anchor, self.manifests, self.settled, self.cold_top) == \
+            (other.region_id, other.missing, other.wal_anchor, other.manifests, other.settled, other.cold_top)
+        if not same:
+            return False
+        if self._cold is not None and other._cold is not None and self._cold_below == other._cold_below:
+            return self._cold == other._cold and self._rows == other._rows
+        try:
+            return self.rows == other.rows
+        except ValueError:  # settled rows not as recorded: not the same as anything
+            return False
 
     def encode(self) -> bytes:
-        rest = json.dumps({
+        joined = sorted(p for p in self._rows if p <= self.cold_top)
+        if self._cold is not None and all(p > self._cold_below for p in joined):  # the text, appended to
+            cold = _append(self._cold, [list(self._rows[p]) for p in joined])
+            n = self._cold_n + len(joined)
+        else:
+            cold, n = json.dumps([list(self._rows[p]) for p in joined], separators=(",", ":")), len(joined)
+        return sealed.seal({
             "region": self.region_id, "missing": sorted(self.missing),
             "wal_anchor": list(self.wal_anchor) if self.wal_anchor else None,
             "manifests": [[v, s, t] for v, (s, t) in sorted(self.manifests.items())],
             "settled": self.settled.to_list() if self.settled is not None else None,
-        }, sort_keys=True, separators=(",", ":"))
-        return sealed.seal_body(rest[:-1] + ',"wal":' + self._rows_text() + "}", FORMAT)
+            "cold": [self.cold_top, n, cold] if self.cold_top else None,
+            "wal": [list(self._rows[p]) for p in sorted(self._rows) if p > self.cold_top],
+        }, FORMAT)
 
     @staticmethod
     def decode(raw: bytes, region_id: str) -> "RegionCache":
-        body = sealed.unseal_body(raw, FORMAT)
-        d = json.loads(body)
+        d = sealed.unseal(raw, FORMAT)
         if not isinstance(d, dict):
             raise ValueError("not a region cache")
         if d["region"] != region_id:
             raise ValueError(f"written for region {d['region']!r}")
         out = RegionCache(region_id)
-        rows = d["wal"]
-        if not (isinstance(rows, list) and all(type(r) is list and len(r) == 5 for r in rows)):
-            raise ValueError("a bad WAL row")
-        ps, epochs, gens, sentinels, sizes = map(list, zip(*rows)) if rows else ([], [], [], [], [])
-        if not ({type(x) for x in ps} <= {int} and {type(x) for x in epochs} <= {int}
-                and {type(x) for x in gens} <= {int, type(None)} and {type(x) for x in sentinels} <= {bool}
-                and {type(x) for x in sizes} <= {int}):
-            raise ValueError("a bad WAL row")
-        if rows and (min(ps) < 1 or min(epochs) < 0 or min(sizes) < 0 or len(set(ps)) != len(ps)):
-            raise ValueError("a bad WAL row")
-        out.rows = dict(zip(ps, map(tuple, rows)))
-        wi = body.rfind(',"wal":')  # the text of the rows, for the next cache to append to
-        if wi > 0 and body.endswith("]}") and ps == sorted(ps):
-            out._text = (body[wi + len(',"wal":'):-1], len(ps), max(ps, default=0))
+        out._rows = _decode_rows(d["wal"])
+        cold = d.get("cold")  # absent in caches written before it was kept
+        if cold is not None:
+            top, n, text = cold
+            if not (_nat(top) and _nat(n, 0) and isinstance(text, str) and text.startswith("[")
+                    and text.endswith("]") and all(p > top for p in out._rows)):
+                raise ValueError("bad settled rows")
+            # Checked without decoding them: as many rows as recorded (rows hold no list), the
+            # last (they are in order) at or below the top. Decoding checks each.
+            if (0 if text == "[]" else text.count("],[") + 1) != n or (n and not _nat(
+                    last := json.loads(text[text.rfind("[", 0, len(text) - 1):-1])[0]) or n and last > top):
+                raise ValueError("settled rows that are not the ones recorded")
+            out.cold_top, out._cold, out._cold_n, out._cold_below = top, text, n, top
         if not all(_nat(p) for p in d["missing"]):
             raise ValueError("a bad missing position")
-        out.missing = set(d["missing"]) - set(out.rows)
+        out.missing = {p for p in d["missing"] if p not in out._rows}
         a = d["wal_anchor"]
         if a is not None:
-            if not (_nat(a[0]) and _nat(a[1], 0) and isinstance(a[2], (int, float)) and a[0] in out.rows):
+            if not (_nat(a[0]) and _nat(a[1], 0) and isinstance(a[2], (int, float))
+                    and (a[0] in out._rows or a[0] <= out.cold_top)):
                 raise ValueError("a bad WAL anchor")
             out.wal_anchor = (a[0], a[1], float(a[2]))
-        elif out.rows:
+        elif out._rows or out.cold_top:
             raise ValueError("WAL entries without an anchor")
         for v, size, mtime in d["manifests"]:
             if not (_nat(v) and _nat(size, 0) and isinstance(mtime, (int, float))):
@@ -178,10 +204,30 @@ class RegionCache:
         st = d.get("settled")  # absent in caches written before it was kept
         if st is not None:
             out.settled = Settled.from_list(st)
-            if out.settled.top not in out.rows:
+            if not (out.settled.top in out._rows or out.settled.top <= out.cold_top):
                 raise ValueError("a settled run above the known entries")
         return out
 
+
+def _append(text: str, rows: list[list]) -> str:
+    """The JSON array `text` with `rows` appended."""
+    if not rows:
+        return text
+    more = json.dumps(rows, separators=(",", ":"))
+    return more if text == "[]" else text[:-1] + "," + more[1:]
+
+def _decode_rows(rows: object) -> dict[int, tuple]:
+    """WAL rows checked a column at a time; ValueError for anything else."""
+    if not (isinstance(rows, list) and all(type(r) is list and len(r) == 5 for r in rows)):
+        raise ValueError("a bad WAL row")
+    ps, epochs, gens, sentinels, sizes = map(list, zip(*rows)) if rows else ([], [], [], [], [])
+    if not ({type(x) for x in ps} <= {int} and {type(x) for x in epochs} <= {int}
+            and {type(x) for x in gens} <= {int, type(None)} and {type(x) for x in sentinels} <= {bool}
+            and {type(x) for x in sizes} <= {int}):
+        raise ValueError("a bad WAL row")
+    if rows and (min(ps) < 1 or min(epochs) < 0 or min(sizes) < 0 or len(set(ps)) != len(ps)):
+        raise ValueError("a bad WAL row")
+    return dict(zip(ps, map(tuple, rows)))
 
 def _nat(x, least: int = 1) -> bool:
     return type(x) is int and x >= least
@@ -235,9 +281,17 @@ class Checked:
     def wal_meta(self, p: int) -> tuple[bool, wal.WalEntryMeta | None]:
         """(known, metadata or None for a deleted position)."""
         c = self.cache
-        if c is None or (p not in c.rows and p not in c.missing) or not self.wal_ok():
+        if c is None or not self.wal_ok():
             return False, None
-        return True, c.meta(p)
+        try:
+            if not c.known(p):
+                return False, None
+            return True, c.meta(p)
+        except ValueError as e:  # its settled rows are not what it recorded: know nothing of the WAL
+            log.warning("%s ignored (%s); reading the region's WAL in full",
+                        layout.gc_region_cache_key(c.region_id), e)
+            self._wal_ok = False
+            return False, None
 
     def settled(self) -> Settled | None:
         """The settled run of the last walk, when the WAL part holds."""
@@ -265,43 +319,48 @@ def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMe
     """The cache as the region will be once this pass's deletes went: the entries known to exist
     (the old cache's, when its anchor holds, and those read) minus the deleted, the positions
     known missing, the manifest versions given (the lowest at or below the cut that stays)
-    minus the deleted, and the walk's settled run (`settled`, of entries none of which is deleted)."""
+    minus the deleted, and the walk's settled run (`settled`, of entries none of which is deleted).
+    The old cache's text of settled rows is carried over as it is when none of them was looked
+    up (then none changed: a row is looked up before it is deleted or found missing)."""
     old = checked.cache
     keep_old = old is not None and old.wal_anchor is not None and checked.wal_ok()
     out = RegionCache(region_id)
-    known = dict(old.rows) if keep_old else {}
+    if keep_old and old._cold is not None and any(p <= old._cold_below for p in list(wal_deleted) + list(metas)):
+        try:
+            old.rows  # noqa: B018 - decoded: those rows change
+        except ValueError:
+            keep_old = False
+    as_text = keep_old and old._cold is not None
+    known = dict(old._rows) if keep_old else {}
     missing = set(old.missing) if keep_old else set()
-    appended = keep_old  # only rows above the old ones added: its text is appended to
-    top = max(old.rows, default=0) if keep_old else 0
     for p, m in metas.items():
         if m is None:
             missing.add(p)
-            appended = appended and p not in known
             known.pop(p, None)
         elif m.writer_epoch >= 0:  # an unreadable entry is read again next time
-            r = _row(m)
-            appended = appended and (p > top or known.get(p) == r)
-            known[p] = r
+            known[p] = _row(m)
     for p in wal_deleted:
-        appended = appended and p not in known
         known.pop(p, None)
         missing.add(p)
     missing = {p for p in missing if p not in known}
-    out.rows, out.missing = known, set(sorted(missing)[-MAX_MISSING:])
-    if appended and old._text is not None and len(old.rows) == old._text[1]:
-        out._text = old._text
-    if known:
-        low = min(known)
+    out._rows, out.missing = known, set(sorted(missing)[-MAX_MISSING:])
+    if keep_old:
+        out.cold_top = old.cold_top
+        if as_text:
+            out._cold, out._cold_n, out._cold_below = old._cold, old._cold_n, old._cold_below
+    if known or out._cold_n:
+        low = min(list(known) + ([old.wal_anchor[0]] if as_text and out._cold_n else []))
         if keep_old and old.wal_anchor[0] == low:
             out.wal_anchor = old.wal_anchor
         else:
             info = checked.store.head(layout.wal_key(region_id, low))
             if info is None:  # gone since it was read: know nothing of the WAL
-                out.rows, out.missing, out._text = {}, set(), None
+                out.rows, out.missing = {}, set()
             else:
                 out.wal_anchor = (low, info.size, info.mtime)
-    if out.rows and settled is not None and settled.top in out.rows \
+    if (out._rows or out._cold_n) and settled is not None and (settled.top in out._rows or settled.top <= out.cold_top) \
             and not any(settled.bottom < p <= settled.top for p in wal_deleted):
         out.settled = settled
+        out.cold_top = max(out.cold_top, settled.top)
     out.manifests = {v: (i.size, i.mtime) for v, i in manifests.items() if v not in manifests_deleted}
     return out

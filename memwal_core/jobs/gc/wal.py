@@ -143,8 +143,11 @@ class _Scan:
         if top is None or top.writer_epoch != self.m.writer_epoch:
             return cut
         # Positions from the current epoch's sentinel up to the cut are all this epoch's
-        # (epochs do not decrease along the WAL): find the first by bisection.
-        lo, hi = 1, cut
+        # (epochs do not decrease along the WAL): find the first by bisection, above the last
+        # walk's settled run when its epochs are all older (its entries are not looked up).
+        run = self.cache.settled() if self.cache is not None else None
+        lo, hi = (run.top + 1 if run is not None and run.max_epoch < self.m.writer_epoch and run.top < cut
+                  else 1), cut
         while lo < hi:
             mid = (lo + hi) // 2
             e = self.meta(mid)
