@@ -236,9 +236,9 @@ def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
     fg = msg.flushed_generations
     # Checked a field at a time (a region may list thousands of generations, read on every pass);
     # when one is out of range, one entry at a time, to name the first offending one.
-    numbers = [g.generation for g in fg]
+    numbers = list(map(_by_generation, fg))
     if numbers and (min(numbers) < 1 or max(numbers) > cur or any(
-            max(getattr(g, name) for g in fg) > MAX_COUNTER for name in _GEN_SIZES)):
+            max(map(operator.attrgetter(name), fg)) > MAX_COUNTER for name in _GEN_SIZES)):
         for i, g in enumerate(fg):
             if not 1 <= g.generation <= cur:
                 raise bad(f"flushed_generations[{i}].generation", g.generation,

@@ -258,18 +258,18 @@ def decode_summary(raw: bytes) -> Summary:
             raise ValueError("a merge state is not a map of region to generation")
         checked.append(s)
     rows = d["versions"]
-    if not (isinstance(rows, list) and all(type(r) is list and len(r) == 5 for r in rows)):
+    if not (isinstance(rows, list) and set(map(type, rows)) <= {list} and set(map(len, rows)) <= {5}):
         raise ValueError("a bad version row")
-    # Checked a column at a time (a summary holds a row per retained version, read every pass).
-    vs, sizes, mtimes, stamps, idx = map(list, zip(*rows)) if rows else ([], [], [], [], [])
-    if not ({type(x) for x in vs} <= {int} and {type(x) for x in sizes} <= {int} and {type(x) for x in idx} <= {int}
-            and {type(x) for x in mtimes} <= _NUM_TYPES and {type(x) for x in stamps} <= _STAMP_TYPES):
+    # Checked a column at a time, in C (a summary holds a row per retained version, read every pass).
+    vs, sizes, mtimes, stamps, idx = zip(*rows) if rows else ((), (), (), (), ())
+    if not (set(map(type, vs)) <= {int} and set(map(type, sizes)) <= {int} and set(map(type, idx)) <= {int}
+            and set(map(type, mtimes)) <= _NUM_TYPES and set(map(type, stamps)) <= _STAMP_TYPES):
         raise ValueError("a bad version row")
     if rows and (min(vs) < 1 or min(idx) < 0 or max(idx) >= len(checked) or len(set(vs)) != len(vs)):
         raise ValueError("a bad version row")
     make = functools.partial(tuple.__new__, VersionFacts)
-    out = dict(zip(vs, map(make, zip(vs, sizes, map(float, mtimes),
-                                     [None if t is None else float(t) for t in stamps], map(checked.__getitem__, idx)))))
+    # A stamp stays as JSON gave it (an int compares equal to the float it stands for).
+    out = dict(zip(vs, map(make, zip(vs, sizes, map(float, mtimes), stamps, map(checked.__getitem__, idx)))))
     summary = Summary(out, *(None if t is None else float(t) for t in times))
     summary.text = _encoded(body, summary, checked)
     return summary

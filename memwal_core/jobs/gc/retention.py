@@ -50,7 +50,7 @@ class Retention:
         if self._by_state is not None and self._by_state[0] == len(self.states):
             return self._by_state[1]
         vs = sorted(self.states)
-        ms = [self.states[v] for v in vs]
+        ms = list(map(self.states.__getitem__, vs))
         ids = list(map(id, ms))  # by object first, in C: most versions share their state object
         objs, newest, oldest = dict(zip(ids, ms)), dict(zip(ids, vs)), dict(zip(reversed(ids), reversed(vs)))
         by_content: dict[frozenset, list] = {}
