@@ -381,8 +381,10 @@ def _plan_orphans(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, lis
     rid = rp.region_id
     rdir = layout.region_dir(rid)
     for name in ctx.loc.store.list_dirs(rdir):
+        if name in listed_names:  # first: a region holding its history lists every one
+            continue
         gen = layout.generation_of_dir(name)
-        if gen is None or name in listed_names:
+        if gen is None:
             continue
         if "/" in name or name in (".", ".."):
             continue
