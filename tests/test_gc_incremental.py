@@ -96,7 +96,8 @@ def test_a_garbled_settled_run_drops_the_cache(tmp_path):
     rid = sorted(w.regions.values())[0]
     c = region_cache.load(loc.store, rid)
     for bad in (dataclasses.replace(c.settled, sentinels=c.settled.sentinels + 1),
-                dataclasses.replace(c.settled, top=max(c.rows) + 5, bottom=max(c.rows) + 5 - (c.settled.top - c.settled.bottom))):
+                dataclasses.replace(c.settled, top=max(c.rows) + 5,
+                                    bottom=max(c.rows) + 5 - (c.settled.top - c.settled.bottom))):
         c.settled = bad
         loc.store.put(region_cache.layout.gc_region_cache_key(rid), c.encode())
         assert region_cache.load(loc.store, rid) is None
@@ -224,8 +225,8 @@ def test_generations_counted_by_runs_as_one_at_a_time(tmp_path_factory, gens, bo
     tmp = tmp_path_factory.mktemp("runs")
     m = types.SimpleNamespace(sealed=False, current_generation=current)
     rid = "00000000-0000-4000-8000-000000000002"
-    listed = [(region.Generation(g, f"0000000a_gen_{g}", g * 10 + 1, 1), layout.generation_dir(rid, f"0000000a_gen_{g}", g))
-              for g in sorted(gens)]
+    listed = [(region.Generation(g, f"0000000a_gen_{g}", g * 10 + 1, 1),
+               layout.generation_dir(rid, f"0000000a_gen_{g}", g)) for g in sorted(gens)]
     gen_bounds = [Bound(r, g) for r, g in bounds]
     limit = min(b.generation for b in gen_bounds)
     out = []

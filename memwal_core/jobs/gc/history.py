@@ -46,6 +46,9 @@ When `_versions/` is listed (at least once per interval):
   ignored (every manifest is read, and the summary written again); writing it may fail;
 - whatever it holds was true of a manifest with that exact size and time: it can never make GC
   keep less than reading every manifest again would (the property tests compare the two).
+A pass between listings only adds versions above the ones it read, so the summary is written
+again by appending their rows to the text it was read as (`Encoded`), and read a column at a
+time; what a pass does with the facts looks at the distinct merge states (`retention.py`).
 The summary also records when the leak scan last completed (`leaks.py`: it runs once per
 interval). A process that reads it without writing (`plan_gc` from `memwal status`, a dry run)
 only saves the reads it can.

@@ -33,8 +33,11 @@ Kept as aggregates, so that a pass costs the same however much history the reten
   (`wal.py`). A walk that deleted, or met an unreadable entry, one without a generation or one of
   the current epoch, records none. It is derived from the rows it covers, which stay in the cache
   for the walk that does re-classify them (after the limit moved) without reading them again;
-- the rows are decoded a column at a time and turned into entry metadata only when looked up;
-  a cache that only gained entries above its rows is written by appending them to its text.
+- the rows of settled runs (at or below `cold_top`) stay the JSON text they were read as, checked
+  without decoding (as many rows as recorded, the last at or below the top), until one of them is
+  looked up (the walk re-classifies the run; the bisection for the current epoch starts above a
+  run whose epochs are all older); the rows that join a settled run are appended to that text.
+  Rows that turn out not to be the ones recorded make the pass know nothing of the WAL.
 """
 
 from __future__ import annotations
@@ -216,18 +219,20 @@ def _append(text: str, rows: list[list]) -> str:
     more = json.dumps(rows, separators=(",", ":"))
     return more if text == "[]" else text[:-1] + "," + more[1:]
 
+
 def _decode_rows(rows: object) -> dict[int, tuple]:
     """WAL rows checked a column at a time; ValueError for anything else."""
-    if not (isinstance(rows, list) and all(type(r) is list and len(r) == 5 for r in rows)):
+    if not (isinstance(rows, list) and set(map(type, rows)) <= {list} and set(map(len, rows)) <= {5}):
         raise ValueError("a bad WAL row")
-    ps, epochs, gens, sentinels, sizes = map(list, zip(*rows)) if rows else ([], [], [], [], [])
-    if not ({type(x) for x in ps} <= {int} and {type(x) for x in epochs} <= {int}
-            and {type(x) for x in gens} <= {int, type(None)} and {type(x) for x in sentinels} <= {bool}
-            and {type(x) for x in sizes} <= {int}):
+    ps, epochs, gens, sentinels, sizes = zip(*rows) if rows else ((), (), (), (), ())
+    if not (set(map(type, ps)) <= {int} and set(map(type, epochs)) <= {int}
+            and set(map(type, gens)) <= {int, type(None)} and set(map(type, sentinels)) <= {bool}
+            and set(map(type, sizes)) <= {int}):
         raise ValueError("a bad WAL row")
     if rows and (min(ps) < 1 or min(epochs) < 0 or min(sizes) < 0 or len(set(ps)) != len(ps)):
         raise ValueError("a bad WAL row")
     return dict(zip(ps, map(tuple, rows)))
+
 
 def _nat(x, least: int = 1) -> bool:
     return type(x) is int and x >= least
@@ -358,7 +363,8 @@ def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMe
                 out.rows, out.missing = {}, set()
             else:
                 out.wal_anchor = (low, info.size, info.mtime)
-    if (out._rows or out._cold_n) and settled is not None and (settled.top in out._rows or settled.top <= out.cold_top) \
+    if (out._rows or out._cold_n) and settled is not None \
+            and (settled.top in out._rows or settled.top <= out.cold_top) \
             and not any(settled.bottom < p <= settled.top for p in wal_deleted):
         out.settled = settled
         out.cold_top = max(out.cold_top, settled.top)
