@@ -178,6 +178,13 @@ def _append(text: str, items: list) -> str:
     return more if text == "[]" else text[:-1] + "," + more[1:]
 
 
+_RECENT_STATES = 8
+
+
+def _content(m: dict[str, int] | None) -> frozenset | None:
+    return None if m is None else frozenset(m.items())
+
+
 def _reusable(prior: Encoded | None, facts: dict[int, VersionFacts]) -> bool:
     """Whether `facts` are `prior`'s (the same objects) plus versions above them only."""
     if prior is None or len(prior.facts) > len(facts):
@@ -196,12 +203,14 @@ def encode(facts: dict[int, VersionFacts], listed_at: float | None = None, leaks
     if not _reusable(prior, facts):
         prior = None
     states: list[dict[str, int] | None] = list(prior.states) if prior is not None else []
-    by_obj: dict[int, int] = {}
-    by_content: dict[Any, int] = {}
-    for i, m in enumerate(states):
-        by_obj.setdefault(id(m), i)
-        by_content.setdefault(None if m is None else frozenset(m.items()), i)
     known = len(states)
+    # Equal states are stored once: by object (decoded rows share them), and by content among the
+    # new rows and the last states of `prior` (a new version's progress is new or the latest's);
+    # an older equal state stored again costs a few bytes, never a wrong row.
+    by_obj = dict(zip(map(id, reversed(states)), range(known - 1, -1, -1)))
+    by_content: dict[Any, int] = {}
+    for i in range(max(0, known - _RECENT_STATES), known):
+        by_content.setdefault(_content(states[i]), i)
     rows = []
     for v in sorted(facts):
         if prior is not None and v in prior.facts:
@@ -209,7 +218,7 @@ def encode(facts: dict[int, VersionFacts], listed_at: float | None = None, leaks
         f = facts[v]
         i = by_obj.get(id(f.merged))
         if i is None:
-            key = None if f.merged is None else frozenset(f.merged.items())
+            key = _content(f.merged)
             i = by_content.get(key)
             if i is None:
                 i = by_content[key] = len(states)
