@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from memwal_core.errors import one_line
 from memwal_core.jobs.gc import sealed
