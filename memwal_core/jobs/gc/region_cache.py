@@ -278,6 +278,10 @@ class Checked:
         self._wal_ok: bool | None = None if cache is not None and cache.wal_anchor else False
 
     def wal_ok(self) -> bool:
+        """Whether the WAL is as the cache saw it: the anchor entry (the lowest the cache knows)
+        has the size and time recorded. The anchor vouches for the WAL, not for the cache's own
+        rows: those are trusted as this code wrote them, and a cache edited by other means is
+        caught only where its text fails a check (then the WAL is read in full)."""
         if self._wal_ok is None:
             p, size, mtime = self.cache.wal_anchor
             self._wal_ok = _same(self.store.head(layout.wal_key(self.cache.region_id, p)), size, mtime)

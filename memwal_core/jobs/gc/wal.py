@@ -145,6 +145,8 @@ class _Scan:
         # Positions from the current epoch's sentinel up to the cut are all this epoch's
         # (epochs do not decrease along the WAL): find the first by bisection, above the last
         # walk's settled run when its epochs are all older (its entries are not looked up).
+        # The bisection rests on that order, as the walk without a settled run does: a writer
+        # fenced by a higher epoch cannot append, so a WAL never holds a lower epoch above a higher.
         run = self.cache.settled() if self.cache is not None else None
         lo, hi = (run.top + 1 if run is not None and run.max_epoch < self.m.writer_epoch and run.top < cut
                   else 1), cut
