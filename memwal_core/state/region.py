@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -122,7 +123,10 @@ class RegionManifest:
         """Flushed generations in ascending order (paths not yet validated)."""
         gens = [Generation(g.generation, g.path, g.in_memory_bytes, g.physical_rows)
                 for g in self.message.flushed_generations]
-        return sorted(gens, key=lambda g: g.generation)
+        return sorted(gens, key=_by_generation)
+
+
+_by_generation = operator.attrgetter("generation")
 
 
 @dataclass
@@ -229,14 +233,20 @@ def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
     # Loose here (<= current_generation: the spec's flush steps can be read either way); the
     # merger's `pending_generations` insists on < for what it merges, as pylance writes it.
     cur = msg.current_generation
-    for i, g in enumerate(msg.flushed_generations):
-        if not 1 <= g.generation <= cur:
-            raise bad(f"flushed_generations[{i}].generation", g.generation,
-                      f"generations run from 1 to current_generation = {cur}")
-        for name in _GEN_SIZES:
-            v = getattr(g, name)
-            if v > MAX_COUNTER:
-                raise bad(f"flushed_generations[{i}].{name}", v, "at most 2^63-1")
+    fg = msg.flushed_generations
+    # Checked a field at a time (a region may list thousands of generations, read on every pass);
+    # when one is out of range, one entry at a time, to name the first offending one.
+    numbers = list(map(_by_generation, fg))
+    if numbers and (min(numbers) < 1 or max(numbers) > cur or any(
+            max(map(operator.attrgetter(name), fg)) > MAX_COUNTER for name in _GEN_SIZES)):
+        for i, g in enumerate(fg):
+            if not 1 <= g.generation <= cur:
+                raise bad(f"flushed_generations[{i}].generation", g.generation,
+                          f"generations run from 1 to current_generation = {cur}")
+            for name in _GEN_SIZES:
+                v = getattr(g, name)
+                if v > MAX_COUNTER:
+                    raise bad(f"flushed_generations[{i}].{name}", v, "at most 2^63-1")
 
 
 def check_spec(m: RegionManifest, spec_ids: Iterable[int]) -> None:
@@ -471,7 +481,8 @@ def pending_generations(m: RegionManifest, merged: int) -> list[Generation]:
     could skip or shadow a write, and collecting by progress could delete a generation nobody
     merged: `MalformedRegion`. The merger refuses such a region and GC collects nothing in it.
     """
-    numbers = [g.generation for g in m.generations]
+    listed = m.generations
+    numbers = [g.generation for g in listed]
     twice = sorted(n for n, c in Counter(numbers).items() if c > 1)
     if twice:
         raise MalformedRegion(m.region_id, f"generation(s) {twice} are listed more than once")
@@ -479,7 +490,7 @@ def pending_generations(m: RegionManifest, merged: int) -> list[Generation]:
         raise MalformedRegion(m.region_id, f"recorded merge progress {merged} is at or past the region's "
                                            f"current_generation {m.current_generation}: the region was reset "
                                            "or its UUID reused; merging (and GC) would treat new generations as merged")
-    pending = [g for g in m.generations if g.generation > merged]
+    pending = [g for g in listed if g.generation > merged]
     for want, g in zip(range(merged + 1, merged + 1 + len(pending)), pending):
         if g.generation != want:
             raise MalformedRegion(m.region_id, f"generation {want} is not listed but {g.generation} is (merged "

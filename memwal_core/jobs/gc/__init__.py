@@ -81,7 +81,11 @@ they reference (`leak_refs.py`, `_memwal/gc_refs.json`), and per region the WAL 
 manifest versions that stay (`region_cache.py`, `_memwal/gc_regions/`). Each is a pure cache,
 checked against what it describes (manifest sizes and times, anchors, GC's intent markers) and
 ignored when missing or garbled, so a pass decides exactly what reading everything again decides
-(`plan_gc(use_summary=False)`) while reading only what is new. Lance's own version cleanup, which
+(`plan_gc(use_summary=False)`) while reading only what is new. So that a pass costs about the
+same however long the retained history: a region's WAL entries kept whole by its last walk are a
+settled run, counted without classifying each while the limit stays below them
+(`region_cache.py`); the generations held are counted by runs between bounds (`plan.py`); the
+summaries are written by appending to their text. Lance's own version cleanup, which
 reads every manifest, is not run while no retained version is old enough for it.
 
 What GC keeps is typed (`holds.py`): every `kept` counter is keyed by a `KeepReason`

@@ -46,6 +46,9 @@ When `_versions/` is listed (at least once per interval):
   ignored (every manifest is read, and the summary written again); writing it may fail;
 - whatever it holds was true of a manifest with that exact size and time: it can never make GC
   keep less than reading every manifest again would (the property tests compare the two).
+A pass between listings only adds versions above the ones it read, so the summary is written
+again by appending their rows to the text it was read as (`Encoded`), and read a column at a
+time; what a pass does with the facts looks at the distinct merge states (`retention.py`).
 The summary also records when the leak scan last completed (`leaks.py`: it runs once per
 interval). A process that reads it without writing (`plan_gc` from `memwal status`, a dry run)
 only saves the reads it can.
@@ -53,12 +56,13 @@ only saves the reads it can.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.jobs.gc import sealed
@@ -71,12 +75,14 @@ log = logging.getLogger("memwal.gc")
 VERSIONS_DIR = "_versions"
 FORMAT = 1
 _U64_MAX = 2**64 - 1
+_NUM_TYPES = {int, float}
+_STAMP_TYPES = {int, float, type(None)}
 
 
-@dataclass(frozen=True)
-class VersionFacts:
+class VersionFacts(NamedTuple):
     """What GC needs of one table version, and the manifest (size, modification time) it was
-    read from. `merged` None: the version has no MemWAL index (its readers read no generation)."""
+    read from. `merged` None: the version has no MemWAL index (its readers read no generation).
+    A tuple: a summary decodes one per retained version on every pass."""
 
     version: int
     size: int
@@ -99,6 +105,7 @@ class VersionHistory:
     listed_at: float | None = None  # when `_versions/` was last listed (now, when this pass did)
     leaks_at: float | None = None  # when the leak scan last completed (`leaks.py`)
     must_list: bool = False  # a later read in this pass lists (a base-version cleanup ran in between)
+    text: Encoded | None = None  # the summary's encoded rows, reused when writing it again
 
     @property
     def listed(self) -> bool:
@@ -116,6 +123,7 @@ class Summary:
     facts: dict[int, VersionFacts] = field(default_factory=dict)
     listed_at: float | None = None
     leaks_at: float | None = None
+    text: Encoded | None = None  # how its facts were written (the next summary reuses it)
 
 
 def due(at: float | None, now: float, interval: float) -> bool:
@@ -146,19 +154,96 @@ def list_versions(loc: TableLocation, listing: list[ObjectInfo] | None = None) -
     return out
 
 
-def encode(facts: dict[int, VersionFacts], listed_at: float | None = None, leaks_at: float | None = None) -> bytes:
-    """The summary's bytes: versions in order, equal merge states stored once."""
-    states: list[dict[str, int] | None] = []
-    index: dict[str, int] = {}
+@dataclass
+class Encoded:
+    """The JSON text of a summary's states and version rows, and the facts and states it holds
+    (the very objects decoded): a summary that only gained newer versions is written by
+    appending their rows to this text, not by encoding every retained version again."""
+
+    states_text: str
+    rows_text: str
+    facts: dict[int, VersionFacts]
+    states: list[dict[str, int] | None]
+
+
+def _json(x: Any) -> str:
+    return json.dumps(x, sort_keys=True, separators=(",", ":"))
+
+
+def _append(text: str, items: list) -> str:
+    """The JSON array `text` with `items` appended."""
+    if not items:
+        return text
+    more = _json(items)
+    return more if text == "[]" else text[:-1] + "," + more[1:]
+
+
+_RECENT_STATES = 8
+
+
+def _content(m: dict[str, int] | None) -> frozenset | None:
+    return None if m is None else frozenset(m.items())
+
+
+def _reusable(prior: Encoded | None, facts: dict[int, VersionFacts]) -> bool:
+    """Whether `facts` are `prior`'s (the same objects) plus versions above them only."""
+    if prior is None or len(prior.facts) > len(facts):
+        return False
+    if any(facts.get(v) is not f for v, f in prior.facts.items()):
+        return False
+    top = max(prior.facts, default=0)
+    return all(v > top for v in facts if v not in prior.facts)
+
+
+def encode(facts: dict[int, VersionFacts], listed_at: float | None = None, leaks_at: float | None = None,
+           prior: Encoded | None = None) -> bytes:
+    """The summary's bytes: versions in order, equal merge states stored once. `prior`: how the
+    summary these facts were read from was written; when the facts are its facts plus newer
+    versions, their rows are appended to its text (a pass between listings only adds versions)."""
+    if not _reusable(prior, facts):
+        prior = None
+    states: list[dict[str, int] | None] = list(prior.states) if prior is not None else []
+    known = len(states)
+    # Equal states are stored once: by object (decoded rows share them), and by content among the
+    # new rows and the last states of `prior` (a new version's progress is new or the latest's);
+    # an older equal state stored again costs a few bytes, never a wrong row.
+    by_obj = dict(zip(map(id, reversed(states)), range(known - 1, -1, -1)))
+    by_content: dict[Any, int] = {}
+    for i in range(max(0, known - _RECENT_STATES), known):
+        by_content.setdefault(_content(states[i]), i)
     rows = []
     for v in sorted(facts):
+        if prior is not None and v in prior.facts:
+            continue
         f = facts[v]
-        key = json.dumps(f.merged, sort_keys=True)
-        if key not in index:
-            index[key] = len(states)
-            states.append(f.merged)
-        rows.append([v, f.size, f.mtime, f.stamp, index[key]])
-    return sealed.seal({"versions": rows, "states": states, "listed_at": listed_at, "leaks_at": leaks_at}, FORMAT)
+        i = by_obj.get(id(f.merged))
+        if i is None:
+            key = _content(f.merged)
+            i = by_content.get(key)
+            if i is None:
+                i = by_content[key] = len(states)
+                states.append(f.merged)
+            by_obj[id(f.merged)] = i
+        rows.append([v, f.size, f.mtime, f.stamp, i])
+    states_text = _append(prior.states_text if prior is not None else "[]", states[known:])
+    rows_text = _append(prior.rows_text if prior is not None else "[]", rows)
+    # The layout `json.dumps(sort_keys=True)` gives (keys in order, `versions` last), written by hand
+    # so that the reused text is not encoded again.
+    body = (f'{{"leaks_at":{_json(leaks_at)},"listed_at":{_json(listed_at)},'
+            f'"states":{states_text},"versions":{rows_text}}}')
+    return sealed.seal_body(body, FORMAT)
+
+
+def _encoded(body: str, summary: Summary, states: list[dict[str, int] | None]) -> Encoded | None:
+    """The text of a decoded summary's states and rows (None: not in the layout `encode` writes)."""
+    si, vi = body.rfind('"states":'), body.rfind(',"versions":')
+    if not (0 < si < vi and body.endswith("}")):
+        return None
+    states_text, rows_text = body[si + len('"states":'):vi], body[vi + len(',"versions":'):-1]
+    if not (states_text.startswith("[") and states_text.endswith("]") and rows_text.startswith("[")
+            and rows_text.endswith("]")):
+        return None
+    return Encoded(states_text, rows_text, summary.facts, states)
 
 
 def decode(raw: bytes) -> dict[int, VersionFacts]:
@@ -168,7 +253,10 @@ def decode(raw: bytes) -> dict[int, VersionFacts]:
 
 def decode_summary(raw: bytes) -> Summary:
     """The summary; ValueError (with why) for anything but a summary this code wrote."""
-    d = sealed.unseal(raw, FORMAT)
+    body = sealed.unseal_body(raw, FORMAT)
+    d = json.loads(body)
+    if not isinstance(d, dict):
+        raise ValueError("not a summary")
     times = [d.get("listed_at"), d.get("leaks_at")]  # absent in summaries written before they were kept
     if not all(t is None or (isinstance(t, (int, float)) and type(t) is not bool) for t in times):
         raise ValueError("a bad listing time")
@@ -181,15 +269,22 @@ def decode_summary(raw: bytes) -> Summary:
                 isinstance(k, str) and type(g) is int and g >= 0 for k, g in s.items())):
             raise ValueError("a merge state is not a map of region to generation")
         checked.append(s)
-    out: dict[int, VersionFacts] = {}
-    for row in d["versions"]:
-        v, size, mtime, stamp, state = row
-        if not (type(v) is int and v >= 1 and type(size) is int and isinstance(mtime, (int, float))
-                and (stamp is None or isinstance(stamp, (int, float))) and type(state) is int
-                and 0 <= state < len(checked)) or v in out:
-            raise ValueError(f"a bad version row {row!r}")
-        out[v] = VersionFacts(v, size, float(mtime), None if stamp is None else float(stamp), checked[state])
-    return Summary(out, *(None if t is None else float(t) for t in times))
+    rows = d["versions"]
+    if not (isinstance(rows, list) and set(map(type, rows)) <= {list} and set(map(len, rows)) <= {5}):
+        raise ValueError("a bad version row")
+    # Checked a column at a time, in C (a summary holds a row per retained version, read every pass).
+    vs, sizes, mtimes, stamps, idx = zip(*rows) if rows else ((), (), (), (), ())
+    if not (set(map(type, vs)) <= {int} and set(map(type, sizes)) <= {int} and set(map(type, idx)) <= {int}
+            and set(map(type, mtimes)) <= _NUM_TYPES and set(map(type, stamps)) <= _STAMP_TYPES):
+        raise ValueError("a bad version row")
+    if rows and (min(vs) < 1 or min(idx) < 0 or max(idx) >= len(checked) or len(set(vs)) != len(vs)):
+        raise ValueError("a bad version row")
+    make = functools.partial(tuple.__new__, VersionFacts)
+    # A stamp stays as JSON gave it (an int compares equal to the float it stands for).
+    out = dict(zip(vs, map(make, zip(vs, sizes, map(float, mtimes), stamps, map(checked.__getitem__, idx)))))
+    summary = Summary(out, *(None if t is None else float(t) for t in times))
+    summary.text = _encoded(body, summary, checked)
+    return summary
 
 
 def load_summary(loc: TableLocation) -> tuple[dict[int, VersionFacts], str]:
@@ -219,7 +314,7 @@ def save_summary(loc: TableLocation, history: VersionHistory) -> None:
     if not history.changed:
         return
     try:
-        loc.store.put(layout.GC_VERSIONS_KEY, encode(history.facts, history.listed_at, history.leaks_at))
+        loc.store.put(layout.GC_VERSIONS_KEY, encode(history.facts, history.listed_at, history.leaks_at, history.text))
         history.changed = False
     except Exception as e:  # noqa: BLE001 - a cache
         log.warning("could not write %s: %s", layout.GC_VERSIONS_KEY, one_line(e))
@@ -321,7 +416,7 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
     versions (module docstring). `latest`: a version known to exist (the one the plan opened)."""
     now = time.time() if now is None else now
     if earlier is not None:
-        base, why = Summary(earlier.facts, earlier.listed_at, earlier.leaks_at), earlier.summary
+        base, why = Summary(earlier.facts, earlier.listed_at, earlier.leaks_at, earlier.text), earlier.summary
     else:
         base, why = _load(loc) if use_summary else (Summary(), "not used")
     listed_before = earlier is not None and earlier.listed  # earlier in this pass: the leak scan takes it
@@ -336,7 +431,8 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
         why = ("ignored: it describes another table at this URI (re-created)" if recreated
                else "ignored: its newest version is not that version's manifest")
         log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY, why[len("ignored: "):])
-    out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at)
+    out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at,
+                         text=base.text)
     if probed is not None:
         known, todo = base.facts, probed
         out.facts = dict(known)
@@ -368,7 +464,7 @@ def _listed(loc: TableLocation, known: dict[int, VersionFacts], out: VersionHist
     out.listing = list(loc.store.list(VERSIONS_DIR))
     listed = list_versions(loc, out.listing)
     if check_table and known and _another_table(loc, known, listed):
-        known, out.recreated = {}, True
+        known, out.recreated, out.text = {}, True, None
         out.summary = "ignored: it describes another table at this URI (re-created)"
         out.leaks_at = None
         log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY,

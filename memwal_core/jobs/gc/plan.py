@@ -9,6 +9,7 @@ between, the retained versions are probed, `history.py`, and the leak scan skipp
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import time
@@ -271,7 +272,8 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     rp.items += manifest_plan.items
     rp.kept.update(manifest_plan.kept)
     rp.cache = region_cache.after_pass(cache, rid, wal_plan.metas, {i.number for i in wal_plan.items},
-                                       manifest_plan.kept_low, {i.number for i in manifest_plan.items})
+                                       manifest_plan.kept_low, {i.number for i in manifest_plan.items},
+                                       wal_plan.settled)
     rp.cache_changed = rp.cache != cache.cache
 
     # 4. orphan directories
@@ -296,11 +298,24 @@ def _plan_generations(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
     A generation above a bound is held by the first one it exceeds. Generations only are bound
     by an unrecorded region value: WAL entries and manifest versions do not carry it."""
     rid = rp.region_id
-    rdir = layout.region_dir(rid)
     gen_bounds = bounds + ([Bound(KeepReason.GENERATION_VALUE_UNRECORDED, 0)] if rid in ctx.unrecorded else [])
     gen_limit = min(b.generation for b in gen_bounds)
     stale_limit = _stale_limit(ctx, rid) if verdict is not None else 0
     holds: dict[Bound, Hold] = {}
+    if m.sealed or verdict is not None:
+        _classify_each(ctx, rp, m, listed, gen_bounds, gen_limit, verdict, stale_limit, holds)
+    else:
+        _classify_runs(ctx, rp, m, listed, gen_bounds, gen_limit, holds)
+    for h in holds.values():  # the highest generation a retained version reads decides until when
+        if h.reason is KeepReason.GENERATION_TIME_TRAVEL:
+            h.until = ctx.retention.held_until(rid, h.highest, ctx.config.base_cleanup_older_than)
+    rp.holds = list(holds.values())
+
+
+def _classify_each(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
+                   listed: list[tuple[region.Generation, str]], gen_bounds: list[Bound], gen_limit: int,
+                   verdict: lifecycle.RegionVerdict | None, stale_limit: int, holds: dict[Bound, Hold]) -> None:
+    """`_plan_generations` one generation at a time (a sealed region, or one with a verdict)."""
     for g, gdir in listed:
         if m.sealed:  # no manifest version may be written on a sealed region, so no trim either
             rp.kept[KeepReason.GENERATION_SEALED] += 1
@@ -310,19 +325,53 @@ def _plan_generations(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
         elif g.generation <= gen_limit and g.generation < m.current_generation:
             why = f"generation {g.generation} <= merged and caught-up limit {gen_limit}"
         else:
-            bound = next((b for b in gen_bounds if g.generation > b.generation),
-                         Bound(KeepReason.GENERATION_NOT_FLUSHED, m.current_generation - 1))
+            bound = _holding(gen_bounds, g.generation, m)
             rp.kept[bound.reason] += 1
-            holds.setdefault(bound, Hold(rid, bound)).add(g.generation, int(g.in_memory_bytes or 0))
+            holds.setdefault(bound, Hold(rp.region_id, bound)).add(g.generation, int(g.in_memory_bytes or 0))
             continue
-        objs = list_dir(ctx.loc, gdir, rdir)
-        rp.items.append(GcItem(GENERATION, rid, gdir, sum(o.size for o in objs), why,
-                               tuple(o.key for o in objs), g.generation))
-        rp.trim.append((g.generation, g.path))
-    for h in holds.values():  # the highest generation a retained version reads decides until when
-        if h.reason is KeepReason.GENERATION_TIME_TRAVEL:
-            h.until = ctx.retention.held_until(rid, h.highest, ctx.config.base_cleanup_older_than)
-    rp.holds = list(holds.values())
+        _collect(ctx, rp, g, gdir, why)
+
+
+def _holding(gen_bounds: list[Bound], generation: int, m: region.RegionManifest) -> Bound:
+    """The bound holding a generation: the first one it exceeds (else: not flushed yet)."""
+    return next((b for b in gen_bounds if generation > b.generation),
+                Bound(KeepReason.GENERATION_NOT_FLUSHED, m.current_generation - 1))
+
+
+def _collect(ctx: _Context, rp: RegionGcPlan, g: region.Generation, gdir: str, why: str) -> None:
+    objs = list_dir(ctx.loc, gdir, layout.region_dir(rp.region_id))
+    rp.items.append(GcItem(GENERATION, rp.region_id, gdir, sum(o.size for o in objs), why,
+                           tuple(o.key for o in objs), g.generation))
+    rp.trim.append((g.generation, g.path))
+
+
+def _classify_runs(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
+                   listed: list[tuple[region.Generation, str]], gen_bounds: list[Bound], gen_limit: int,
+                   holds: dict[Bound, Hold]) -> None:
+    """`_plan_generations` by runs (the generations are in ascending order): the collectable ones
+    are a prefix, and the bound holding a generation changes only where it crosses a bound, so
+    the held ones are counted a run between two bounds at a time (a region whose retained
+    versions hold every generation lists them all, on every pass)."""
+    gens = [g.generation for g, _ in listed]
+    if any(a >= b for a, b in zip(gens, gens[1:])):  # not strictly ascending: one at a time
+        _classify_each(ctx, rp, m, listed, gen_bounds, gen_limit, None, 0, holds)
+        return
+    collectable = bisect.bisect_right(gens, min(gen_limit, m.current_generation - 1))
+    for g, gdir in listed[:collectable]:
+        _collect(ctx, rp, g, gdir, f"generation {g.generation} <= merged and caught-up limit {gen_limit}")
+    cuts = sorted({b.generation for b in gen_bounds} | {m.current_generation - 1})
+    i = collectable
+    while i < len(gens):
+        # The run of generations up to the next bound at or above this one: one holding bound.
+        j = bisect.bisect_right(gens, next((c for c in cuts if c >= gens[i]), gens[-1]))
+        j = max(j, i + 1)
+        bound = _holding(gen_bounds, gens[i], m)
+        hold = holds.setdefault(bound, Hold(rp.region_id, bound))
+        hold.generations += j - i
+        hold.bytes += sum(int(g.in_memory_bytes or 0) for g, _ in listed[i:j])
+        hold.highest = max(hold.highest, gens[j - 1])
+        rp.kept[bound.reason] += j - i
+        i = j
 
 
 def _plan_orphans(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, listed_names: set[str]) -> None:
@@ -332,8 +381,10 @@ def _plan_orphans(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest, lis
     rid = rp.region_id
     rdir = layout.region_dir(rid)
     for name in ctx.loc.store.list_dirs(rdir):
+        if name in listed_names:  # first: a region holding its history lists every one
+            continue
         gen = layout.generation_of_dir(name)
-        if gen is None or name in listed_names:
+        if gen is None:
             continue
         if "/" in name or name in (".", ".."):
             continue

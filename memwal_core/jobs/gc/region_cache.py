@@ -23,12 +23,28 @@ It is a pure cache, used only where it is checked:
   where a full read would stop at the hole, and classifies entries by the same rules (a hole only
   ends the walk early, it never makes an entry deletable), and a planned delete of a missing key
   deletes nothing.
+
+Kept as aggregates, so that a pass costs the same however much history the retention holds:
+- `settled`: the run of entries the last walk classified down to its hole, all kept as fence
+  sentinels or entries of kept generations, with how many of each, their lowest generation and
+  their highest writer epoch. While the region's limit stays below that lowest generation and the
+  current epoch above that epoch (epochs never go back), the same rules keep every one of them
+  again, so the walk counts them and goes on at the hole without classifying them one by one
+  (`wal.py`). A walk that deleted, or met an unreadable entry, one without a generation or one of
+  the current epoch, records none. It is derived from the rows it covers, which stay in the cache
+  for the walk that does re-classify them (after the limit moved) without reading them again;
+- the rows of settled runs (at or below `cold_top`) stay the JSON text they were read as, checked
+  without decoding (as many rows as recorded, the last at or below the top), until one of them is
+  looked up (the walk re-classifies the run; the bisection for the current epoch starts above a
+  run whose epochs are all older); the rows that join a settled run are appended to that text.
+  Rows that turn out not to be the ones recorded make the pass know nothing of the WAL.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from memwal_core.errors import one_line
 from memwal_core.jobs.gc import sealed
@@ -41,52 +57,181 @@ FORMAT = 1
 MAX_MISSING = 1000  # deleted positions remembered (older ones are probed again: one read each)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Settled:
+    """Positions `bottom + 1 .. top` exist and were all kept, as `sentinels` fence sentinels and
+    `kept` entries of kept generations (the lowest `min_gen`, None: none), of writer epochs up to
+    `max_epoch`; `bottom` is where the walk that classified them stopped (a hole, or 0)."""
+
+    top: int
+    bottom: int
+    sentinels: int
+    kept: int
+    min_gen: int | None
+    max_epoch: int
+
+    def to_list(self) -> list:
+        return [self.top, self.bottom, self.sentinels, self.kept, self.min_gen, self.max_epoch]
+
+    @staticmethod
+    def from_list(x: list) -> "Settled":
+        top, bottom, sentinels, kept, min_gen, max_epoch = x
+        if not (_nat(top) and _nat(bottom, 0) and bottom < top and _nat(sentinels, 0) and _nat(kept, 0)
+                and sentinels + kept == top - bottom and (min_gen is None or _nat(min_gen))
+                and (min_gen is None) == (kept == 0) and _nat(max_epoch, 0)):
+            raise ValueError(f"a bad settled run {x!r}")
+        return Settled(top, bottom, sentinels, kept, min_gen, max_epoch)
+
+
+def _row(m: wal.WalEntryMeta) -> tuple:
+    return (m.position, m.writer_epoch, m.generation, m.fence_sentinel, m.size)
+
+
 class RegionCache:
     """Known WAL entries (position -> metadata) and deleted positions; known manifest versions at
-    or below the retention cut (version -> (size, mtime)); the anchors that validate each part."""
+    or below the retention cut (version -> (size, mtime)); the anchors that validate each part;
+    the settled run of kept entries (module docstring). The rows at or below `cold_top` (those
+    of settled runs) stay the JSON text they were read as until one of them is looked up."""
 
-    region_id: str
-    wal: dict[int, wal.WalEntryMeta] = field(default_factory=dict)
-    missing: set[int] = field(default_factory=set)
-    wal_anchor: tuple[int, int, float] | None = None  # (position, size, mtime) of the lowest known entry
-    manifests: dict[int, tuple[int, float]] = field(default_factory=dict)
+    def __init__(self, region_id: str, wal: dict[int, wal.WalEntryMeta] | None = None,
+                 missing: set[int] | None = None, wal_anchor: tuple[int, int, float] | None = None,
+                 manifests: dict[int, tuple[int, float]] | None = None, settled: Settled | None = None):
+        self.region_id = region_id
+        self._rows: dict[int, tuple] = {p: _row(m) for p, m in (wal or {}).items()}  # position -> row
+        self.missing = set(missing or ())
+        self.wal_anchor = wal_anchor
+        self.manifests = dict(manifests or {})
+        self.settled = settled
+        self.cold_top = 0  # the rows at or below it are the text's (and those that joined it since)
+        self._cold: str | None = None  # the text, while not decoded into `_rows`
+        self._cold_n = 0  # how many rows the text holds
+        self._cold_below = 0  # every row of the text is at or below it; those that join are above
+
+    @property
+    def rows(self) -> dict[int, tuple]:
+        """Every known entry's row (the text decoded first)."""
+        if self._cold is not None:
+            rows = _decode_rows(json.loads(self._cold))
+            if len(rows) != self._cold_n or any(p > self._cold_below for p in rows):
+                raise ValueError("settled rows that are not the ones recorded")
+            self._cold = None
+            rows.update(self._rows)
+            self._rows = rows
+        return self._rows
+
+    @rows.setter
+    def rows(self, rows: dict[int, tuple]) -> None:
+        self._rows, self._cold, self.cold_top, self._cold_n, self._cold_below = rows, None, 0, 0, 0
+
+    def known(self, p: int) -> bool:
+        return p in self.missing or p in (self.rows if p <= self._cold_below else self._rows)
+
+    def meta(self, p: int) -> wal.WalEntryMeta | None:
+        r = (self.rows if p <= self._cold_below else self._rows).get(p)
+        return None if r is None else wal.WalEntryMeta(*r)
+
+    @property
+    def wal(self) -> dict[int, wal.WalEntryMeta]:
+        """Every known entry's metadata (built on each use: passes look entries up one by one)."""
+        return {p: wal.WalEntryMeta(*r) for p, r in self.rows.items()}
+
+    def __eq__(self, other: object) -> bool:
+        """The same knowledge (and, to be written the same, the same settled top); the text of
+        settled rows compared as text while neither decoded it (a pass compares its cache with
+        the one it read to know whether to write it)."""
+        if not isinstance(other, RegionCache):
+            return NotImplemented
+        same = (self.region_id, self.missing, self.wal_anchor, self.manifests, self.settled, self.cold_top) == \
+            (other.region_id, other.missing, other.wal_anchor, other.manifests, other.settled, other.cold_top)
+        if not same:
+            return False
+        if self._cold is not None and other._cold is not None and self._cold_below == other._cold_below:
+            return self._cold == other._cold and self._rows == other._rows
+        try:
+            return self.rows == other.rows
+        except ValueError:  # settled rows not as recorded: not the same as anything
+            return False
 
     def encode(self) -> bytes:
+        joined = sorted(p for p in self._rows if p <= self.cold_top)
+        if self._cold is not None and all(p > self._cold_below for p in joined):  # the text, appended to
+            cold = _append(self._cold, [list(self._rows[p]) for p in joined])
+            n = self._cold_n + len(joined)
+        else:
+            cold, n = json.dumps([list(self._rows[p]) for p in joined], separators=(",", ":")), len(joined)
         return sealed.seal({
-            "region": self.region_id,
-            "wal": [[m.position, m.writer_epoch, m.generation, m.fence_sentinel, m.size]
-                    for _, m in sorted(self.wal.items())],
-            "missing": sorted(self.missing), "wal_anchor": list(self.wal_anchor) if self.wal_anchor else None,
+            "region": self.region_id, "missing": sorted(self.missing),
+            "wal_anchor": list(self.wal_anchor) if self.wal_anchor else None,
             "manifests": [[v, s, t] for v, (s, t) in sorted(self.manifests.items())],
+            "settled": self.settled.to_list() if self.settled is not None else None,
+            "cold": [self.cold_top, n, cold] if self.cold_top else None,
+            "wal": [list(self._rows[p]) for p in sorted(self._rows) if p > self.cold_top],
         }, FORMAT)
 
     @staticmethod
     def decode(raw: bytes, region_id: str) -> "RegionCache":
         d = sealed.unseal(raw, FORMAT)
+        if not isinstance(d, dict):
+            raise ValueError("not a region cache")
         if d["region"] != region_id:
             raise ValueError(f"written for region {d['region']!r}")
         out = RegionCache(region_id)
-        for p, epoch, gen, sentinel, size in d["wal"]:
-            if not (_nat(p) and type(epoch) is int and epoch >= 0 and (gen is None or type(gen) is int)
-                    and type(sentinel) is bool and _nat(size, 0)):
-                raise ValueError(f"a bad WAL row {[p, epoch, gen, sentinel, size]!r}")
-            out.wal[p] = wal.WalEntryMeta(p, epoch, gen, sentinel, size)
+        out._rows = _decode_rows(d["wal"])
+        cold = d.get("cold")  # absent in caches written before it was kept
+        if cold is not None:
+            top, n, text = cold
+            if not (_nat(top) and _nat(n, 0) and isinstance(text, str) and text.startswith("[")
+                    and text.endswith("]") and all(p > top for p in out._rows)):
+                raise ValueError("bad settled rows")
+            # Checked without decoding them: as many rows as recorded (rows hold no list), the
+            # last (they are in order) at or below the top. Decoding checks each.
+            if (0 if text == "[]" else text.count("],[") + 1) != n or (n and not _nat(
+                    last := json.loads(text[text.rfind("[", 0, len(text) - 1):-1])[0]) or n and last > top):
+                raise ValueError("settled rows that are not the ones recorded")
+            out.cold_top, out._cold, out._cold_n, out._cold_below = top, text, n, top
         if not all(_nat(p) for p in d["missing"]):
             raise ValueError("a bad missing position")
-        out.missing = set(d["missing"]) - set(out.wal)
+        out.missing = {p for p in d["missing"] if p not in out._rows}
         a = d["wal_anchor"]
         if a is not None:
-            if not (_nat(a[0]) and _nat(a[1], 0) and isinstance(a[2], (int, float)) and a[0] in out.wal):
+            if not (_nat(a[0]) and _nat(a[1], 0) and isinstance(a[2], (int, float))
+                    and (a[0] in out._rows or a[0] <= out.cold_top)):
                 raise ValueError("a bad WAL anchor")
             out.wal_anchor = (a[0], a[1], float(a[2]))
-        elif out.wal:
+        elif out._rows or out.cold_top:
             raise ValueError("WAL entries without an anchor")
         for v, size, mtime in d["manifests"]:
             if not (_nat(v) and _nat(size, 0) and isinstance(mtime, (int, float))):
                 raise ValueError("a bad manifest row")
             out.manifests[v] = (size, float(mtime))
+        st = d.get("settled")  # absent in caches written before it was kept
+        if st is not None:
+            out.settled = Settled.from_list(st)
+            if not (out.settled.top in out._rows or out.settled.top <= out.cold_top):
+                raise ValueError("a settled run above the known entries")
         return out
+
+
+def _append(text: str, rows: list[list]) -> str:
+    """The JSON array `text` with `rows` appended."""
+    if not rows:
+        return text
+    more = json.dumps(rows, separators=(",", ":"))
+    return more if text == "[]" else text[:-1] + "," + more[1:]
+
+
+def _decode_rows(rows: object) -> dict[int, tuple]:
+    """WAL rows checked a column at a time; ValueError for anything else."""
+    if not (isinstance(rows, list) and set(map(type, rows)) <= {list} and set(map(len, rows)) <= {5}):
+        raise ValueError("a bad WAL row")
+    ps, epochs, gens, sentinels, sizes = zip(*rows) if rows else ((), (), (), (), ())
+    if not (set(map(type, ps)) <= {int} and set(map(type, epochs)) <= {int}
+            and set(map(type, gens)) <= {int, type(None)} and set(map(type, sentinels)) <= {bool}
+            and set(map(type, sizes)) <= {int}):
+        raise ValueError("a bad WAL row")
+    if rows and (min(ps) < 1 or min(epochs) < 0 or min(sizes) < 0 or len(set(ps)) != len(ps)):
+        raise ValueError("a bad WAL row")
+    return dict(zip(ps, map(tuple, rows)))
 
 
 def _nat(x, least: int = 1) -> bool:
@@ -133,6 +278,10 @@ class Checked:
         self._wal_ok: bool | None = None if cache is not None and cache.wal_anchor else False
 
     def wal_ok(self) -> bool:
+        """Whether the WAL is as the cache saw it: the anchor entry (the lowest the cache knows)
+        has the size and time recorded. The anchor vouches for the WAL, not for the cache's own
+        rows: those are trusted as this code wrote them, and a cache edited by other means is
+        caught only where its text fails a check (then the WAL is read in full)."""
         if self._wal_ok is None:
             p, size, mtime = self.cache.wal_anchor
             self._wal_ok = _same(self.store.head(layout.wal_key(self.cache.region_id, p)), size, mtime)
@@ -141,9 +290,22 @@ class Checked:
     def wal_meta(self, p: int) -> tuple[bool, wal.WalEntryMeta | None]:
         """(known, metadata or None for a deleted position)."""
         c = self.cache
-        if c is None or (p not in c.wal and p not in c.missing) or not self.wal_ok():
+        if c is None or not self.wal_ok():
             return False, None
-        return True, c.wal.get(p)
+        try:
+            if not c.known(p):
+                return False, None
+            return True, c.meta(p)
+        except ValueError as e:  # its settled rows are not what it recorded: know nothing of the WAL
+            log.warning("%s ignored (%s); reading the region's WAL in full",
+                        layout.gc_region_cache_key(c.region_id), e)
+            self._wal_ok = False
+            return False, None
+
+    def settled(self) -> Settled | None:
+        """The settled run of the last walk, when the WAL part holds."""
+        c = self.cache
+        return c.settled if c is not None and c.settled is not None and self.wal_ok() else None
 
     def manifest_low(self) -> tuple[int, ObjectInfo] | None:
         """The lowest manifest version the cache knows, as a HEAD shows it now, when that is the
@@ -161,35 +323,54 @@ def _same(info: ObjectInfo | None, size: int, mtime: float) -> bool:
 
 
 def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMeta | None], wal_deleted: set[int],
-               manifests: dict[int, ObjectInfo], manifests_deleted: set[int]) -> RegionCache:
+               manifests: dict[int, ObjectInfo], manifests_deleted: set[int],
+               settled: Settled | None = None) -> RegionCache:
     """The cache as the region will be once this pass's deletes went: the entries known to exist
     (the old cache's, when its anchor holds, and those read) minus the deleted, the positions
-    known missing, and the manifest versions given (the lowest at or below the cut that stays)
-    minus the deleted."""
+    known missing, the manifest versions given (the lowest at or below the cut that stays)
+    minus the deleted, and the walk's settled run (`settled`, of entries none of which is deleted).
+    The old cache's text of settled rows is carried over as it is when none of them was looked
+    up (then none changed: a row is looked up before it is deleted or found missing)."""
     old = checked.cache
     keep_old = old is not None and old.wal_anchor is not None and checked.wal_ok()
-    known = dict(old.wal) if keep_old else {}
+    out = RegionCache(region_id)
+    if keep_old and old._cold is not None and any(p <= old._cold_below for p in list(wal_deleted) + list(metas)):
+        try:
+            old.rows  # noqa: B018 - decoded: those rows change
+        except ValueError:
+            keep_old = False
+    as_text = keep_old and old._cold is not None
+    known = dict(old._rows) if keep_old else {}
     missing = set(old.missing) if keep_old else set()
     for p, m in metas.items():
         if m is None:
             missing.add(p)
             known.pop(p, None)
         elif m.writer_epoch >= 0:  # an unreadable entry is read again next time
-            known[p] = m
+            known[p] = _row(m)
     for p in wal_deleted:
         known.pop(p, None)
         missing.add(p)
-    missing -= set(known)
-    out = RegionCache(region_id, known, set(sorted(missing)[-MAX_MISSING:]))
-    if known:
-        low = min(known)
+    missing = {p for p in missing if p not in known}
+    out._rows, out.missing = known, set(sorted(missing)[-MAX_MISSING:])
+    if keep_old:
+        out.cold_top = old.cold_top
+        if as_text:
+            out._cold, out._cold_n, out._cold_below = old._cold, old._cold_n, old._cold_below
+    if known or out._cold_n:
+        low = min(list(known) + ([old.wal_anchor[0]] if as_text and out._cold_n else []))
         if keep_old and old.wal_anchor[0] == low:
             out.wal_anchor = old.wal_anchor
         else:
             info = checked.store.head(layout.wal_key(region_id, low))
             if info is None:  # gone since it was read: know nothing of the WAL
-                out.wal, out.missing = {}, set()
+                out.rows, out.missing = {}, set()
             else:
                 out.wal_anchor = (low, info.size, info.mtime)
+    if (out._rows or out._cold_n) and settled is not None \
+            and (settled.top in out._rows or settled.top <= out.cold_top) \
+            and not any(settled.bottom < p <= settled.top for p in wal_deleted):
+        out.settled = settled
+        out.cold_top = max(out.cold_top, settled.top)
     out.manifests = {v: (i.size, i.mtime) for v, i in manifests.items() if v not in manifests_deleted}
     return out

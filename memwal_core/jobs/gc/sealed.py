@@ -15,12 +15,21 @@ def _checksum(body: str) -> str:
 
 def seal(content: Any, fmt: int) -> bytes:
     """`content` (JSON-able) as the bytes of a summary of format `fmt`."""
-    body = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return seal_body(json.dumps(content, sort_keys=True, separators=(",", ":")), fmt)
+
+
+def seal_body(body: str, fmt: int) -> bytes:
+    """`body` (the JSON text of the content) as the bytes of a summary of format `fmt`."""
     return json.dumps({"format": fmt, "sha256": _checksum(body), "body": body}).encode()
 
 
 def unseal(raw: bytes, fmt: int) -> Any:
     """The content of a summary of format `fmt`; ValueError (saying why) for anything else."""
+    return json.loads(unseal_body(raw, fmt))
+
+
+def unseal_body(raw: bytes, fmt: int) -> str:
+    """The JSON text of a summary of format `fmt`'s content, checked; ValueError for anything else."""
     try:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -30,4 +39,4 @@ def unseal(raw: bytes, fmt: int) -> Any:
     body = doc.get("body")
     if not isinstance(body, str) or doc.get("sha256") != _checksum(body):
         raise ValueError("checksum mismatch")
-    return json.loads(body)
+    return body

@@ -30,6 +30,7 @@ class WalPlan:
     items: list[GcItem] = field(default_factory=list)
     kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
     metas: dict[int, wal.WalEntryMeta | None] = field(default_factory=dict)  # what the scan knew (None: missing)
+    settled: region_cache.Settled | None = None  # the run the walk kept whole (`region_cache.py`)
 
 
 def covered_position(store, rid: str, m: region.RegionManifest, bound: int) -> tuple[int, int | None]:
@@ -142,8 +143,13 @@ class _Scan:
         if top is None or top.writer_epoch != self.m.writer_epoch:
             return cut
         # Positions from the current epoch's sentinel up to the cut are all this epoch's
-        # (epochs do not decrease along the WAL): find the first by bisection.
-        lo, hi = 1, cut
+        # (epochs do not decrease along the WAL): find the first by bisection, above the last
+        # walk's settled run when its epochs are all older (its entries are not looked up).
+        # The bisection rests on that order, as the walk without a settled run does: a writer
+        # fenced by a higher epoch cannot append, so a WAL never holds a lower epoch above a higher.
+        run = self.cache.settled() if self.cache is not None else None
+        lo, hi = (run.top + 1 if run is not None and run.max_epoch < self.m.writer_epoch and run.top < cut
+                  else 1), cut
         while lo < hi:
             mid = (lo + hi) // 2
             e = self.meta(mid)
@@ -155,14 +161,49 @@ class _Scan:
         return lo - 1
 
     def walk_down(self, p: int) -> int:
-        """Classify `p`, `p - 1`, ... down to the first missing position (returned; 0: none)."""
+        """Classify `p`, `p - 1`, ... down to the first missing position (returned; 0: none).
+        A settled run the last walk kept (`region_cache.py`) that these rules keep whole again
+        is counted without classifying its entries one by one. The run walked is recorded as
+        settled when every entry in it was kept as a sentinel or an entry of a kept generation."""
+        start, prior = p, self.cache.settled() if self.cache is not None else None
+        sentinels = kept = max_epoch = 0
+        min_gen: int | None = None
+        clean = True
         while p >= 1:
+            if prior is not None and p == prior.top and self._keeps(prior):
+                for why, n in ((KeepReason.WAL_FENCE_SENTINEL, prior.sentinels),
+                               (KeepReason.WAL_GENERATION_KEPT, prior.kept)):
+                    if n:  # counted as classifying each would count them
+                        self.out.kept[why] += n
+                sentinels, kept, max_epoch = sentinels + prior.sentinels, kept + prior.kept, max(max_epoch,
+                                                                                                 prior.max_epoch)
+                if prior.min_gen is not None:
+                    min_gen = prior.min_gen if min_gen is None else min(min_gen, prior.min_gen)
+                p = prior.bottom
+                continue
             e = self.meta(p)
             if e is None:
                 break  # a hole: earlier runs deleted from here down
-            self.classify(p, e)
+            why = self.classify(p, e)
+            if why is KeepReason.WAL_FENCE_SENTINEL:
+                sentinels += 1
+            elif why is KeepReason.WAL_GENERATION_KEPT:
+                kept += 1
+                min_gen = e.generation if min_gen is None else min(min_gen, e.generation)
+            else:
+                clean = False
+            max_epoch = max(max_epoch, e.writer_epoch)
             p -= 1
+        if clean and start > p:
+            self.out.settled = region_cache.Settled(start, p, sentinels, kept, min_gen, max_epoch)
         return p
+
+    def _keeps(self, run: region_cache.Settled) -> bool:
+        """Whether the rules keep every entry of a settled run again, as they did: each is a
+        sentinel (always kept) or of a generation above the limit, and none is of the current
+        epoch when that is kept (epochs never go back: the run's are all older)."""
+        return ((run.min_gen is None or self.limit < run.min_gen)
+                and not (self.keep_current_epoch and self.m.writer_epoch <= run.max_epoch))
 
     def below_hole(self, hole: int, region_dir: str) -> None:
         """Below the hole, a run whose delete batch failed for some keys (S3 DeleteObjects
@@ -173,23 +214,28 @@ class _Scan:
             if q < hole and (e := self.meta(q)) is not None:
                 self.classify(q, e)
 
-    def classify(self, p: int, e: wal.WalEntryMeta) -> None:
+    def classify(self, p: int, e: wal.WalEntryMeta) -> KeepReason | None:
+        """Count entry `p` as kept (its reason, returned) or plan its delete (None)."""
         kept, m = self.out.kept, self.m
         if e.writer_epoch < 0:
-            kept[KeepReason.WAL_UNREADABLE] += 1
+            why = KeepReason.WAL_UNREADABLE
         elif e.fence_sentinel:
-            kept[KeepReason.WAL_FENCE_SENTINEL] += 1
+            why = KeepReason.WAL_FENCE_SENTINEL
         elif self.keep_current_epoch and e.writer_epoch == m.writer_epoch:
-            kept[KeepReason.WAL_CURRENT_EPOCH] += 1
+            why = KeepReason.WAL_CURRENT_EPOCH
         elif e.generation is None:
             if p > self.nogen_cut():
-                kept[KeepReason.WAL_NO_GENERATION] += 1
+                why = KeepReason.WAL_NO_GENERATION
             else:
                 self._delete(p, e, f"covered (<= {self.nogen_cut()}) entry of generations <= {self.nogen_bound}")
+                return None
         elif e.generation > self.limit or e.generation >= m.current_generation or e.generation in self.kept_listed:
-            kept[KeepReason.WAL_GENERATION_KEPT] += 1
+            why = KeepReason.WAL_GENERATION_KEPT
         else:
             self._delete(p, e, f"covered (<= {self.replay_after}) entry of deleted generation {e.generation}")
+            return None
+        kept[why] += 1
+        return why
 
     def _delete(self, p: int, e: wal.WalEntryMeta, reason: str) -> None:
         key = layout.wal_key(self.rid, p)
