@@ -538,3 +538,29 @@ def test_an_overwrite_during_the_merge_run_merges_nothing_into_the_new_table(tab
     assert rows(loc) == new_model
     assert table.read_memwal_state(loc).merged == {}
     assert result.commits == 0
+
+
+def test_a_plan_from_before_an_overwrite_merges_nothing_after_gc_cleaned_the_versions_between(table_loc, spark):
+    """A merge planned in the table's earlier lifetime runs after the overwrite, the new
+    initialization and a GC whose base-version cleanup removed every version in between (the
+    ones without the MemWAL index, the only evidence of the break in the table's history). The
+    plan's record of its lifetime cannot be trusted across that gap: GC's own record of the
+    new lifetime, saved before its cleanup, says the plan is outlived, and nothing is merged."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=7, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    plan = merge.plan_merge(loc)
+    assert plan.batches and plan.pending
+    new_model = overwrite_and_reinit(loc, num_buckets=2)
+    init = lifecycle.assess_table(loc)[0].init.table_version
+    res = gc.run_gc(loc, GcOptions(cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
+    assert res.metrics()["base_versions_cleaned"] > 0, res.base_cleanup
+    retained = [v["version"] for v in lance.dataset(loc.lance_uri).versions()]
+    assert min(retained) > init - 1, f"versions without the MemWAL index still there: {retained}"
+    result = merge.execute_merge(loc, plan, spark)
+    assert set(result.region_errors) == set(plan.pending), result.region_errors
+    assert all("planned at table version" in e for e in result.region_errors.values()), result.region_errors
+    assert result.commits == 0
+    assert rows(loc) == new_model
+    assert table.read_memwal_state(loc).merged == {}

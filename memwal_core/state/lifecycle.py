@@ -210,6 +210,14 @@ def _write_record(loc: TableLocation, lc: Lifecycle, strict: bool = False) -> No
         log.warning("could not record the table lifecycle: %s: %s", type(e).__name__, e)
 
 
+def recorded_initialization(loc: TableLocation) -> Initialization | None:
+    """The initialization in the table's record (None: no readable record). GC records it
+    before its base-version cleanup removes the versions around it, so it covers a break in the
+    history that the cleanup has since hidden from `find_initialization`."""
+    rec = read_record(loc)
+    return _init_from(rec) if rec else None
+
+
 def _init_from(d: dict[str, Any]) -> Initialization:
     i = d["initialization"]
     return Initialization(int(i["table_version"]), i.get("initialized_at"), i.get("previous_version"),

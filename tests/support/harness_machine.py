@@ -213,6 +213,7 @@ class MemWalMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loc = None
+        self.trace: list[str] = []  # this machine's steps, named in any failure (a soak's replay may not repeat them)
         Stats.examples += 1
 
     # ------------------------------------------------------------------ setup
@@ -283,7 +284,11 @@ class MemWalMachine(RuleBasedStateMachine):
         if self.loc is None:
             return
         kw = {name: data.draw(strat, label=name) for name, strat in OPS[op][1].items()}
-        getattr(self, op)(**kw)
+        self.trace.append(f"{op}({', '.join(f'{k}={v!r}' for k, v in kw.items())})")
+        try:
+            getattr(self, op)(**kw)
+        except AssertionError as e:
+            raise AssertionError(self.traced(e)) from e
 
     def value(self, key: int) -> Any:
         if key not in self.value_cache:
@@ -1339,7 +1344,19 @@ class MemWalMachine(RuleBasedStateMachine):
 
     @invariant()
     def invariants_hold(self) -> None:
-        self.check_all()
+        try:
+            self.check_all()
+        except AssertionError as e:
+            raise AssertionError(self.traced(e)) from e
+
+    def traced(self, e: AssertionError) -> str:
+        """The failure with the steps that led to it, as run: Hypothesis prints the steps of its
+        replay, and a replay of a machine driving real processes and threads may not fail again."""
+        if "\nsteps of this state machine" in str(e):
+            return str(e)
+        steps = "\n".join(f"  {i}. {t}" for i, t in enumerate(self.trace, 1))
+        return (f"{e}\nsteps of this state machine ({getattr(self, 'kind', '?')} table {getattr(self, 'root', '?')}), "
+                f"in order:\n{steps}")
 
     def check_all(self) -> None:
         if self.loc is None:
@@ -1478,6 +1495,8 @@ class MemWalMachine(RuleBasedStateMachine):
             base = {r["id"]: r for r in table.open_dataset(self.loc).to_table().to_pylist()}
             want = self.expected(None)
             assert base == want, diff("FINAL BASE", base, want)
+        except AssertionError as e:
+            raise AssertionError(self.traced(e)) from e
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
