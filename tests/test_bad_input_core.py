@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 import uuid
 
@@ -44,30 +45,38 @@ def snapshot(root: str) -> dict[str, bytes]:
 @pytest.fixture
 def two_regions(table_loc):
     """Two regions written by pylance (two flushed generations each) and the expected table."""
-    ds = demo.create_table(table_loc, sharding="manual", base_rows=5)
-    rids = sorted(str(uuid.uuid4()) for _ in range(2))
-    model = {r["id"]: r for r in ds.to_table().to_pylist()}
-    for i, rid in enumerate(rids):
-        with ds.mem_wal_writer(rid, max_memtable_rows=10) as w:
-            w.put(rows(100 * (i + 1), 10, 1))
-            w.put(rows(100 * (i + 1) + 10, 3, 1))
-        model.update({k: demo.row(k, 1) for k in range(100 * (i + 1), 100 * (i + 1) + 13)})
-    _wait_for_pk_indexes(table_loc, rids)
-    return table_loc, rids, model
+    for attempt in range(3):
+        if attempt:  # pylance left a generation without its primary-key index: write it all again
+            shutil.rmtree(table_loc.store.root)
+        ds = demo.create_table(table_loc, sharding="manual", base_rows=5)
+        rids = sorted(str(uuid.uuid4()) for _ in range(2))
+        model = {r["id"]: r for r in ds.to_table().to_pylist()}
+        for i, rid in enumerate(rids):
+            with ds.mem_wal_writer(rid, max_memtable_rows=10) as w:
+                w.put(rows(100 * (i + 1), 10, 1))
+                w.put(rows(100 * (i + 1) + 10, 3, 1))
+            model.update({k: demo.row(k, 1) for k in range(100 * (i + 1), 100 * (i + 1) + 13)})
+        if _pk_indexes_written(table_loc, rids):
+            return table_loc, rids, model
+    pytest.fail("pylance left a flushed generation without its _pk_index in 3 tables written in a row")
 
 
-def _wait_for_pk_indexes(loc, rids: list[str], timeout: float = 20.0) -> None:
+def _pk_indexes_written(loc, rids: list[str], timeout: float = 20.0) -> bool:
     """pylance 14 flushes a full MemTable in the background and can list its generation before
     the generation's `_pk_index/page_lookup.lance` is written; its LSM scanner (the oracle these
-    tests read through) then fails with "Not found". memwal reads generations through
-    `lance.dataset` and never needs that file. Wait until pylance's own index is there."""
+    tests read through) then fails with "Not found". Rarely (once in a full suite run) it never
+    writes it: the writer closed with that write abandoned. memwal reads generations through
+    `lance.dataset` and never needs that file. Wait until pylance's own index is there (False:
+    it was not within `timeout`)."""
     deadline = time.monotonic() + timeout
     for rid in rids:
         for g in region.load_latest(loc.store, rid).generations:
             path = os.path.join(loc.store.root, layout.MEM_WAL_DIR, rid, g.path, "_pk_index", "page_lookup.lance")
             while not os.path.exists(path):
-                assert time.monotonic() < deadline, f"pylance never wrote {path}"
+                if time.monotonic() >= deadline:
+                    return False
                 time.sleep(0.05)
+    return True
 
 
 def latest_key(loc, rid: str) -> tuple[str, int]:
