@@ -307,6 +307,24 @@ def find_initialization(loc: TableLocation, current: int, known: Initialization 
     return Initialization(1, _manifest_time(loc, 1), None, current)
 
 
+def outlived(loc: TableLocation, planned_version: int, known: Initialization | None,
+             version: int) -> Initialization | None:
+    """The initialization at table `version` when it is later than `planned_version` (what was
+    read at `planned_version`, with `known` its initialization, belongs to an earlier lifetime
+    of the table), else None. Raises when the initialization cannot be read.
+
+    `known` is trusted across versions cleaned up since (they cannot show a break), so a
+    cleanup that removed the versions without the index would hide the overwrite from it. GC
+    records the new lifetime before such a cleanup: the table's record, when it was checked
+    later than `known`, is the one to go from."""
+    recorded = recorded_initialization(loc)
+    if recorded is not None and recorded.checked_version <= version \
+            and (known is None or recorded.checked_version > known.checked_version):
+        known = recorded
+    now = find_initialization(loc, version, known)
+    return now if now.table_version > planned_version else None
+
+
 def _map(loc: TableLocation, versions: list[int]) -> list[bool | None]:
     if len(versions) <= 1:
         return [_has_index(loc, v) for v in versions]
