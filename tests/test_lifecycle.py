@@ -622,3 +622,31 @@ def test_an_index_build_read_before_an_overwrite_commits_nothing_into_the_new_li
     published = {str(uuid.UUID(bytes=r["region_id"])): [g["generation"] for g in r["flushed_generations"]]
                  for r in snapshot.read_snapshot(loc).to_pylist()}
     assert set(published) == set(w.regions.values()) and not any(published.values())
+
+
+def test_a_plan_is_outlived_when_gc_cleaned_the_versions_while_the_check_read_them(table_loc, monkeypatch):
+    """The check that a plan's lifetime is still the table's reads the versions, then the
+    record: a GC (one that took the lease over) recording the new lifetime and cleaning up the
+    versions without the index while the check runs cannot hide the overwrite from it."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=7, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    plan = merge.plan_merge(loc)
+    overwrite_and_reinit(loc, num_buckets=2)
+    version = table.open_dataset(loc).version
+    real = lifecycle.find_initialization
+    ran = []
+
+    def gc_first(*a, **k):
+        if not ran:
+            ran.append(None)
+            monkeypatch.setattr(lifecycle, "find_initialization", real)
+            ran[0] = gc.run_gc(loc, GcOptions(cleanup_base_versions_older_than_seconds=0,
+                                              cleanup_base_versions_floor_seconds=0))
+        return real(*a, **k)
+
+    monkeypatch.setattr(lifecycle, "find_initialization", gc_first)
+    now = lifecycle.outlived(loc, plan.table_version, plan.lifecycle.init, version)
+    assert ran and ran[0].metrics()["base_versions_cleaned"] > 0
+    assert now is not None and now.table_version == version
