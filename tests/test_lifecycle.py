@@ -564,3 +564,89 @@ def test_a_plan_from_before_an_overwrite_merges_nothing_after_gc_cleaned_the_ver
     assert result.commits == 0
     assert rows(loc) == new_model
     assert table.read_memwal_state(loc).merged == {}
+
+
+def test_gc_records_the_initialization_even_when_no_region_could_be_judged_before_its_cleanup(table_loc, monkeypatch):
+    """GC's base-version cleanup removes the evidence of the overwrite; the initialization is
+    recorded before it even when no region was judged stale then (the old region's manifest
+    could not be read at that moment) and the pass fails after the cleanup. Otherwise the old
+    lifetime's record would be trusted across the cleaned-up versions and the old region's
+    generations merged into the new table."""
+    import memwal_core.jobs.gc.run as gc_run
+
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=1, base_rows=5)
+    w = demo.Workload(loc, seed=7, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    lifecycle.assess_table(loc, record=True)  # the old lifetime's record, as a merger saves it
+    overwrite_and_reinit(loc, num_buckets=1)
+    init = lifecycle.assess_table(loc)[0].init.table_version
+    real_assess = lifecycle.assess_table
+
+    def unreadable_regions(loc, **kw):
+        with monkeypatch.context() as m:
+            m.setattr(region, "load_latest", lambda *a, **k: (_ for _ in ()).throw(OSError("503 SlowDown")))
+            return real_assess(loc, **kw)
+
+    def failing_plan(*a, **k):
+        raise OSError("503 SlowDown")
+
+    monkeypatch.setattr(lifecycle, "assess_table", unreadable_regions)
+    monkeypatch.setattr(gc_run, "plan_gc", failing_plan)
+    with pytest.raises(OSError):
+        gc.run_gc(loc, GcOptions(cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
+    monkeypatch.undo()
+    assert [v["version"] for v in lance.dataset(loc.lance_uri).versions()] == [init]  # the evidence is gone
+    lifecycle._SEEN.clear()  # a new process
+    assert lifecycle.recorded_initialization(loc).table_version == init
+    assert set(merge.plan_merge(loc).walls) == set(w.regions.values())
+
+
+def test_an_index_build_read_before_an_overwrite_commits_nothing_into_the_new_lifetime(table_loc):
+    """The index builder reads the regions, the table is overwritten and MemWAL initialized
+    again, and the build's commit loses its race: its rows list the old lifetime's generations as
+    unmerged (they were not stale when read), so it commits nothing rather than publish them in
+    the new lifetime's index; the next build publishes no stale generation."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=7, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    plan = snapshot.plan_snapshot(loc)
+    assert any(row.manifest.generations for row in plan.rows.values())
+    overwrite_and_reinit(loc, num_buckets=2)
+    version = table.open_dataset(loc).version
+    with pytest.raises(snapshot.SnapshotError, match="before the MemWAL initialization"):
+        snapshot.execute_snapshot(loc, plan)
+    assert table.open_dataset(loc).version == version
+    snapshot.build_snapshot(loc)
+    published = {str(uuid.UUID(bytes=r["region_id"])): [g["generation"] for g in r["flushed_generations"]]
+                 for r in snapshot.read_snapshot(loc).to_pylist()}
+    assert set(published) == set(w.regions.values()) and not any(published.values())
+
+
+def test_a_plan_is_outlived_when_gc_cleaned_the_versions_while_the_check_read_them(table_loc, monkeypatch):
+    """The check that a plan's lifetime is still the table's reads the versions, then the
+    record: a GC (one that took the lease over) recording the new lifetime and cleaning up the
+    versions without the index while the check runs cannot hide the overwrite from it."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=7, key_space=60, max_memtable_rows=10)
+    w.write_round(40, puts_per_batch=10)
+    plan = merge.plan_merge(loc)
+    overwrite_and_reinit(loc, num_buckets=2)
+    version = table.open_dataset(loc).version
+    real = lifecycle.find_initialization
+    ran = []
+
+    def gc_first(*a, **k):
+        if not ran:
+            ran.append(None)
+            monkeypatch.setattr(lifecycle, "find_initialization", real)
+            ran[0] = gc.run_gc(loc, GcOptions(cleanup_base_versions_older_than_seconds=0,
+                                              cleanup_base_versions_floor_seconds=0))
+        return real(*a, **k)
+
+    monkeypatch.setattr(lifecycle, "find_initialization", gc_first)
+    now = lifecycle.outlived(loc, plan.table_version, plan.lifecycle.init, version)
+    assert ran and ran[0].metrics()["base_versions_cleaned"] > 0
+    assert now is not None and now.table_version == version

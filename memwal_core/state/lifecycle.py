@@ -307,6 +307,28 @@ def find_initialization(loc: TableLocation, current: int, known: Initialization 
     return Initialization(1, _manifest_time(loc, 1), None, current)
 
 
+def outlived(loc: TableLocation, planned_version: int, known: Initialization | None,
+             version: int) -> Initialization | None:
+    """The initialization at table `version` when it is later than `planned_version` (what was
+    read at `planned_version`, with `known` its initialization, belongs to an earlier lifetime
+    of the table), else None. Raises when the initialization cannot be read.
+
+    `known` is trusted across versions cleaned up since (they cannot show a break), so a
+    cleanup that removed the versions without the index would hide the overwrite from it. GC
+    records the new lifetime before such a cleanup: the table's record, when it was checked
+    later than `known`, is gone from too, and the later initialization of the two is the answer.
+    The record is read after the versions: a cleanup the walk could not see past was preceded
+    by GC's record, which is then visible (a maintainer that lost the table lease to GC)."""
+    now = find_initialization(loc, version, known)
+    recorded = recorded_initialization(loc)
+    if recorded is not None and recorded.checked_version <= version \
+            and (known is None or recorded.checked_version > known.checked_version):
+        by_record = find_initialization(loc, version, recorded)
+        if by_record.table_version > now.table_version:
+            now = by_record
+    return now if now.table_version > planned_version else None
+
+
 def _map(loc: TableLocation, versions: list[int]) -> list[bool | None]:
     if len(versions) <= 1:
         return [_has_index(loc, v) for v in versions]

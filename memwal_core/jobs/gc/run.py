@@ -121,14 +121,17 @@ def _nothing_old_enough(known: history.VersionHistory, config: GcOptions) -> boo
 
 
 def _record_stale(loc: TableLocation) -> bool:
-    """Record stale-region verdicts before the base-version cleanup: the versions around the
-    MemWAL initialization are its only evidence, and once cleaned up an unrecorded
-    initialization is unknown (nothing would be judged stale). Nothing to record on a table
-    without stale regions (then an unknown initialization judges nothing wrongly). False: the
-    verdicts could not be established or recorded, so the cleanup waits for the next run."""
+    """Record the MemWAL initialization and the stale-region verdicts before the base-version
+    cleanup: the versions around the initialization are its only evidence, and once cleaned up
+    an unrecorded initialization is unknown (nothing would be judged stale), or worse, an older
+    record is trusted across the versions cleaned up (its lifetime's regions judged current).
+    Recorded also when no region was judged stale: a region that could not be read now is
+    classified later against the recorded initialization. Nothing to record when the record
+    already has this initialization and these verdicts. False: the initialization could not be
+    established or recorded, so the cleanup waits for the next run."""
     try:
         lc, _ = lifecycle.assess_table(loc)
-        if lc.stale:
+        if lc.stale or lc.new_verdicts:
             lifecycle.save(loc, lc, strict=True)
         return True
     except Exception as e:  # noqa: BLE001 - the cleanup must not erase the only evidence

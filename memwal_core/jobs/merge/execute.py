@@ -86,18 +86,10 @@ def _outlived(loc: TableLocation, plan: MergePlan, version: int) -> str | None:
     (where the old regions are judged stale)."""
     known = plan.lifecycle.init if plan.lifecycle is not None else None
     try:
-        # The plan's record is trusted across versions cleaned up since (they cannot show a
-        # break), so a cleanup that removed the versions without the index would hide the
-        # overwrite from it. GC records the new lifetime before such a cleanup: the table's
-        # record, when it was checked later than the plan's, is the one to go from.
-        recorded = lifecycle.recorded_initialization(loc)
-        if recorded is not None and recorded.checked_version <= version \
-                and (known is None or recorded.checked_version > known.checked_version):
-            known = recorded
-        now = lifecycle.find_initialization(loc, version, known)
+        now = lifecycle.outlived(loc, plan.table_version, known, version)
     except Exception as e:  # noqa: BLE001 - cannot tell: merging nothing is the safe answer
         return f"the table's MemWAL initialization cannot be read ({one_line(e)}); nothing merged in this run"
-    if now.table_version <= plan.table_version:
+    if now is None:
         return None
     return (f"this merge was planned at table version {plan.table_version}, before {now.describe()}; "
             "nothing of the plan is merged (the next run plans against the current table)")

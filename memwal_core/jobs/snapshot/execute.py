@@ -185,6 +185,7 @@ def _execute(loc: TableLocation, plan: SnapshotPlan, *, max_attempts: int, max_w
             time.sleep(random.uniform(0.005, 0.02) * attempt)
             ds = table.open_dataset(loc)
             state = table.read_memwal_state(loc, ds.version)
+            _refuse_outlived(loc, plan, state.table_version)
         enc = _encode(loc, plan, state, ds, rows, enc)
         if snapshot_unchanged(loc, state, enc.table, inline=enc.inline is not None):
             result.storage = "inline" if state.details.HasField("inline_snapshots") else "external"
@@ -207,6 +208,16 @@ def _execute(loc: TableLocation, plan: SnapshotPlan, *, max_attempts: int, max_w
     raise SnapshotError(f"table {loc.lance_uri}: gave up committing the MemWAL snapshot after "
                         f"{max_attempts} lost races with other commits (merges, index rebuilds); "
                         "nothing was replaced, run the builder again")
+
+
+def _refuse_outlived(loc: TableLocation, plan: SnapshotPlan, version: int) -> None:
+    """Raise when the table was overwritten and MemWAL initialized again since `plan` read it:
+    its rows list the earlier lifetime's generations as unmerged (they were not stale then), and
+    committed into the new lifetime's index they would publish rows the overwrite replaced."""
+    now = lifecycle.outlived(loc, plan.table_version, plan.lifecycle.init, version)
+    if now is not None:
+        raise SnapshotError(f"table {loc.lance_uri}: this index build read table version {plan.table_version}, "
+                            f"before {now.describe()}; nothing committed, build the index again")
 
 
 @lease.step("index")
