@@ -650,3 +650,30 @@ def test_a_plan_is_outlived_when_gc_cleaned_the_versions_while_the_check_read_th
     now = lifecycle.outlived(loc, plan.table_version, plan.lifecycle.init, version)
     assert ran and ran[0].metrics()["base_versions_cleaned"] > 0
     assert now is not None and now.table_version == version
+
+
+def test_a_process_of_the_earlier_lifetime_never_records_it_over_the_later_one(table_loc, spark):
+    """A merge planned before an overwrite carries the earlier lifetime's lifecycle; saving it
+    (as a run saves its plan's verdicts) once the table's record holds the later initialization
+    leaves the record alone, so no later check goes from the earlier lifetime."""
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=11, key_space=60, max_memtable_rows=10)
+    w.write_round(20, puts_per_batch=10)
+    plan = merge.plan_merge(loc)
+    old = plan.lifecycle
+    assert old is not None and old.init is not None
+    overwrite_and_reinit(loc, num_buckets=2)
+    new, _ = lifecycle.assess_table(loc, record=True)
+    assert new.init.table_version > old.init.table_version
+    before = loc.store.get(layout.LIFECYCLE_KEY)
+    old.unrecorded = True
+    lifecycle.save(loc, old, strict=True)
+    assert loc.store.get(layout.LIFECYCLE_KEY) == before
+    assert lifecycle.recorded_initialization(loc).table_version == new.init.table_version
+    # A garbled record is derived again from the table, and written over.
+    loc.store.put(layout.LIFECYCLE_KEY, b'{"initialization": {"checked_version": 3}}')
+    assert lifecycle.recorded_initialization(loc) is None
+    again, _ = lifecycle.assess_table(loc, record=True)
+    assert again.init.table_version == new.init.table_version
+    assert lifecycle.recorded_initialization(loc).table_version == new.init.table_version

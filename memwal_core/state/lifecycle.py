@@ -185,6 +185,7 @@ def _span(gens: list[int]) -> str:
 
 
 def read_record(loc: TableLocation) -> dict[str, Any] | None:
+    """The record as written (None: none, or unreadable: then it is derived again)."""
     try:
         d = json.loads(loc.store.get(layout.LIFECYCLE_KEY))
         return d if isinstance(d, dict) and isinstance(d.get("initialization"), dict) else None
@@ -197,7 +198,16 @@ def read_record(loc: TableLocation) -> dict[str, Any] | None:
 
 
 def _write_record(loc: TableLocation, lc: Lifecycle, strict: bool = False) -> None:
+    """Write `lc` as the record, unless the record already holds a later initialization: a
+    process still in the table's earlier lifetime (its lease lost, or it read the table before
+    the overwrite) must not put that lifetime back, or a later check would trust it across the
+    versions GC has since cleaned up."""
     if lc.init is None:
+        return
+    theirs = recorded_initialization(loc)
+    if theirs is not None and theirs.table_version > lc.init.table_version:
+        log.warning("%s not replaced: it records %s, later than the initialization at table version %s "
+                    "this process went from", layout.LIFECYCLE_KEY, theirs.describe(), lc.init.table_version)
         return
     d = {"initialization": asdict(lc.init),
          "stale": {rid: asdict(v) for rid, v in sorted(lc.stale.items())},
@@ -214,8 +224,16 @@ def recorded_initialization(loc: TableLocation) -> Initialization | None:
     """The initialization in the table's record (None: no readable record). GC records it
     before its base-version cleanup removes the versions around it, so it covers a break in the
     history that the cleanup has since hidden from `find_initialization`."""
-    rec = read_record(loc)
-    return _init_from(rec) if rec else None
+    return _init_of(read_record(loc))
+
+
+def _init_of(rec: dict[str, Any] | None) -> Initialization | None:
+    try:
+        return _init_from(rec) if rec else None
+    except (KeyError, TypeError, ValueError) as e:  # a garbled record is derived again
+        log.warning("%s unreadable (%s: %s); deriving the lifecycle again", layout.LIFECYCLE_KEY,
+                    type(e).__name__, e)
+        return None
 
 
 def _init_from(d: dict[str, Any]) -> Initialization:
@@ -383,7 +401,8 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
     if current_version is None:
         current_version = table.open_dataset(loc).version
     rec = read_record(loc)
-    known = _init_from(rec) if rec else None
+    known = _init_of(rec)
+    rec = rec if known is not None else None
     seen = _SEEN.get(loc.lance_uri)
     start = seen if seen is not None and (known is None or seen.checked_version > known.checked_version) \
         and seen.checked_version <= current_version else known
