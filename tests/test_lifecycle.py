@@ -64,6 +64,14 @@ def overwrite_and_reinit(loc, n: int = 5, num_buckets: int = 4) -> dict:
     return new
 
 
+def written_two_buckets(loc, seed: int, writes: int = 40) -> demo.Workload:
+    """A table bucketed two ways with `writes` rows written by pylance, none merged."""
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    w = demo.Workload(loc, seed=seed, key_space=60, max_memtable_rows=10)
+    w.write_round(writes, puts_per_batch=10)
+    return w
+
+
 @pytest.fixture
 def overwritten(table_loc, spark):
     """Four old regions, each with merged and pending generations, then an overwrite and a
@@ -319,9 +327,7 @@ def test_cli_maintain_refuses_reports_and_discard_collects(tmp_path):
     first) then `maintain --only gc` collects them."""
     root = str(tmp_path / "t")
     loc = open_store(root)
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=2, key_space=60, max_memtable_rows=10)
-    w.write_round(40, puts_per_batch=10)
+    w = written_two_buckets(loc, seed=2)
     model = overwrite_and_reinit(loc, num_buckets=2)
     stale = sorted(w.regions.values())
 
@@ -363,9 +369,7 @@ def test_dagster_stale_regions_check(table_loc):
     from memwal_pipeline.definitions import table_definitions
 
     loc = table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=2, key_space=60, max_memtable_rows=10)
-    w.write_round(40, puts_per_batch=10)
+    written_two_buckets(loc, seed=2)
     overwrite_and_reinit(loc, num_buckets=2)
     cfg = TableConfig(name="t", uri=loc.lance_uri, gc=GcOptions(  # old-lifetime versions cleaned: nothing reads them
         manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0,
@@ -421,9 +425,7 @@ def test_gc_records_the_verdicts_before_its_base_version_cleanup(table_loc):
     (here 0 s: everything but the latest version) runs only after the stale regions are
     recorded, so they stay stale when `memwal maintain --only gc` is the first job to run."""
     loc = table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=5, key_space=60, max_memtable_rows=10)
-    w.write_round(40, puts_per_batch=10)
+    w = written_two_buckets(loc, seed=5)
     overwrite_and_reinit(loc, num_buckets=2)
     assert not loc.store.exists(layout.LIFECYCLE_KEY)
     opts = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, cleanup_base_versions_older_than_seconds=0,
@@ -449,9 +451,7 @@ def test_discard_holds_the_lease_waits_for_a_maintainer_and_is_fenced(tmp_path):
 
     root = str(tmp_path / "t")
     loc = open_store(root)
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=2, key_space=60, max_memtable_rows=10)
-    w.write_round(40, puts_per_batch=10)
+    w = written_two_buckets(loc, seed=2)
     overwrite_and_reinit(loc, num_buckets=2)
     stale = sorted(w.regions.values())
     version = table.open_dataset(loc).version
@@ -512,9 +512,7 @@ def test_an_overwrite_during_the_merge_run_merges_nothing_into_the_new_table(tab
     from memwal_core.jobs.merge import commit
 
     loc = table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=5, key_space=60, max_memtable_rows=10)
-    w.write_round(40, puts_per_batch=10)
+    written_two_buckets(loc, seed=5)
     plan = merge.plan_merge(loc)
     assert plan.batches and plan.pending
     new_model: dict = {}
@@ -547,9 +545,7 @@ def test_a_plan_from_before_an_overwrite_merges_nothing_after_gc_cleaned_the_ver
     plan's record of its lifetime cannot be trusted across that gap: GC's own record of the
     new lifetime, saved before its cleanup, says the plan is outlived, and nothing is merged."""
     loc = table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=7, key_space=60, max_memtable_rows=10)
-    w.write_round(40, puts_per_batch=10)
+    written_two_buckets(loc, seed=7)
     plan = merge.plan_merge(loc)
     assert plan.batches and plan.pending
     new_model = overwrite_and_reinit(loc, num_buckets=2)
@@ -608,9 +604,7 @@ def test_an_index_build_read_before_an_overwrite_commits_nothing_into_the_new_li
     unmerged (they were not stale when read), so it commits nothing rather than publish them in
     the new lifetime's index; the next build publishes no stale generation."""
     loc = table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=7, key_space=60, max_memtable_rows=10)
-    w.write_round(40, puts_per_batch=10)
+    w = written_two_buckets(loc, seed=7)
     plan = snapshot.plan_snapshot(loc)
     assert any(row.manifest.generations for row in plan.rows.values())
     overwrite_and_reinit(loc, num_buckets=2)
@@ -629,9 +623,7 @@ def test_a_plan_is_outlived_when_gc_cleaned_the_versions_while_the_check_read_th
     record: a GC (one that took the lease over) recording the new lifetime and cleaning up the
     versions without the index while the check runs cannot hide the overwrite from it."""
     loc = table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=7, key_space=60, max_memtable_rows=10)
-    w.write_round(40, puts_per_batch=10)
+    written_two_buckets(loc, seed=7)
     plan = merge.plan_merge(loc)
     overwrite_and_reinit(loc, num_buckets=2)
     version = table.open_dataset(loc).version
@@ -657,9 +649,7 @@ def test_a_process_of_the_earlier_lifetime_never_records_it_over_the_later_one(t
     (as a run saves its plan's verdicts) once the table's record holds the later initialization
     leaves the record alone, so no later check goes from the earlier lifetime."""
     loc = table_loc
-    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
-    w = demo.Workload(loc, seed=11, key_space=60, max_memtable_rows=10)
-    w.write_round(20, puts_per_batch=10)
+    written_two_buckets(loc, seed=11, writes=20)
     plan = merge.plan_merge(loc)
     old = plan.lifecycle
     assert old is not None and old.init is not None
