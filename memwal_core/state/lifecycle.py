@@ -541,6 +541,15 @@ def discard(loc: TableLocation, region_ids: list[str] | None = None, *, dry_run:
                 out.refused[rid] = f"region {rid}: already handled (merge progress {merged} >= {v.stale_through})"
         elif only_older_than is not None and now - v.detected_at < only_older_than:
             continue
+        elif only_older_than is not None and merged > 0 and rid not in lc.discarded:
+            # In a new lifetime a stale region's progress moves only by a discard: progress that
+            # no discard recorded came with the table's MemWAL index from elsewhere, as when the
+            # table is restored to a version of an earlier lifetime (not recognised as such).
+            # Then its pending generations are the restored lifetime's own: never automatically.
+            out.refused[rid] = (f"region {rid}: merge progress {merged} that no discard recorded (was the table "
+                                "restored to a version from before the MemWAL initialization?); not discarded "
+                                "automatically: discard it by hand if its rows are not wanted")
+            log.warning("%s", out.refused[rid])
         else:
             marks[rid] = v.stale_through
     if dry_run or not marks:
