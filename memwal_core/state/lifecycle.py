@@ -334,7 +334,7 @@ def outlived(loc: TableLocation, planned_version: int, known: Initialization | N
     `known` is trusted across versions cleaned up since (they cannot show a break), so a
     cleanup that removed the versions without the index would hide the overwrite from it. GC
     records the new lifetime before such a cleanup: the table's record, when it was checked
-    later than `known`, is gone from too, and the later initialization of the two is the answer.
+    later than `known`, is walked from too, and the later initialization of the two is the answer.
     The record is read after the versions: a cleanup the walk could not see past was preceded
     by GC's record, which is then visible (a maintainer that lost the table lease to GC)."""
     now = find_initialization(loc, version, known)
