@@ -691,3 +691,24 @@ def test_gc_never_discards_by_itself_a_region_whose_progress_no_discard_recorded
     assert table.read_memwal_state(loc).merged == merged
     dry = lifecycle.discard(loc, None, dry_run=True, by="grace", only_older_than=0)
     assert not dry.discarded and all("no discard recorded" in why for why in dry.refused.values()), dry.refused
+
+
+def test_a_merge_whose_check_cannot_read_the_lifecycle_record_merges_nothing(table_loc, spark):
+    """The outlived check goes from the table's record too (the only evidence of a break GC's
+    cleanup may have hidden): when the store cannot read it (here the key is a directory), the
+    run cannot tell and merges nothing; readable again, the next run merges."""
+    loc = table_loc
+    written_two_buckets(loc, seed=17)
+    plan = merge.plan_merge(loc)
+    assert plan.batches
+    lifecycle.assess_table(loc, record=True)
+    path = os.path.join(loc.store.root, layout.LIFECYCLE_KEY)
+    os.replace(path, path + ".kept")
+    os.mkdir(path)
+    result = merge.execute_merge(loc, plan, spark)
+    assert result.commits == 0 and set(result.region_errors) == set(plan.pending), result.region_errors
+    assert all("initialization cannot be read" in e for e in result.region_errors.values()), result.region_errors
+    assert table.read_memwal_state(loc).merged == {}
+    os.rmdir(path)
+    os.replace(path + ".kept", path)
+    assert merge.execute_merge(loc, merge.plan_merge(loc), spark).commits > 0

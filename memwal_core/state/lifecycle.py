@@ -184,14 +184,24 @@ def _span(gens: list[int]) -> str:
 # The record (`_memwal/lifecycle.json`)
 
 
-def read_record(loc: TableLocation) -> dict[str, Any] | None:
-    """The record as written (None: none, or unreadable: then it is derived again)."""
+def read_record(loc: TableLocation, *, strict: bool = False) -> dict[str, Any] | None:
+    """The record as written (None: none, or garbled: then it is derived again). `strict`: a
+    store that cannot be read raises instead (a caller that must not go on without the record)."""
     try:
         d = json.loads(loc.store.get(layout.LIFECYCLE_KEY))
-        return d if isinstance(d, dict) and isinstance(d.get("initialization"), dict) else None
+        if isinstance(d, dict) and isinstance(d.get("initialization"), dict):
+            _init_from(d)  # the fields every reader needs
+            return d
+        return None
     except NotFound:
         return None
-    except Exception as e:  # noqa: BLE001 - a garbled record is re-derived from the table
+    except (ValueError, KeyError, TypeError) as e:  # garbled (JSON, fields): re-derived from the table
+        log.warning("%s unreadable (%s: %s); deriving the lifecycle again", layout.LIFECYCLE_KEY,
+                    type(e).__name__, e)
+        return None
+    except Exception as e:  # noqa: BLE001 - the store: derived again, unless the caller needs it
+        if strict:
+            raise
         log.warning("%s unreadable (%s: %s); deriving the lifecycle again", layout.LIFECYCLE_KEY,
                     type(e).__name__, e)
         return None
@@ -201,18 +211,18 @@ def _write_record(loc: TableLocation, lc: Lifecycle, strict: bool = False) -> No
     """Write `lc` as the record, unless the record already holds a later initialization: a
     process still in the table's earlier lifetime (its lease lost, or it read the table before
     the overwrite) must not put that lifetime back, or a later check would trust it across the
-    versions GC has since cleaned up."""
+    versions GC has since cleaned up. A record that cannot be read is not written over."""
     if lc.init is None:
         return
-    theirs = recorded_initialization(loc)
-    if theirs is not None and theirs.table_version > lc.init.table_version:
-        log.warning("%s not replaced: it records %s, later than the initialization at table version %s "
-                    "this process went from", layout.LIFECYCLE_KEY, theirs.describe(), lc.init.table_version)
-        return
-    d = {"initialization": asdict(lc.init),
-         "stale": {rid: asdict(v) for rid, v in sorted(lc.stale.items())},
-         "fresh": sorted(lc.fresh), "discarded": dict(sorted(lc.discarded.items()))}
     try:
+        theirs = recorded_initialization(loc, strict=True)
+        if theirs is not None and theirs.table_version > lc.init.table_version:
+            log.warning("%s not replaced: it records %s, later than the initialization at table version %s "
+                        "this process went from", layout.LIFECYCLE_KEY, theirs.describe(), lc.init.table_version)
+            return
+        d = {"initialization": asdict(lc.init),
+             "stale": {rid: asdict(v) for rid, v in sorted(lc.stale.items())},
+             "fresh": sorted(lc.fresh), "discarded": dict(sorted(lc.discarded.items()))}
         loc.store.put(layout.LIFECYCLE_KEY, json.dumps(d, sort_keys=True).encode())
     except Exception as e:  # noqa: BLE001 - the verdicts are derived again next time
         if strict:
@@ -220,20 +230,12 @@ def _write_record(loc: TableLocation, lc: Lifecycle, strict: bool = False) -> No
         log.warning("could not record the table lifecycle: %s: %s", type(e).__name__, e)
 
 
-def recorded_initialization(loc: TableLocation) -> Initialization | None:
+def recorded_initialization(loc: TableLocation, *, strict: bool = False) -> Initialization | None:
     """The initialization in the table's record (None: no readable record). GC records it
     before its base-version cleanup removes the versions around it, so it covers a break in the
     history that the cleanup has since hidden from `find_initialization`."""
-    return _init_of(read_record(loc))
-
-
-def _init_of(rec: dict[str, Any] | None) -> Initialization | None:
-    try:
-        return _init_from(rec) if rec else None
-    except (KeyError, TypeError, ValueError) as e:  # a garbled record is derived again
-        log.warning("%s unreadable (%s: %s); deriving the lifecycle again", layout.LIFECYCLE_KEY,
-                    type(e).__name__, e)
-        return None
+    rec = read_record(loc, strict=strict)
+    return _init_from(rec) if rec else None
 
 
 def _init_from(d: dict[str, Any]) -> Initialization:
@@ -338,7 +340,7 @@ def outlived(loc: TableLocation, planned_version: int, known: Initialization | N
     The record is read after the versions: a cleanup the walk could not see past was preceded
     by GC's record, which is then visible (a maintainer that lost the table lease to GC)."""
     now = find_initialization(loc, version, known)
-    recorded = recorded_initialization(loc)
+    recorded = recorded_initialization(loc, strict=True)  # unread, the break may go unseen: raise
     if recorded is not None and recorded.checked_version <= version \
             and (known is None or recorded.checked_version > known.checked_version):
         by_record = find_initialization(loc, version, recorded)
@@ -401,8 +403,7 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
     if current_version is None:
         current_version = table.open_dataset(loc).version
     rec = read_record(loc)
-    known = _init_of(rec)
-    rec = rec if known is not None else None
+    known = _init_from(rec) if rec else None
     seen = _SEEN.get(loc.lance_uri)
     start = seen if seen is not None and (known is None or seen.checked_version > known.checked_version) \
         and seen.checked_version <= current_version else known
