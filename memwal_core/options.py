@@ -222,7 +222,10 @@ class MergeOptions(_Checked):
 
 @dataclass(frozen=True)
 class SnapshotOptions(_Checked):
-    """MemWAL index snapshots: up to `inline_threshold` regions inline, else an index file."""
+    """MemWAL index snapshots: up to `inline_threshold` regions inline (carried in every table
+    manifest), else an index file. GC collects a sharded region's merged generations only once
+    an inline snapshot records its value: pylance leaves an index file behind at the next commit
+    that changes the MemWAL index (`region_values.unrecorded_regions`)."""
 
     inline_threshold: int = field(default=100, metadata=_min(0))
 

@@ -620,6 +620,37 @@ def test_gc_on_s3(s3_table_loc, spark):
     assert lsm_rows(loc) == w.expected()
 
 
+def test_an_external_snapshot_never_stands_in_for_the_merged_generations(tmp_path):
+    """pylance gives the MemWAL index a new uuid, without the external snapshot file the old one
+    had, at the next commit that changes the index (a merge, an index catch-up, a new index):
+    the region values that file recorded are gone for the merger from then on. So GC keeps a
+    sharded region's merged generations unless an inline snapshot records its value. Found by
+    the harness soak: GC planned while an external snapshot was readable, an index catch-up
+    committed meanwhile, and the merged generations went with nothing left recording the values."""
+    from support.gc_passes import mark_merged
+
+    loc = open_store(str(tmp_path / "t"))
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
+    w = demo.Workload(loc, seed=5, key_space=200, max_memtable_rows=30)
+    w.write_round(80, overwrite=0.3, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())
+    merged = table.read_memwal_state(loc).merged
+    snapshot.build_snapshot(loc, inline_threshold=0)
+    assert set(snapshot.recorded_values(loc, table.read_memwal_state(loc))) == set(merged)  # readable now
+    listed = {rid: len(region.load_latest(loc.store, rid).generations) for rid in merged}
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == 0 and [h.reason for h in res.holds] == ["value_unrecorded"]
+    w.write_round(40, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())  # the next merge commit: the file is left behind
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == {}
+    assert all(len(region.load_latest(loc.store, rid).generations) >= n for rid, n in listed.items())
+    snapshot.build_snapshot(loc)  # inline: Lance carries it over every later commit
+    mark_merged(loc, w.regions.values())
+    assert set(snapshot.recorded_values(loc, table.read_memwal_state(loc))) == set(merged)
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == sum(table.read_memwal_state(loc).merged.values()) and not res.holds
+
+
 def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_path, spark):
     """Without a recorded routing value the merged generations are the merger's only authority
     for what a region owns (a generation whose rows all route elsewhere is refused against

@@ -308,11 +308,18 @@ def unrecorded_regions(loc: TableLocation, state: table.MemWalState,
                        manifests: dict[str, region.RegionManifest]) -> set[str]:
     """Sharded regions of `manifests` whose value the MemWAL index of `state` does not record as
     trusted. An unreadable index records nothing (logged): the caller keeps what such a region's
-    value rests on (GC: its merged generations)."""
+    value rests on (GC: its merged generations).
+
+    Only a snapshot stored inline records anything here. An external snapshot
+    (`_indices/{uuid}/index.lance`, more than `SnapshotOptions.inline_threshold` regions) is
+    found through the uuid of the index that wrote it, and pylance gives the MemWAL index a new
+    uuid, without the file, at the next commit that changes it (a merge, an index catch-up, a new
+    index): from then on the values it recorded are gone for the merger, so they cannot stand in
+    for the merged generations."""
     sharded = {sid for sid, spec in region_specs(state).items() if spec.sharded}
     need = {rid for rid, m in manifests.items() if m.message.region_spec_id in sharded}
-    if not need:
-        return set()
+    if not need or not state.details.HasField("inline_snapshots"):
+        return need
     try:
         recorded = recorded_values(loc, state)
     except Exception as e:  # noqa: BLE001 - unreadable: nothing is recorded as far as GC may assume

@@ -1185,7 +1185,10 @@ class MemWalMachine(RuleBasedStateMachine):
         gating = state.gating_indexes(indexes)
         retained = [int(i["version"]) for i in ds.versions()]
         merged_by_version = {v: self.merged_at(v) for v in retained}
-        recorded = snapshot.recorded_values(self.loc, state) if self.kind != "unsharded" else None
+        # Only an inline snapshot records a value for good: an external one is left behind by the
+        # next commit that changes the MemWAL index (`region_values.unrecorded_regions`).
+        recorded = (snapshot.recorded_values(self.loc, state) if state.details.HasField("inline_snapshots") else {}) \
+            if self.kind != "unsharded" else None
 
         def allowed(rid: str) -> int:
             bounds = [state.merged.get(rid, 0)]
