@@ -223,6 +223,8 @@ def test_grace_discards_automatically_and_a_dry_run_only_says_so(overwritten, sp
     assert table.read_memwal_state(loc).merged == before
     r = gc.run_gc(loc, expired)
     assert set(r.stale_discarded) == set(old.values())
+    # The pass planned on the table as its discard commit left it (read again after the commit).
+    assert r.plan.table_version == table.read_memwal_state(loc).table_version > dry.plan.table_version
     assert checks.stale_regions(loc).ok
     rec = json.loads(loc.store.get(layout.LIFECYCLE_KEY))
     assert {v["by"] for v in rec["discarded"].values()} == {"grace"}
