@@ -17,7 +17,7 @@ import lance
 from memwal_core.jobs import merge
 from memwal_core.observe.status import _GEN_MANIFEST
 from memwal_core.spark import tasks as spark
-from memwal_core.state import layout, lifecycle, region
+from memwal_core.state import layout, lifecycle, region, table
 from memwal_core.state.memwal_index import SnapshotError
 from memwal_core.state.region_values import trusted_values
 from memwal_core.state.store import TableLocation
@@ -143,7 +143,8 @@ class StaleReport:
 def stale_regions(loc: TableLocation, grace_seconds: float | None = None) -> StaleReport:
     """What the merger refuses as stale and GC keeps (read only: nothing is recorded)."""
     a = lifecycle.assess_table(loc, record=False)
-    lc, reads, merged = a.lifecycle, a.reads, a.state.merged
+    lc, reads = a.lifecycle, a.reads
+    merged = table.read_memwal_state(loc).merged  # after the verdicts: a discard in between is seen whole
     init = lc.init.describe() if lc.init and lc.init.known else "unknown (not in the retained table history)"
     out = StaleReport(init, region_errors=dict(lc.errors))
     for rid, m in sorted(reads.manifests.items()):

@@ -39,6 +39,10 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     if committed:  # a discard commit landed (or may have): what was read is out of date
         view = lifecycle.assess_table(loc, max_workers=config.max_workers)
     base, base_plan, known = _clean_base(loc, config, dry_run, progress, leaks=regions is None, view=view)
+    if base_plan is not None or (base is not None and (base.get("old_versions") or "error" in base)):
+        # Lance's cleanup removed (a dry run: would remove) versions judged against the latest
+        # version it saw, which may be newer than the one read above (and that one may be gone).
+        view = lifecycle.assess_table(loc, max_workers=config.max_workers)
     t0 = time.monotonic()
     # A dry run lists the whole table (and scans for leaked files) whenever it runs: it is asked
     # what GC would collect; `leak_scan` says when the real runs scan next.
