@@ -14,7 +14,8 @@ pass to the next is only what GC keeps on the store (`_memwal/gc_versions.json`,
 `_memwal/gc_refs.json`, `_memwal/gc_regions/`).
 
 Measured: the pass time (`run_gc`), median (and mean, max) of the first and of the last `--window`
-cycles, the cycles whose pass listed the whole table (`full_scan_interval_seconds`), and
+cycles, and the CPU time of the same passes (the process's, all threads: steadier than wall time
+on a busy machine), the cycles whose pass listed the whole table (`full_scan_interval_seconds`), and
 the baseline in the same run: a **full-read pass** (those summaries removed first, so every
 retained manifest, WAL entry and manifest version is read again, as before they existed), `--reps`
 times right after the first window and at the end; and as often a **scan pass**: one that lists
@@ -54,13 +55,17 @@ SCAN = (gc.GcOptions(full_scan_interval_seconds=0) if "full_scan_interval_second
         else gc.GcOptions())
 
 
+CPU: list[float] = []  # CPU-s of every timed pass (this process, all its threads): steadier than wall time on a busy machine
+
+
 def gc_pass(loc, *, full: bool = False, scan: bool = False) -> tuple[float, gc.GcResult]:
     forget_process()
     if full:
         forget_store(loc)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     r = gc.run_gc(loc, SCAN if scan else None)
     s = time.perf_counter() - t
+    CPU.append(time.process_time() - c)
     if r.region_errors:
         raise SystemExit(f"GC failed: {r.region_errors}")
     return s, r
@@ -93,6 +98,7 @@ def run(a, base: str, window: int) -> int:
     demo.create_table(loc, sharding="bucket", num_buckets=a.regions, base_rows=1000)
     w = demo.Workload(loc, seed=3, key_space=10**6, max_memtable_rows=max(1000, a.rows * 4))
     passes: list[float] = []
+    cpu: list[float] = []  # the same passes' CPU-s
     full_scans: list[int] = []  # cycles whose pass listed the table (`full_scan_interval_seconds`)
     full: dict[str, list[float]] = {}
     scans: dict[str, list[float]] = {}
@@ -105,6 +111,7 @@ def run(a, base: str, window: int) -> int:
             ds.update_config({"bench.cycle": f"{cycle}.{i}"})
         s, r = gc_pass(loc)
         passes.append(s)
+        cpu.append(CPU[-1])
         if getattr(r.plan.history, "listed", True) or "skipped" not in r.leak_scan:
             full_scans.append(cycle)
         if r.deleted_objects:
@@ -128,6 +135,8 @@ def run(a, base: str, window: int) -> int:
            pass_first_s=first_w, pass_last_s=last_w, pass_last_over_first=ratio(last_w, first_w),
            pass_first_mean_s=round(sum(passes[:window]) / window, 3), pass_first_max_s=round(max(passes[:window]), 3),
            pass_last_mean_s=round(sum(passes[-window:]) / window, 3), pass_last_max_s=round(max(passes[-window:]), 3),
+           cpu_first_s=median(cpu[:window]), cpu_last_s=median(cpu[-window:]),
+           cpu_last_over_first=ratio(median(cpu[-window:]), median(cpu[:window])),
            full_scan_cycles=",".join(map(str, full_scans[:20])) or "none",
            full_first_s=median(full["first"]), full_last_s=median(full["last"]),
            full_last_over_first=ratio(median(full["last"]), median(full["first"])),

@@ -212,6 +212,37 @@ def test_versions_cleaned_up_by_another_process(tmp_path):
     assert assert_same_decision(loc, COLLECT).items
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_commit_landing_while_gc_cleans_up_is_what_the_pass_plans_on(tmp_path, monkeypatch, dry_run):
+    """Another client commits after the pass read the table and before Lance's base-version
+    cleanup (a dry run: its explanation), which judges the versions against that newer commit:
+    the version the pass read first is among those removed, so the pass reads the table again
+    (without: a dry run failed, "removes the latest table version", and a real run planned on a
+    version gone)."""
+    import memwal_core.jobs.gc.run as gc_run
+
+    loc, _ = _history(tmp_path, cycles=2)
+    time.sleep(1.5)  # every version older than the cleanup's age below
+    name = "plan_base_cleanup" if dry_run else "cleanup_base_versions"
+    real = getattr(gc_run, name)
+
+    def commit_first(loc, config):
+        lance.dataset(loc.lance_uri).update_config({"app.note": "committed meanwhile"})
+        return real(loc, config)
+
+    monkeypatch.setattr(gc_run, name, commit_first)
+    first = table.open_dataset(loc).version
+    forget_process()
+    r = gc.run_gc(loc, gc.GcOptions(cleanup_base_versions_older_than_seconds=1, cleanup_base_versions_floor_seconds=0),
+                  dry_run=dry_run)
+    assert not r.region_errors
+    assert r.plan.table_version == table.open_dataset(loc).version == first + 1
+    if dry_run:  # the explanation judged the versions against the newer commit
+        assert first in r.plan.base_cleanup.versions
+    else:
+        assert first not in {v["version"] for v in lance.dataset(loc.lance_uri).versions()}
+
+
 def test_table_overwritten_with_a_new_lifetime(tmp_path):
     loc, w = _history(tmp_path)
     overwrite(loc)

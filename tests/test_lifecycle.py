@@ -84,7 +84,7 @@ def overwritten(table_loc, spark):
     w.write_round(80, puts_per_batch=10)  # pending in the old lifetime
     old = dict(w.regions)  # region value -> region id
     assert len(old) == 4
-    assert all(lifecycle.assess_table(loc)[0].verdict(r) is None for r in old.values())
+    assert all(lifecycle.assess_table(loc).lifecycle.verdict(r) is None for r in old.values())
     model = overwrite_and_reinit(loc)
     values = sorted(old)
     reopened, fresh_value = old[values[0]], values[1]
@@ -97,7 +97,8 @@ def overwritten(table_loc, spark):
 
 def test_stale_regions_are_never_merged_published_or_collected(overwritten, spark):
     loc, w, old, reopened, fresh, model, stale_keys = overwritten
-    lc, reads = lifecycle.assess_table(loc)
+    a = lifecycle.assess_table(loc)
+    lc, reads = a.lifecycle, a.reads
     assert lc.init is not None and lc.init.known and lc.init.previous_version is not None
     assert set(lc.stale) == set(old.values()) and fresh not in lc.stale
     top = reads.manifests[reopened].top_generation
@@ -152,7 +153,8 @@ def test_stale_regions_are_never_merged_published_or_collected(overwritten, spar
 def test_discard_then_the_reopened_region_merges_and_gc_collects_exactly_the_stale(overwritten, spark):
     loc, w, old, reopened, fresh, model, stale_keys = overwritten
     merge.execute_merge(loc, merge.plan_merge(loc), spark)
-    lc, reads = lifecycle.assess_table(loc)
+    a = lifecycle.assess_table(loc)
+    lc, reads = a.lifecycle, a.reads
     through = lc.verdict(reopened).stale_through
     stale_dirs = {f"_mem_wal/{reopened}/{g.path}" for g in reads.manifests[reopened].generations
                   if g.generation <= through}
@@ -221,6 +223,8 @@ def test_grace_discards_automatically_and_a_dry_run_only_says_so(overwritten, sp
     assert table.read_memwal_state(loc).merged == before
     r = gc.run_gc(loc, expired)
     assert set(r.stale_discarded) == set(old.values())
+    # The pass planned on the table as its discard commit left it (read again after the commit).
+    assert r.plan.table_version == table.read_memwal_state(loc).table_version > dry.plan.table_version
     assert checks.stale_regions(loc).ok
     rec = json.loads(loc.store.get(layout.LIFECYCLE_KEY))
     assert {v["by"] for v in rec["discarded"].values()} == {"grace"}
@@ -245,7 +249,7 @@ def test_unflushed_wal_rows_are_replayed_into_a_stale_generation(table_loc, spar
     ds = lance.write_dataset(demo.rows_table(list(model.values())), loc.lance_uri, mode="overwrite")
     ds.initialize_mem_wal(unsharded=True)
 
-    lc, _ = lifecycle.assess_table(loc)
+    lc = lifecycle.assess_table(loc).lifecycle
     v = lc.verdict(rid)
     assert v.open and v.wal_position > 0
     assert rid in lifecycle.discard(loc, [rid]).refused  # boundary unknown: not discardable yet
@@ -258,7 +262,7 @@ def test_unflushed_wal_rows_are_replayed_into_a_stale_generation(table_loc, spar
     replay_gen = m.top_generation
     got = lance.dataset(loc.child_uri(layout.generation_dir(rid, m.generations[-1].path, replay_gen))).to_table()
     assert {500, 700} <= set(got.column("id").to_pylist())
-    lc, _ = lifecycle.assess_table(loc, record=True)
+    lc = lifecycle.assess_table(loc, record=True).lifecycle
     assert lc.verdict(rid).stale_through == replay_gen  # mixed: stale (its new rows go with it)
     put(loc, rid, [800], 4, model)
     assert lifecycle.discard(loc, [rid]).discarded == {rid: replay_gen}
@@ -275,11 +279,11 @@ def test_record_follows_a_second_overwrite(table_loc):
     overwrite_and_reinit(loc, num_buckets=2)
     w = demo.Workload(loc, seed=1, key_space=50, max_memtable_rows=10)
     w.write_round(30, puts_per_batch=5)
-    lc, _ = lifecycle.assess_table(loc, record=True)
+    lc = lifecycle.assess_table(loc, record=True).lifecycle
     assert not lc.stale and lc.fresh == set(w.regions.values())
     first = lc.init.table_version
     overwrite_and_reinit(loc, num_buckets=2)
-    lc, _ = lifecycle.assess_table(loc, record=True)
+    lc = lifecycle.assess_table(loc, record=True).lifecycle
     assert lc.init.table_version > first and set(lc.stale) == set(w.regions.values())
 
 
@@ -309,7 +313,7 @@ def test_a_table_never_overwritten_has_no_stale_region(spark, steps, seed):
                 snapshot.build_snapshot(loc)
             else:
                 lance.dataset(loc.lance_uri).optimize.compact_files()
-            lc, _ = lifecycle.assess_table(loc, record=step != "gc")
+            lc = lifecycle.assess_table(loc, record=step != "gc").lifecycle
             assert not lc.stale and not lc.errors
         merge.execute_merge(loc, merge.plan_merge(loc), spark)
         assert rows(loc) == w.expected()
@@ -413,7 +417,7 @@ def test_on_s3_stale_regions_are_found_by_the_stores_clock(s3_table_loc):
     ds = lance.dataset(loc.lance_uri, storage_options=loc.storage_options)
     with ds.mem_wal_writer(fresh, max_memtable_rows=10) as wr:
         wr.put(demo.rows_table([demo.row(k, 1) for k in keys_of(w, w.region_value([0])[0], 900, 3)]))
-    lc, _ = lifecycle.assess_table(loc)
+    lc = lifecycle.assess_table(loc).lifecycle
     assert set(lc.stale) == set(w.regions.values()) and fresh not in lc.stale
     plan = merge.plan_merge(loc)
     assert set(plan.walls) == set(w.regions.values()) and plan.pending == {fresh: [1]}
@@ -433,7 +437,7 @@ def test_gc_records_the_verdicts_before_its_base_version_cleanup(table_loc):
     r = gc.run_gc(loc, opts)
     assert r.base_cleanup["old_versions"] > 0 and len(table.open_dataset(loc).versions()) == 1
     assert r.counts()["generation"] == 0
-    lc, _ = lifecycle.assess_table(loc)
+    lc = lifecycle.assess_table(loc).lifecycle
     assert lc.init.known and set(lc.stale) == set(w.regions.values())
     assert set(merge.plan_merge(loc).walls) == set(w.regions.values())
 
@@ -489,7 +493,7 @@ def test_discard_holds_the_lease_waits_for_a_maintainer_and_is_fenced(tmp_path):
 
     # Fenced: the lease taken over (a later token) between the plan and the commit.
     overwrite_and_reinit(loc, num_buckets=2)
-    again = sorted(lifecycle.assess_table(loc)[0].stale)
+    again = sorted(lifecycle.assess_table(loc).lifecycle.stale)
     assert again == stale
     version = table.open_dataset(loc).version
     with lease.hold(loc, "operator", LeaseOptions(ttl_seconds=30, wait_seconds=0)) as mine:
@@ -549,7 +553,7 @@ def test_a_plan_from_before_an_overwrite_merges_nothing_after_gc_cleaned_the_ver
     plan = merge.plan_merge(loc)
     assert plan.batches and plan.pending
     new_model = overwrite_and_reinit(loc, num_buckets=2)
-    init = lifecycle.assess_table(loc)[0].init.table_version
+    init = lifecycle.assess_table(loc).lifecycle.init.table_version
     res = gc.run_gc(loc, GcOptions(cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
     assert res.metrics()["base_versions_cleaned"] > 0, res.base_cleanup
     retained = [v["version"] for v in lance.dataset(loc.lance_uri).versions()]
@@ -576,7 +580,7 @@ def test_gc_records_the_initialization_even_when_no_region_could_be_judged_befor
     w.write_round(40, puts_per_batch=10)
     lifecycle.assess_table(loc, record=True)  # the old lifetime's record, as a merger saves it
     overwrite_and_reinit(loc, num_buckets=1)
-    init = lifecycle.assess_table(loc)[0].init.table_version
+    init = lifecycle.assess_table(loc).lifecycle.init.table_version
     real_assess = lifecycle.assess_table
 
     def unreadable_regions(loc, **kw):
@@ -654,7 +658,7 @@ def test_a_process_of_the_earlier_lifetime_never_records_it_over_the_later_one(t
     old = plan.lifecycle
     assert old is not None and old.init is not None
     overwrite_and_reinit(loc, num_buckets=2)
-    new, _ = lifecycle.assess_table(loc, record=True)
+    new = lifecycle.assess_table(loc, record=True).lifecycle
     assert new.init.table_version > old.init.table_version
     before = loc.store.get(layout.LIFECYCLE_KEY)
     old.unrecorded = True
@@ -664,7 +668,7 @@ def test_a_process_of_the_earlier_lifetime_never_records_it_over_the_later_one(t
     # A garbled record is derived again from the table, and written over.
     loc.store.put(layout.LIFECYCLE_KEY, b'{"initialization": {"checked_version": 3}}')
     assert lifecycle.recorded_initialization(loc) is None
-    again, _ = lifecycle.assess_table(loc, record=True)
+    again = lifecycle.assess_table(loc, record=True).lifecycle
     assert again.init.table_version == new.init.table_version
     assert lifecycle.recorded_initialization(loc).table_version == new.init.table_version
 
@@ -683,7 +687,7 @@ def test_gc_never_discards_by_itself_a_region_whose_progress_no_discard_recorded
     before = table.open_dataset(loc).version
     overwrite_and_reinit(loc, num_buckets=2)
     lance.dataset(loc.lance_uri, version=before).restore()
-    lc, _ = lifecycle.assess_table(loc)
+    lc = lifecycle.assess_table(loc).lifecycle
     assert set(lc.stale) & set(merged), lc.stale  # the documented limit: not recognised
     for _ in range(2):  # the first pass records the verdicts; the grace counts from then
         res = gc.run_gc(loc, GcOptions(discard_stale_after_seconds=0))

@@ -142,8 +142,9 @@ class StaleReport:
 
 def stale_regions(loc: TableLocation, grace_seconds: float | None = None) -> StaleReport:
     """What the merger refuses as stale and GC keeps (read only: nothing is recorded)."""
-    lc, reads = lifecycle.assess_table(loc, record=False)
-    merged = table.read_memwal_state(loc).merged
+    a = lifecycle.assess_table(loc, record=False)
+    lc, reads = a.lifecycle, a.reads
+    merged = table.read_memwal_state(loc).merged  # after the verdicts: a discard in between is seen whole
     init = lc.init.describe() if lc.init and lc.init.known else "unknown (not in the retained table history)"
     out = StaleReport(init, region_errors=dict(lc.errors))
     for rid, m in sorted(reads.manifests.items()):

@@ -472,11 +472,26 @@ def save(loc: TableLocation, lc: Lifecycle, *, strict: bool = False, verdicts_on
         lc.recorded_checked = lc.init.checked_version if lc.init is not None else 0
 
 
-def assess_table(loc: TableLocation, *, record: bool = False) -> tuple[Lifecycle, region.RegionReads]:
-    """`assess` over every region of the table (what status and `regions discard` use)."""
-    current = table.open_dataset(loc).version
-    reads = region.load_many(loc.store, region.list_regions(loc.store).region_ids)
-    return assess(loc, reads.manifests, current_version=current, record=record), reads
+@dataclass
+class TableAssessment:
+    """One read of the table for the steps that judge its regions: the latest version, its
+    MemWAL state, every region's latest manifest, read after the state (merge progress only
+    grows, so a merge landing in between only makes what is derived from the two
+    conservative), and the verdicts on those manifests. A GC pass reads it once for its
+    expired-region discard, its record before the base-version cleanup and its plan."""
+
+    dataset: Any  # the `lance.LanceDataset` opened at `state.table_version`
+    state: table.MemWalState
+    reads: region.RegionReads
+    lifecycle: Lifecycle
+
+
+def assess_table(loc: TableLocation, *, record: bool = False, max_workers: int = 16) -> TableAssessment:
+    """`assess` over every region of the table (what status, `regions discard` and GC use)."""
+    ds = table.open_dataset(loc)
+    state = table.read_memwal_state(loc, ds.version)
+    reads = region.load_many(loc.store, region.list_regions(loc.store).region_ids, max_workers=max_workers)
+    return TableAssessment(ds, state, reads, assess(loc, reads.manifests, current_version=ds.version, record=record))
 
 
 def without_stale(m: region.RegionManifest, verdict: RegionVerdict | None) -> region.RegionManifest:
@@ -506,7 +521,8 @@ class DiscardResult:
 
 @lease.step("discard")
 def discard(loc: TableLocation, region_ids: list[str] | None = None, *, dry_run: bool = False,
-            by: str = "operator", only_older_than: float | None = None, now: float | None = None) -> DiscardResult:
+            by: str = "operator", only_older_than: float | None = None, now: float | None = None,
+            assessed: TableAssessment | None = None) -> DiscardResult:
     """Record the stale generations of `region_ids` (None: every stale region) as handled: one
     merge commit with no rows that sets each region's merge progress to `stale_through`. Their
     rows never reach the table; later generations then merge, and GC collects the stale ones.
@@ -514,14 +530,16 @@ def discard(loc: TableLocation, region_ids: list[str] | None = None, *, dry_run:
     Refused per region: not stale, already discarded, an open boundary (a writer would still
     replay pre-initialization WAL rows into its next generation), progress already past.
     `only_older_than`: only verdicts detected at least that many seconds ago (GC's grace).
+    `assessed`: the table as read under this lease (GC's pass); its verdicts are updated in
+    place by a discard, after which the caller reads the table again.
 
     Holds the table lease like every committing step (`lease=` keyword, `state/lease.py`;
     re-entered inside GC's grace discard, none for a dry run), and fences its commit: a commit
     that loses a race with a maintainer's leaves files behind, and the lifecycle record is a
     plain put that a merger saving the verdicts of its plan would otherwise overwrite."""
     now = time.time() if now is None else now
-    lc, reads = assess_table(loc)  # recorded below only when something is discarded
-    state = table.read_memwal_state(loc)
+    a = assessed if assessed is not None else assess_table(loc)  # recorded below only when something is discarded
+    lc, reads, state = a.lifecycle, a.reads, a.state
     out = DiscardResult(dry_run=dry_run, table_version=state.table_version)
     wanted = sorted(lc.stale) if region_ids is None else list(region_ids)
     marks: dict[str, int] = {}

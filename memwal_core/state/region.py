@@ -97,8 +97,9 @@ class RegionManifest:
 
     region_id: str
     version: int
-    message: pb.RegionManifest
+    message: pb.RegionManifest  # never changed in place (a commit changes a copy)
     raw: bytes = b""
+    _generations: tuple[Generation, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def writer_epoch(self) -> int:
@@ -120,10 +121,14 @@ class RegionManifest:
 
     @property
     def generations(self) -> list[Generation]:
-        """Flushed generations in ascending order (paths not yet validated)."""
-        gens = [Generation(g.generation, g.path, g.in_memory_bytes, g.physical_rows)
-                for g in self.message.flushed_generations]
-        return sorted(gens, key=_by_generation)
+        """Flushed generations in ascending order (paths not yet validated). Built once per
+        manifest (a region holding its history lists thousands, and a GC pass asks more than
+        once); a new list each call, so a caller may change its copy."""
+        if self._generations is None:
+            gens = [Generation(g.generation, g.path, g.in_memory_bytes, g.physical_rows)
+                    for g in self.message.flushed_generations]
+            self._generations = tuple(sorted(gens, key=_by_generation))
+        return list(self._generations)
 
 
 _by_generation = operator.attrgetter("generation")

@@ -934,7 +934,7 @@ class MemWalMachine(RuleBasedStateMachine):
         did("overwrite_reinit")
         # memwal's verdicts are the model's: every region written before is stale through its
         # last flushed generation (closed: every writer was closed), and no other region is.
-        lc, _ = lifecycle.assess_table(self.loc)
+        lc = lifecycle.assess_table(self.loc).lifecycle
         assert lc.init is not None and lc.init.table_version == self.init_version, (
             f"LIFECYCLE: initialization {lc.init} is not table version {self.init_version}")
         got = {rid: v.stale_through for rid, v in lc.stale.items()}

@@ -419,17 +419,21 @@ def _pending(loc: TableLocation) -> set[str]:
 
 def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list[str] | None = None,
             now: float | None = None, base_cleanup: BaseCleanupPlan | None = None,
-            use_summary: bool = True, history: VersionHistory | None = None, full_scan: bool = False) -> GcPlan:
+            use_summary: bool = True, history: VersionHistory | None = None, full_scan: bool = False,
+            view: lifecycle.TableAssessment | None = None) -> GcPlan:
     """What GC would delete, and why; reads only. `base_cleanup`: plan as if its base-table
     versions were removed already (what the real run's cleanup does before it plans).
     `use_summary=False`: read every retained version's manifest and every region in full,
     ignoring what earlier passes learned (`history.py`, `region_cache.py`); `history`: what this
     pass learned of the versions already (checked again). `full_scan`: list `_versions/` and scan
-    for leaked files whether or not `full_scan_interval_seconds` passed since the last time."""
+    for leaked files whether or not `full_scan_interval_seconds` passed since the last time.
+    `view`: the table as this pass read it already (`run_gc`); None: read here."""
     config = config or GcOptions()
     now = time.time() if now is None else now
-    ds = table.open_dataset(loc)
-    state = table.read_memwal_state(loc, ds.version)
+    # The table state, then the manifests (`TableAssessment`): merge progress only grows, so a
+    # merge landing in between can only make the limits computed below conservative.
+    view = view or lifecycle.assess_table(loc, max_workers=config.max_workers)
+    ds, state = view.dataset, view.state
     from memwal_core.jobs.catchup import base_indexes  # local import: catchup imports lance at module level too
 
     gating = state.gating_indexes(list(base_indexes(ds)))
@@ -440,14 +444,10 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     scan_leaks = config.collect_leaked_files and regions is None
     retention = read_retention(loc, gone, use_summary=use_summary, earlier=history, max_workers=config.max_workers,
                                interval=interval, now=now, latest=ds.version, for_leaks=scan_leaks)
-    # Manifests are read after the table state: merge progress only grows, so a merge landing
-    # in between can only make the limits computed above conservative.
-    ids = regions if regions is not None else region.list_regions(loc.store).region_ids
-    loaded = region.load_many(loc.store, ids, max_workers=config.max_workers)
+    loaded = view.reads if regions is None else _some(loc, view.reads, regions, config.max_workers)
     ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
                    unrecorded_regions(loc, state, loaded.manifests),
-                   [s.spec_id for s in state.details.region_specs],
-                   lifecycle.assess(loc, loaded.manifests, current_version=ds.version, record=False),
+                   [s.spec_id for s in state.details.region_specs], view.lifecycle,
                    _unverified(loc), use_cache=use_summary and not _recreated(retention.history))
     plans = _plan_regions(ctx, loaded)
     failures = [rp.failure for rp in plans.values() if rp.failure is not None]
@@ -456,6 +456,15 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     if scan_leaks:
         _plan_leaks(loc, plan, now, use_summary and not _recreated(retention.history), interval)
     return plan
+
+
+def _some(loc: TableLocation, reads: region.RegionReads, ids: list[str], max_workers: int) -> region.RegionReads:
+    """The reads of `ids` (a plan of some regions); one not among the table's listed regions is
+    read now (and fails as a missing region does)."""
+    out = region.RegionReads({rid: reads[rid] for rid in ids if rid in reads})
+    if missing := [rid for rid in ids if rid not in reads]:
+        out.update(region.load_many(loc.store, missing, max_workers=max_workers))
+    return out
 
 
 def _recreated(history: VersionHistory | None) -> bool:

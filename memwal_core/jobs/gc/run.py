@@ -33,12 +33,21 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     execution off: the cleanup is planned instead (Lance's explanation) and GC planned as if
     those versions were gone; `result.plan` lists what would be deleted."""
     config = config or GcOptions()
-    discarded = _discard_expired(loc, config, dry_run)
-    base, base_plan, known = _clean_base(loc, config, dry_run, progress, leaks=regions is None)
+    # The table and its regions are read and judged once, for the three steps that need them.
+    view = lifecycle.assess_table(loc, max_workers=config.max_workers)
+    discarded, committed = _discard_expired(loc, config, dry_run, view)
+    if committed:  # a discard commit landed (or may have): what was read is out of date
+        view = lifecycle.assess_table(loc, max_workers=config.max_workers)
+    base, base_plan, known = _clean_base(loc, config, dry_run, progress, leaks=regions is None, view=view)
+    if base_plan is not None or (base is not None and (base.get("old_versions") or "error" in base)):
+        # Lance's cleanup removed (a dry run: would remove) versions judged against the latest
+        # version it saw, which may be newer than the one read above (and that one may be gone).
+        view = lifecycle.assess_table(loc, max_workers=config.max_workers)
     t0 = time.monotonic()
     # A dry run lists the whole table (and scans for leaked files) whenever it runs: it is asked
     # what GC would collect; `leak_scan` says when the real runs scan next.
-    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan, history=known, full_scan=dry_run)
+    plan = plan_gc(loc, config, regions=regions, base_cleanup=base_plan, history=known, full_scan=dry_run,
+                   view=view)
     plan_s = time.monotonic() - t0
     if progress:
         progress(f"plan: {plan.objects} objects, {plan.bytes / 1e6:.1f} MB, {len(plan.failures)} region errors")
@@ -63,12 +72,13 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
 
 
 def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: Callable[[str], None] | None,
-                leaks: bool) -> tuple[dict[str, Any] | None, BaseCleanupPlan | None, history.VersionHistory | None]:
+                leaks: bool, view: lifecycle.TableAssessment
+                ) -> tuple[dict[str, Any] | None, BaseCleanupPlan | None, history.VersionHistory | None]:
     """The base-version cleanup (a dry run: its plan, for GC to plan as if it had run): what it
     did for the result (None: not configured, or skipped; `error`: it failed, and GC plans on
     every version as retained, which stays safe), and the retained versions when they were read
     to find that no version is old enough for it (Lance's cleanup reads every manifest)."""
-    if not (config.base_cleanup and (dry_run or _record_stale(loc))):
+    if not (config.base_cleanup and (dry_run or _record_stale(loc, view.lifecycle))):
         return None, None, None
     base_plan: BaseCleanupPlan | None = None
     known: history.VersionHistory | None = None
@@ -120,17 +130,16 @@ def _nothing_old_enough(known: history.VersionHistory, config: GcOptions) -> boo
     return min(stamps) > time.time() - older_than.total_seconds()
 
 
-def _record_stale(loc: TableLocation) -> bool:
+def _record_stale(loc: TableLocation, lc: lifecycle.Lifecycle) -> bool:
     """Record the MemWAL initialization and the stale-region verdicts before the base-version
     cleanup: the versions around the initialization are its only evidence, and once cleaned up
     an unrecorded initialization is unknown (nothing would be judged stale), or worse, an older
     record is trusted across the versions cleaned up (its lifetime's regions judged current).
     Recorded also when no region was judged stale: a region that could not be read now is
     classified later against the recorded initialization. Nothing to record when the record
-    already has this initialization and these verdicts. False: the initialization could not be
-    established or recorded, so the cleanup waits for the next run."""
+    already has this initialization and these verdicts. False: the record could not be
+    written, so the cleanup waits for the next run."""
     try:
-        lc, _ = lifecycle.assess_table(loc)
         if lc.stale or lc.new_verdicts:
             lifecycle.save(loc, lc, strict=True)
         return True
@@ -140,15 +149,17 @@ def _record_stale(loc: TableLocation) -> bool:
         return False
 
 
-def _discard_expired(loc: TableLocation, config: GcOptions, dry_run: bool) -> dict[str, int]:
+def _discard_expired(loc: TableLocation, config: GcOptions, dry_run: bool,
+                     view: lifecycle.TableAssessment) -> tuple[dict[str, int], bool]:
     """Discard the stale regions reported for longer than `discard_stale_after_seconds`
-    (region -> generations discarded through; a dry run says which it would)."""
+    (region -> generations discarded through; a dry run says which it would), and whether the
+    table may have changed since `view` (a discard committed, or failed part-way)."""
     if config.discard_stale_after_seconds is None:
-        return {}
+        return {}, False
     try:
         out = lifecycle.discard(loc, None, dry_run=dry_run, by="grace",
-                                only_older_than=config.discard_stale_after_seconds)
+                                only_older_than=config.discard_stale_after_seconds, assessed=view)
     except Exception as e:  # noqa: BLE001 - GC proceeds; the stale regions stay held
         log.warning("discarding expired stale regions failed: %s", one_line(e))
-        return {}
-    return out.discarded
+        return {}, not dry_run
+    return out.discarded, bool(out.discarded) and not dry_run
