@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from dataclasses import replace
+from datetime import timedelta
 
 import lance
 import pyarrow as pa
@@ -25,7 +26,8 @@ from support.helpers import tree
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, table, wal
+from memwal_core.state import layout, lifecycle, region, region_values, table, value_records, wal
+from memwal_core.state.lifecycle import Initialization
 from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
@@ -620,35 +622,125 @@ def test_gc_on_s3(s3_table_loc, spark):
     assert lsm_rows(loc) == w.expected()
 
 
-def test_an_external_snapshot_never_stands_in_for_the_merged_generations(tmp_path):
-    """pylance gives the MemWAL index a new uuid, without the external snapshot file the old one
-    had, at the next commit that changes the index (a merge, an index catch-up, a new index):
-    the region values that file recorded are gone for the merger from then on. So GC keeps a
-    sharded region's merged generations unless an inline snapshot records its value. Found by
-    the harness soak: GC planned while an external snapshot was readable, an index catch-up
-    committed meanwhile, and the merged generations went with nothing left recording the values."""
+def _external_snapshot_left_behind(tmp_path, seed: int = 5):
+    """A bucketed table whose region values an external snapshot recorded, then a merge commit
+    that left the snapshot file behind (pylance gives the MemWAL index a new uuid without it).
+    Merge progress is committed without rows (`mark_merged`): what GC keeps is checked, not reads."""
     from support.gc_passes import mark_merged
 
     loc = open_store(str(tmp_path / "t"))
     demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
-    w = demo.Workload(loc, seed=5, key_space=200, max_memtable_rows=30)
+    w = demo.Workload(loc, seed=seed, key_space=200, max_memtable_rows=30)
     w.write_round(80, overwrite=0.3, puts_per_batch=10)
     mark_merged(loc, w.regions.values())
-    merged = table.read_memwal_state(loc).merged
-    snapshot.build_snapshot(loc, inline_threshold=0)
-    assert set(snapshot.recorded_values(loc, table.read_memwal_state(loc))) == set(merged)  # readable now
-    listed = {rid: len(region.load_latest(loc.store, rid).generations) for rid in merged}
+    assert snapshot.build_snapshot(loc, inline_threshold=0).external
+    values = snapshot.recorded_values(loc, table.read_memwal_state(loc))  # the external file, readable now
+    assert set(values) == set(w.regions.values())
+    w.write_round(40, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())  # the next commit that changes the MemWAL index
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == {}  # the snapshot alone: gone
+    return loc, w, values
+
+
+def test_the_value_record_stands_in_for_an_external_snapshot_the_next_commit_left_behind(tmp_path):
+    """pylance gives the MemWAL index a new uuid, without the external snapshot file the old one
+    had, at the next commit that changes the index (a merge, an index catch-up, a new index).
+    The index builder wrote each value it published to the lifetime's record under `_memwal/`
+    first, so GC collects the merged generations all the same, and the merger and the next
+    build still read the values (nothing is left to derive them from). Without the record the
+    external snapshot never stands in: GC keeps the generations (found by the harness soak: GC
+    planned while an external snapshot was readable, an index catch-up committed meanwhile)."""
+    from support.gc_passes import mark_merged
+
+    loc, w, values = _external_snapshot_left_behind(tmp_path)
+    init = lifecycle.assess_table(loc).lifecycle.init
+    assert init.known
+    records = value_records.read(loc, init)
+    assert not records.garbled and {rid: r.values for rid, r in records.values.items()} == values
+    assert all(r.source.startswith("derived:gen_") for r in records.values.values())
+    state = table.read_memwal_state(loc)
+    assert snapshot.recorded_values(loc, state, init) == values
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == sum(state.merged.values()) and not res.holds
+    assert not any(g.generation <= state.merged[rid] for rid in values
+                   for g in region.load_latest(loc.store, rid).generations)
+    # What the merger routes by: the recorded values, though no merged generation is left.
+    ds = table.open_dataset(loc)
+    view = lifecycle.assess_table(loc)
+    manifests = {rid: view.reads.manifests[rid] for rid in values}
+    assert region_values.trusted_values(loc, view.state, ds, manifests, table.primary_key(ds), {},
+                                        stale=view.lifecycle) == values
+    res = snapshot.build_snapshot(loc, inline_threshold=0)  # reuses the records
+    assert {rid: res.region_field_sources[rid] for rid in values} == {rid: r.source for rid, r in records.values.items()}
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == values
+
+    # Without the records, the external snapshot alone is left behind again and counts for nothing.
+    shutil.rmtree(os.path.join(loc.lance_uri, layout.VALUE_RECORDS_DIR))
+    w.write_round(40, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc), init) == {}
+    listed = {rid: len(region.load_latest(loc.store, rid).generations) for rid in values}
     res = gc.run_gc(loc, FAST)
     assert res.counts()["generation"] == 0 and [h.reason for h in res.holds] == ["value_unrecorded"]
-    w.write_round(40, puts_per_batch=10)
-    mark_merged(loc, w.regions.values())  # the next merge commit: the file is left behind
-    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == {}
-    assert all(len(region.load_latest(loc.store, rid).generations) >= n for rid, n in listed.items())
-    snapshot.build_snapshot(loc)  # inline: Lance carries it over every later commit
-    mark_merged(loc, w.regions.values())
-    assert set(snapshot.recorded_values(loc, table.read_memwal_state(loc))) == set(merged)
+    assert {rid: len(region.load_latest(loc.store, rid).generations) for rid in values} == listed
+
+
+def test_a_garbled_value_record_is_never_trusted(tmp_path):
+    """A record that fails its checksum stands in for nothing: GC keeps that region's merged
+    generations, the merger's read of recorded values refuses (it would otherwise route the
+    region by its pending rows), and the next index build, deriving the value again from those
+    kept generations, replaces the record; then GC collects them."""
+    loc, w, values = _external_snapshot_left_behind(tmp_path, seed=6)
+    init = lifecycle.assess_table(loc).lifecycle.init
+    bad, good = sorted(values)
+    key = layout.value_record_key(init.table_version, bad)
+    raw = bytearray(loc.store.get(key))
+    raw[raw.index(b"region_spec_id") + 18] ^= 1  # one byte of the body: the checksum no longer matches
+    loc.store.put(key, bytes(raw))
+    assert set(value_records.read(loc, init).garbled) == {bad}
+    state = table.read_memwal_state(loc)
+    with pytest.raises(snapshot.SnapshotError, match=bad):
+        snapshot.recorded_values(loc, state, init)
+    listed = len(region.load_latest(loc.store, bad).generations)
     res = gc.run_gc(loc, FAST)
-    assert res.counts()["generation"] == sum(table.read_memwal_state(loc).merged.values()) and not res.holds
+    assert [(h.reason, h.regions) for h in res.holds] == [("value_unrecorded", 1)]
+    assert res.counts()["generation"] == state.merged[good]
+    assert len(region.load_latest(loc.store, bad).generations) == listed
+    res = snapshot.build_snapshot(loc, inline_threshold=0)
+    assert res.region_field_sources[bad].startswith("derived:gen_") and not res.region_errors
+    assert value_records.read(loc, init).values[bad].values == values[bad]
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc), init) == values
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == state.merged[bad] and not res.holds
+
+
+def test_no_value_record_is_used_while_the_initialization_is_unknown(tmp_path):
+    """A table whose MemWAL initialization lies before its retained history (its versions
+    cleaned up, no lifecycle record) cannot tell its lifetime from an earlier one: no record is
+    read or written, and GC keeps the merged generations an external snapshot recorded."""
+    from support.gc_passes import forget_process
+
+    loc, w, values = _external_snapshot_left_behind(tmp_path, seed=7)
+    ds = table.open_dataset(loc)
+    ds.cleanup_old_versions(older_than=timedelta(0))
+    assert [v["version"] for v in ds.versions()] == [ds.version]
+    loc.store.delete_many([layout.LIFECYCLE_KEY])
+    forget_process()
+    init = lifecycle.assess_table(loc, record=False).lifecycle.init
+    assert not init.known
+    known = Initialization(init.table_version, 1.0, None, init.table_version)  # a record in its directory
+    value_records.write(loc, known, sorted(values)[0], 1, {"bucket": 0}, "derived:gen_1")
+    assert value_records.read(loc, init).values == {}
+    state = table.read_memwal_state(loc)
+    assert snapshot.recorded_values(loc, state, init) == {}
+    assert region_values.unrecorded_regions(loc, state, lifecycle.assess_table(loc).reads.manifests, init) \
+        == set(values)
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == 0 and [h.reason for h in res.holds] == ["value_unrecorded"]
+    before = sorted(o.key for o in loc.store.list(layout.VALUE_RECORDS_DIR))
+    res = snapshot.build_snapshot(loc, inline_threshold=0)
+    assert all(res.region_field_sources[rid].startswith("derived:gen_") for rid in values)
+    assert sorted(o.key for o in loc.store.list(layout.VALUE_RECORDS_DIR)) == before  # none written
 
 
 def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_path, spark):

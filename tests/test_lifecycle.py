@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import checks, reader, status
 from memwal_core.options import GcOptions
-from memwal_core.state import layout, lifecycle, region, table
+from memwal_core.state import layout, lifecycle, region, region_values, table, value_records
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 
@@ -620,6 +620,49 @@ def test_an_index_build_read_before_an_overwrite_commits_nothing_into_the_new_li
     published = {str(uuid.UUID(bytes=r["region_id"])): [g["generation"] for g in r["flushed_generations"]]
                  for r in snapshot.read_snapshot(loc).to_pylist()}
     assert set(published) == set(w.regions.values()) and not any(published.values())
+
+
+def test_value_records_of_an_earlier_lifetime_are_never_used(table_loc):
+    """A lifetime after an overwrite and a new `initialize_mem_wal` may shard differently, so
+    the region values recorded in an earlier one stand for nothing in it: not for GC, not for
+    the merger, not for the index builder. An index build read before the overwrite records its
+    values in its own lifetime (the overwrite landing between its records and its commit), and a
+    record of an earlier lifetime under the new one's key (a table re-created, its versions
+    counted from 1 again) is not used and is replaced; one of a later lifetime is never replaced
+    by a process behind it."""
+    from support.gc_passes import mark_merged
+
+    loc = table_loc
+    w = written_two_buckets(loc, seed=9)
+    mark_merged(loc, w.regions.values())
+    plan = snapshot.plan_snapshot(loc)  # values read from merged generations: recorded by the execution
+    first = plan.lifecycle.init
+    assert first.known and all(r.fields.source.durable for r in plan.rows.values())
+    overwrite_and_reinit(loc, num_buckets=2)
+    with pytest.raises(snapshot.SnapshotError, match="before the MemWAL initialization"):
+        snapshot.execute_snapshot(loc, plan)
+    old = value_records.read(loc, first).values
+    assert set(old) == set(w.regions.values())
+    view = lifecycle.assess_table(loc, record=False)
+    init, state = view.lifecycle.init, view.state
+    assert init.known and init.table_version > first.table_version
+    assert value_records.read(loc, init).values == {}
+    assert snapshot.recorded_values(loc, state, init) == {}
+    assert region_values.unrecorded_regions(loc, state, view.reads.manifests, init) == set(old)
+    res = snapshot.build_snapshot(loc)  # the old regions are stale here: no value, nothing recorded
+    assert not any(res.region_field_sources[rid].startswith("derived") for rid in old)
+    assert value_records.read(loc, init).values == {}
+
+    rid = sorted(old)[0]
+    earlier = lifecycle.Initialization(init.table_version, init.initialized_at - 3600, None, init.table_version)
+    assert value_records.write(loc, earlier, rid, 1, {"bucket": 1}, "derived:gen_1")
+    assert value_records.read(loc, init).values == {}
+    assert region_values.unrecorded_regions(loc, state, view.reads.manifests, init) == set(old)
+    assert value_records.write(loc, init, rid, 1, {"bucket": 0}, "derived:gen_2")  # replaces it
+    assert value_records.read(loc, init).values[rid].values == {"bucket": 0}
+    assert not value_records.write(loc, earlier, rid, 1, {"bucket": 1}, "derived:gen_1")
+    assert value_records.read(loc, init).values[rid].values == {"bucket": 0}
+    assert value_records.read(loc, earlier).values == {}
 
 
 def test_a_plan_is_outlived_when_gc_cleaned_the_versions_while_the_check_read_them(table_loc, monkeypatch):

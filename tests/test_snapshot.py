@@ -17,12 +17,14 @@ import lance
 import pyarrow as pa
 import pytest
 from lance.mem_wal import CompactedSsTable
+from support.gc_passes import mark_merged
 
-from memwal_core.jobs import snapshot
+from memwal_core import faults
+from memwal_core.jobs import gc, snapshot
 from memwal_core.observe import reader
-from memwal_core.options import SnapshotOptions
+from memwal_core.options import GcOptions, SnapshotOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, memwal_index, region, region_values, table
+from memwal_core.state import layout, lifecycle, memwal_index, region, region_values, table, value_records
 from memwal_core.tools import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -522,3 +524,117 @@ def test_unchanged_snapshot_commits_nothing(table_loc):
     synth_region(loc.store, str(uuid.UUID(int=3000, version=4)))  # a new region: a change
     third = snapshot.build_snapshot(loc)
     assert third.committed and third.table_version == first.table_version + 1 and third.num_regions == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# durable records of region values (`state/value_records.py`)
+
+
+# GC collects as soon as allowed: no age or grace, the base table's old versions cleaned first.
+GC_NOW = GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                   cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0)
+
+
+def merged_bucket_table(loc, seed: int) -> demo.Workload:
+    """Two bucket regions whose flushed generations are all recorded as merged (no rows moved)."""
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
+    w = demo.Workload(loc, seed=seed, key_space=100, max_memtable_rows=20)
+    w.write_round(60, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())
+    return w
+
+
+def test_a_crash_between_recording_the_values_and_the_commit_leaves_them_usable(table_loc, monkeypatch):
+    """The builder records the values before its commit. Stopped in between, the table is as it
+    was and the records hold trusted values (each read from a merged generation): GC may trim
+    those generations on their word, and the next build publishes the same values, from the
+    records, though nothing is left to derive them from."""
+    loc = table_loc
+    w = merged_bucket_table(loc, seed=11)
+    version = table.open_dataset(loc).version
+    real_point = faults.point
+
+    def crash(name: str) -> None:
+        if name == snapshot.VALUES_RECORDED:
+            raise RuntimeError("killed after recording the values")
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        snapshot.build_snapshot(loc, inline_threshold=0)
+    monkeypatch.undo()
+    assert table.open_dataset(loc).version == version  # nothing committed
+    view = lifecycle.assess_table(loc)
+    state, init = view.state, view.lifecycle.init
+    records = value_records.read(loc, init).values
+    assert set(records) == set(w.regions.values())
+    ds = table.open_dataset(loc)
+    spec = region_values.region_specs(state)[1]
+    for rid, rec in records.items():
+        fv = region_values.derive_region_fields(loc, spec, ds.lance_schema, ["id"], view.reads.manifests[rid],
+                                                merged=state.merged[rid])
+        assert fv.source.kind is region_values.SourceKind.DERIVED and fv.values == rec.values
+        assert rec.source == fv.source.label and {w.regions[v] for v in fv.values.values()} == {rid}
+    values = {rid: rec.values for rid, rec in records.items()}
+    assert snapshot.recorded_values(loc, state, init) == values
+    res = gc.run_gc(loc, GC_NOW)
+    assert res.counts()["generation"] == sum(state.merged.values()) and not res.holds
+    res = snapshot.build_snapshot(loc)
+    assert res.committed and not res.region_errors
+    assert {rid: res.region_field_sources[rid] for rid in values} == {rid: r.source for rid, r in records.items()}
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == values
+
+
+def test_a_value_record_that_disagrees_is_a_region_error_never_overwritten(table_loc):
+    """A region's value never changes within a lifetime, so a record holding another value than
+    the one a build reads is reported (permanent), never overwritten, and the build publishes
+    no value for the region in the index; the recorded value stands for the merger (GC may
+    have trimmed what it rests on). Both ways: the record read with the plan disagrees with the
+    previous snapshot, or another process recorded another value between plan and execution."""
+    loc = table_loc
+    w = merged_bucket_table(loc, seed=12)
+    assert snapshot.build_snapshot(loc).committed
+    init = lifecycle.assess_table(loc).lifecycle.init
+    a, b = sorted(w.regions.values())
+    value_of = {rid: v for v, rid in w.regions.items()}
+    other = {"bucket": 1 - value_of[a]}
+    key = layout.value_record_key(init.table_version, a)
+    loc.store.delete_many([key])
+    assert value_records.write(loc, init, a, 1, other, "derived:gen_1")
+    res = snapshot.build_snapshot(loc)
+    assert set(res.region_errors) == {a} and res.region_failures[a].permanent, res.region_errors
+    assert "never changes" in res.region_errors[a]
+    assert res.region_field_sources[a] == "unknown" and res.region_field_sources[b].startswith("derived:gen_")
+    assert value_records.read(loc, init).values[a].values == other
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc), init)[a] == other
+
+    # Between plan and execution: the plan derives the value (no record, no previous value).
+    loc.store.delete_many([key])
+    w.write_round(20, puts_per_batch=10)  # a change, so the build commits
+    plan = snapshot.plan_snapshot(loc)
+    assert plan.rows[a].fields.source.durable and plan.rows[a].fields.values == {"bucket": value_of[a]}
+    assert value_records.write(loc, init, a, 1, other, "derived:gen_1")
+    res = snapshot.execute_snapshot(loc, plan)
+    assert set(res.region_errors) == {a} and res.region_failures[a].permanent
+    assert res.region_field_sources[a] == "unknown"
+    assert value_records.read(loc, init).values[a].values == other
+    assert a not in snapshot.recorded_values(loc, table.read_memwal_state(loc))  # the index holds no value
+
+
+def test_value_records_keep_every_type_and_refuse_what_is_garbled():
+    """A record gives back the values it was given, type and all (dates, bytes, large integers,
+    floats, strings), and anything not exactly a record of its region is refused."""
+    import datetime
+
+    values = {"d": datetime.date(2024, 2, 29), "b": b"\x00\xff", "u": 2**63 + 5, "f": -0.5, "s": "é", "n": None,
+              "t": datetime.datetime(2024, 1, 1, 12, 30, tzinfo=datetime.timezone.utc), "i": 7, "flag": True}
+    rid = str(uuid.UUID(int=5, version=4))
+    rec = value_records.ValueRecord(rid, 3, values, "manifest", 4, 1700000000.25)
+    got = value_records.decode(value_records.encode(rec), rid)
+    assert got == rec and {k: type(v) for k, v in got.values.items()} == {k: type(v) for k, v in values.items()}
+    raw = value_records.encode(rec)
+    for bad in (raw[:-5], raw.replace(b'"format": 1', b'"format": 2'), b"", b"[]"):
+        with pytest.raises(ValueError):
+            value_records.decode(bad, rid)
+    with pytest.raises(ValueError, match="expected"):
+        value_records.decode(raw, str(uuid.UUID(int=6, version=4)))

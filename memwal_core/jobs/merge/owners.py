@@ -1,8 +1,9 @@
 """Which value each region's rows must route to during one merge run, and who owns each value.
 
 Built once per run from authoritative state (`state/region_values.py`: expected values, the
-MemWAL snapshot, merged generations), then grown only by `establish`: a region with no authoritative
-value adopts its first routed generation's (unanimous) value, unless another region owns it.
+MemWAL snapshot and the durable value records, merged generations), then grown only by
+`establish`: a region with no authoritative value adopts its first routed generation's
+(unanimous) value, unless another region owns it.
 """
 
 from __future__ import annotations
@@ -64,21 +65,23 @@ def ownership_for_run(loc: TableLocation, state: MemWalState, ds, pk: list[str],
                       expected_values: dict[str, dict], stale: lifecycle.Lifecycle | None
                       ) -> tuple[RegionOwnership, list[RegionFailure]]:
     """The run's ownership for the planned regions (`manifests`: as loaded now), and the regions
-    that cannot be merged without what could not be read (the MemWAL snapshot that records
-    region values: every routed region without an expected value stops for this run)."""
+    that cannot be merged without what could not be read (the MemWAL snapshot or the durable
+    records of region values: every routed region without an expected value stops for this run)."""
     specs = {s.spec_id: s for s in state.details.region_specs}
     out = RegionOwnership(routes={rid: routing_check(m, specs, ds.lance_schema) for rid, m in manifests.items()})
     failures: list[RegionFailure] = []
     routed = {r: m for r, m in manifests.items() if out.routes.get(r)}
     try:
-        recorded = recorded_values(loc, state)  # read once: values and other regions' owners
+        # Read once: values and other regions' owners (the snapshot, and the durable records of the
+        # lifetime the plan read, for what the snapshot does not record).
+        recorded = recorded_values(loc, state, stale.init if stale else None)
         values = trusted_values(loc, state, ds, routed, pk, expected_values, recorded, stale)
         out.owners = value_owners(recorded, specs, values)
         if any(rid not in values for rid in routed):  # a region will establish its value: against every owner
             out.owners.update(unrecorded_owners(loc, state, ds, pk, specs, recorded, routed, stale))
     except SnapshotError as e:  # recorded values exist but cannot be read: nothing to check by
-        failures = [RegionFailure(rid, merged.get(rid, 0) + 1, f"region {rid}: the MemWAL snapshot that records "
-                                  f"region values is unreadable ({e}); not merging routed regions without it",
+        failures = [RegionFailure(rid, merged.get(rid, 0) + 1, f"region {rid}: the recorded region values "
+                                  f"are unreadable ({e}); not merging routed regions without them",
                                   permanent=False)
                     for rid in routed if not expected_values.get(rid)]
         values = dict(expected_values)
