@@ -63,7 +63,7 @@ from memwal_core.jobs.gc import run as gc_run
 from memwal_core.observe import checks, reader
 from memwal_core.options import GcOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, lifecycle, region, table, wal
+from memwal_core.state import layout, lifecycle, region, table, value_records, wal
 from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
 
@@ -1172,7 +1172,8 @@ class MemWalMachine(RuleBasedStateMachine):
         """Every item the plan would delete is allowed by the spec, computed here from scratch:
         a generation only at or below merged progress at the latest and at the OLDEST retained
         base version, below every gating index's catch-up (a region missing from it counts 0),
-        flushed, and (sharded tables) in a region whose value a MemWAL snapshot records; a WAL
+        flushed, and (sharded tables) in a region whose value an inline MemWAL snapshot or the
+        lifetime's durable record holds; a WAL
         entry only if covered by replay, not a fence sentinel, not the tail, not the current
         epoch's (when kept) and of a collectable generation no listed generation still needs;
         a manifest version only outside the newest `manifest_retention` and old enough; an
@@ -1185,10 +1186,15 @@ class MemWalMachine(RuleBasedStateMachine):
         gating = state.gating_indexes(indexes)
         retained = [int(i["version"]) for i in ds.versions()]
         merged_by_version = {v: self.merged_at(v) for v in retained}
-        # Only an inline snapshot records a value for good: an external one is left behind by the
-        # next commit that changes the MemWAL index (`region_values.unrecorded_regions`).
-        recorded = (snapshot.recorded_values(self.loc, state) if state.details.HasField("inline_snapshots") else {}) \
-            if self.kind != "unsharded" else None
+        # A value is recorded for good in an inline snapshot or in the durable record of this
+        # lifetime (`state/value_records.py`); an external snapshot is left behind by the next
+        # commit that changes the MemWAL index (`region_values.unrecorded_regions`).
+        recorded = None
+        if self.kind != "unsharded":
+            recorded = snapshot.recorded_values(self.loc, state) if state.details.HasField("inline_snapshots") else {}
+            init = lifecycle.assess(self.loc, {}, current_version=ds.version, record=False).init
+            durable = value_records.read(self.loc, init).values
+            recorded.update({rid: rec.values for rid, rec in durable.items() if rid not in recorded})
 
         def allowed(rid: str) -> int:
             bounds = [state.merged.get(rid, 0)]

@@ -27,7 +27,7 @@ class KeepReason(enum.StrEnum):
     GENERATION_NOT_MERGED = "generation:not_merged"  # pending; includes a region stuck behind a wall
     GENERATION_INDEX_BEHIND = "generation:index_behind"  # a gating index has not caught up
     GENERATION_TIME_TRAVEL = "generation:time_travel"  # a retained base-table version still reads them
-    GENERATION_VALUE_UNRECORDED = "generation:value_unrecorded"  # routing value not yet in a snapshot
+    GENERATION_VALUE_UNRECORDED = "generation:value_unrecorded"  # routing value not recorded for good yet
     GENERATION_STALE = "generation:stale"  # data from before the MemWAL initialization, not discarded
     GENERATION_NOT_FLUSHED = "generation:not_flushed"  # listed at or above current_generation
     GENERATION_UNVERIFIED = "generation:unverified"  # in a merge commit not verified yet
