@@ -671,7 +671,8 @@ def test_the_value_record_stands_in_for_an_external_snapshot_the_next_commit_lef
     assert region_values.trusted_values(loc, view.state, ds, manifests, table.primary_key(ds), {},
                                         stale=view.lifecycle) == values
     res = snapshot.build_snapshot(loc, inline_threshold=0)  # reuses the records
-    assert {rid: res.region_field_sources[rid] for rid in values} == {rid: r.source for rid, r in records.values.items()}
+    assert {rid: res.region_field_sources[rid] for rid in values} == \
+        {rid: r.source for rid, r in records.values.items()}
     assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == values
 
     # Without the records, the external snapshot alone is left behind again and counts for nothing.
@@ -762,8 +763,9 @@ def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_p
     assert res.counts()["generation"] == sum(merged.values()) and not res.holds
     assert lsm_rows(loc) == w.expected()
 
-    # An unreadable snapshot records nothing as far as GC may assume: the next merge's
-    # generations are held until a readable one is built again (never trimmed on a guess).
+    # An unreadable snapshot records nothing as far as GC may assume; the lifetime's value
+    # records still do (the builder wrote them before its commits). Without them, the next
+    # merge's generations are held until a readable snapshot is built again (never trimmed on a guess).
     w.write_round(60, overwrite=0.3, puts_per_batch=10)
     assert not merge.merge(loc, spark).region_errors
     snapshot.build_snapshot(loc, inline_threshold=0)  # external: a file that can go bad
@@ -774,6 +776,11 @@ def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_p
         f.write(b"not a lance file")
     with pytest.raises(snapshot.SnapshotError):
         snapshot.recorded_values(loc, table.read_memwal_state(loc))
+    view = lifecycle.assess_table(loc)
+    assert region_values.unrecorded_regions(loc, view.state, view.reads.manifests, view.lifecycle.init) == set()
+    shutil.rmtree(os.path.join(loc.lance_uri, layout.VALUE_RECORDS_DIR))
+    assert region_values.unrecorded_regions(loc, view.state, view.reads.manifests, view.lifecycle.init) \
+        == set(w.regions.values())
     listed = {rid: len(region.load_latest(loc.store, rid).generations) for rid in w.regions.values()}
     res = gc.run_gc(loc, FAST)
     assert res.counts()["generation"] == 0 and [h.reason for h in res.holds] == ["value_unrecorded"]

@@ -121,12 +121,13 @@ def reused_values(pinned: dict[str, tuple[int, FieldValues]], recorded: dict[str
         src = ValueSource.parse(rec.source)
         if not src.durable:
             continue
-        if rid in pinned and pinned[rid][0] == rec.spec_id and not rec.same_value(pinned[rid][0], pinned[rid][1].values):
+        spec_id, before = pinned.get(rid, (None, None))
+        if before is not None and spec_id == rec.spec_id and not rec.same_value(spec_id, before.values):
             conflicts[rid] = (f"region {rid}: its value record holds {value_records.value_text(rec.values)} "
                               f"({rec.source}) but the previous MemWAL snapshot "
-                              f"{value_records.value_text(pinned[rid][1].values)} ({pinned[rid][1].source}): a region's "
-                              "value never changes; the record stands, the index gets no value for the region "
-                              "until an operator repairs it")
+                              f"{value_records.value_text(before.values)} ({before.source}): a region's value never "
+                              "changes; the record stands, the index gets no value for the region until an "
+                              "operator repairs it")
             reuse[rid] = (rec.spec_id, FieldValues({}, UNKNOWN, conflicts[rid]))
             continue
         reuse[rid] = (rec.spec_id, FieldValues(dict(rec.values), src))
