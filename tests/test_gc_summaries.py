@@ -243,6 +243,23 @@ def test_a_commit_landing_while_gc_cleans_up_is_what_the_pass_plans_on(tmp_path,
         assert first not in {v["version"] for v in lance.dataset(loc.lance_uri).versions()}
 
 
+def test_a_run_over_some_regions_plans_them_as_the_whole_run_does(tmp_path):
+    """`run_gc(regions=...)`: the named regions are planned from the pass's one read of the
+    table, exactly as a run over every region plans them; an id that is not a region of the
+    table is reported as a failed region and nothing is collected for it."""
+    loc, w = _history(tmp_path, cycles=3)
+    rid = sorted(w.regions.values())[0]
+    missing = "00000000-0000-4000-8000-000000000000"
+    forget_process()
+    whole = gc.plan_gc(loc, COLLECT)
+    forget_process()
+    some = gc.plan_gc(loc, COLLECT, regions=[rid, missing])
+    assert set(some.regions) == {rid, missing}
+    assert some.regions[rid].items == whole.regions[rid].items and some.regions[rid].limit == whole.regions[rid].limit
+    assert some.regions[missing].failure is not None and not some.regions[missing].items
+    assert some.leaked == []  # the leak scan is a whole-table step
+
+
 def test_table_overwritten_with_a_new_lifetime(tmp_path):
     loc, w = _history(tmp_path)
     overwrite(loc)

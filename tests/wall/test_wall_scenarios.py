@@ -234,10 +234,11 @@ def test_generation_written_before_add_columns_is_not_refused(table_loc, spark):
 
 
 def test_unreadable_snapshot_is_taken_as_no_snapshot(table_loc, spark):
-    """A region's value after GC, with a snapshot: A's value (bucket 0) is recorded in an external snapshot; GC unlists
-    A's merged generation; the snapshot file is then unreadable (truncated: a torn copy, an
-    object-store hiccup). `region_values` swallows the `SnapshotError` as 'no snapshot yet' and
-    derives A's value from its pending, misrouted generation, which is then merged."""
+    """A region's value after GC, with a snapshot: A's value (bucket 0) is recorded in an external
+    snapshot (GC keeps A's merged generation: an external snapshot records nothing for it); the
+    snapshot file is then unreadable (truncated: a torn copy, an object-store hiccup). The merger
+    must not take 'no snapshot' as leave to derive A's value from its pending, misrouted
+    generation: it refuses it."""
     bucket_table(table_loc)
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     generation(table_loc, a, puts=[(1, 0), (2, 1)])
@@ -262,7 +263,7 @@ def test_snapshot_build_over_an_unreadable_previous_snapshot_rederives_values(ta
     """The snapshot builder reuses the previous snapshot's region values ('a region's value never
     changes') and keeps the previous rows of regions it cannot load. If the previous snapshot is
     unreadable once, `_previous_snapshot` returns None: values are derived afresh from whatever is
-    listed now (after GC: a pending, misrouted generation) and recorded as authoritative."""
+    listed now, never from a pending, misrouted generation recorded as authoritative."""
     bucket_table(table_loc)
     a, b = str(uuid.uuid4()), str(uuid.uuid4())
     generation(table_loc, a, puts=[(1, 0), (2, 1)])
