@@ -730,7 +730,7 @@ def test_no_value_record_is_used_while_the_initialization_is_unknown(tmp_path):
     init = lifecycle.assess_table(loc, record=False).lifecycle.init
     assert not init.known
     known = Initialization(init.table_version, 1.0, None, init.table_version)  # a record in its directory
-    value_records.write(loc, known, sorted(values)[0], 1, {"bucket": 0}, "derived:gen_1")
+    value_records.write(loc, known, sorted(values)[0], 1, {"bucket": 0}, "derived:gen_1", {"bucket": pa.int32()})
     assert value_records.read(loc, init).values == {}
     state = table.read_memwal_state(loc)
     assert snapshot.recorded_values(loc, state, init) == {}

@@ -16,6 +16,7 @@ import tempfile
 import uuid
 
 import lance
+import pyarrow as pa
 import pytest
 from dagster import DagsterInstance, materialize
 from support.helpers import tree
@@ -29,6 +30,7 @@ from memwal_core.state import layout, lifecycle, region, region_values, table, v
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 
+INT32 = {"bucket": pa.int32()}  # the Arrow type of a bucket field's value
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GC_NOW = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, discard_stale_after_seconds=None)
 
@@ -655,12 +657,12 @@ def test_value_records_of_an_earlier_lifetime_are_never_used(table_loc):
 
     rid = sorted(old)[0]
     earlier = lifecycle.Initialization(init.table_version, init.initialized_at - 3600, None, init.table_version)
-    assert value_records.write(loc, earlier, rid, 1, {"bucket": 1}, "derived:gen_1")
+    assert value_records.write(loc, earlier, rid, 1, {"bucket": 1}, "derived:gen_1", INT32)
     assert value_records.read(loc, init).values == {}
     assert region_values.unrecorded_regions(loc, state, view.reads.manifests, init) == set(old)
-    assert value_records.write(loc, init, rid, 1, {"bucket": 0}, "derived:gen_2")  # replaces it
+    assert value_records.write(loc, init, rid, 1, {"bucket": 0}, "derived:gen_2", INT32)  # replaces it
     assert value_records.read(loc, init).values[rid].values == {"bucket": 0}
-    assert not value_records.write(loc, earlier, rid, 1, {"bucket": 1}, "derived:gen_1")
+    assert not value_records.write(loc, earlier, rid, 1, {"bucket": 1}, "derived:gen_1", INT32)
     assert value_records.read(loc, init).values[rid].values == {"bucket": 0}
     assert value_records.read(loc, earlier).values == {}
 

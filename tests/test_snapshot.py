@@ -531,6 +531,7 @@ def test_unchanged_snapshot_commits_nothing(table_loc):
 
 
 # GC collects as soon as allowed: no age or grace, the base table's old versions cleaned first.
+INT32 = {"bucket": pa.int32()}  # the Arrow type of a bucket field's value
 GC_NOW = GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
                    cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0)
 
@@ -600,7 +601,7 @@ def test_a_value_record_that_disagrees_is_a_region_error_never_overwritten(table
     other = {"bucket": 1 - value_of[a]}
     key = layout.value_record_key(init.table_version, a)
     loc.store.delete_many([key])
-    assert value_records.write(loc, init, a, 1, other, "derived:gen_1")
+    assert value_records.write(loc, init, a, 1, other, "derived:gen_1", INT32)
     res = snapshot.build_snapshot(loc)
     assert set(res.region_errors) == {a} and res.region_failures[a].permanent, res.region_errors
     assert "never changes" in res.region_errors[a]
@@ -613,7 +614,7 @@ def test_a_value_record_that_disagrees_is_a_region_error_never_overwritten(table
     w.write_round(20, puts_per_batch=10)  # a change, so the build commits
     plan = snapshot.plan_snapshot(loc)
     assert plan.rows[a].fields.source.durable and plan.rows[a].fields.values == {"bucket": value_of[a]}
-    assert value_records.write(loc, init, a, 1, other, "derived:gen_1")
+    assert value_records.write(loc, init, a, 1, other, "derived:gen_1", INT32)
     res = snapshot.execute_snapshot(loc, plan)
     assert set(res.region_errors) == {a} and res.region_failures[a].permanent
     assert res.region_field_sources[a] == "unknown"
@@ -621,20 +622,67 @@ def test_a_value_record_that_disagrees_is_a_region_error_never_overwritten(table
     assert a not in snapshot.recorded_values(loc, table.read_memwal_state(loc))  # the index holds no value
 
 
-def test_value_records_keep_every_type_and_refuse_what_is_garbled():
-    """A record gives back the values it was given, type and all (dates, bytes, large integers,
-    floats, strings), and anything not exactly a record of its region is refused."""
-    import datetime
+# Values of every type a region field can hold, extremes included: identity on any column type
+# (pylance's `initialize_mem_wal` offers integers, booleans and strings; another writer's spec
+# may name any type) and bucket (int32).
+FIELD_VALUES: list[tuple[pa.DataType, list]] = [
+    (pa.int8(), [-(2**7), 2**7 - 1]), (pa.int16(), [-(2**15), 2**15 - 1]), (pa.int32(), [-(2**31), 2**31 - 1]),
+    (pa.int64(), [-(2**63), 2**63 - 1, 0]), (pa.uint8(), [2**8 - 1]), (pa.uint16(), [2**16 - 1]),
+    (pa.uint32(), [2**32 - 1]), (pa.uint64(), [2**64 - 1, 2**63 + 5]), (pa.bool_(), [True, False]),
+    (pa.utf8(), ["é", "日本語 \u0000 ✓", ""]), (pa.large_utf8(), ["x" * 3, "𝄞"]),
+    (pa.binary(), [b"\x00\xff", b""]), (pa.large_binary(), [b"\x01"]),
+    (pa.float32(), [0.1, -0.0, 3.4e38]), (pa.float64(), [-0.5, 1e308]), (pa.date32(), [-719162, 2932896]),
+    (pa.timestamp("s"), [-62_135_596_800, 253_402_300_799]), (pa.timestamp("ms"), [1_700_000_000_123]),
+    (pa.timestamp("us", "UTC"), [1_700_000_000_123_456]), (pa.timestamp("ns"), [1_700_000_000_123_456_789]),
+    (pa.timestamp("ns", "America/New_York"), [1_700_000_000_123_456_789, -(2**62) - 1]),
+    (pa.time32("ms"), [86_399_999]), (pa.time64("ns"), [86_399_999_999_999]),
+    (pa.decimal128(10, 2), ["1.50", "-99999999.99"]), (pa.decimal128(38, 0), [str(10**38 - 1)]),
+]
 
-    values = {"d": datetime.date(2024, 2, 29), "b": b"\x00\xff", "u": 2**63 + 5, "f": -0.5, "s": "é", "n": None,
-              "t": datetime.datetime(2024, 1, 1, 12, 30, tzinfo=datetime.timezone.utc), "i": 7, "flag": True}
+
+@pytest.mark.parametrize("typ,raw", FIELD_VALUES, ids=[str(t) for t, _ in FIELD_VALUES])
+def test_a_value_record_gives_back_every_region_field_value_exactly(typ, raw):
+    """A record stores each value as its field's Arrow type (`region_values.field_types`: an
+    identity field's source column type, a bucket field's int32), so the value read back is the
+    one recorded: equal, of the same Python type, with the same `value_key` the merger compares
+    rows by (a timestamp[ns] stored as a guessed type came back in microseconds, and the merger
+    would refuse every row of the region)."""
+    import decimal
+
+    from memwal_core.state import routing
+
+    arr = pa.array([decimal.Decimal(v) for v in raw] if pa.types.is_decimal(typ) else raw, typ)
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("k", typ)])
+    identity = routing.RegionSpec(1, (routing.RegionField("k", (1,), routing.IDENTITY, str(typ)),))
+    bucket = routing.RegionSpec(2, (routing.RegionField("b", (1,), routing.BUCKET, "int32", (("num_buckets", "8"),)),))
+    assert region_values.field_types(identity, schema, schema) == {"k": typ}
+    assert region_values.field_types(bucket, schema, schema) == {"b": pa.int32()}
     rid = str(uuid.UUID(int=5, version=4))
-    rec = value_records.ValueRecord(rid, 3, values, "manifest", 4, 1700000000.25)
-    got = value_records.decode(value_records.encode(rec), rid)
-    assert got == rec and {k: type(v) for k, v in got.values.items()} == {k: type(v) for k, v in values.items()}
-    raw = value_records.encode(rec)
+    for v in arr:  # as the merger and the index builder read a value: the scalar of a row
+        value = v.as_py()
+        rec = value_records.ValueRecord(rid, 1, {"k": value}, "derived:gen_1", 4, 1700000000.25)
+        got = value_records.decode(value_records.encode(rec, {"k": typ}), rid)
+        assert got == rec and type(got.values["k"]) is type(value)
+        assert routing.value_key([got.values["k"]]) == routing.value_key([value])
+    for b in routing.bucket_values(arr, 8) if routing._hashable(typ) else []:
+        rec = value_records.ValueRecord(rid, 2, {"b": b.as_py()}, "derived:gen_1", 4, 1700000000.25)
+        assert value_records.decode(value_records.encode(rec, {"b": pa.int32()}), rid) == rec
+
+
+def test_value_records_refuse_what_is_garbled_or_does_not_fit_its_type():
+    """Anything not exactly a record of its region is refused; a value its field's type cannot
+    hold is not recorded (GC then keeps what it rests on)."""
+    rid = str(uuid.UUID(int=5, version=4))
+    rec = value_records.ValueRecord(rid, 3, {"i": 7, "n": None}, "manifest", 4, 1700000000.25)
+    types = {"i": pa.int64(), "n": pa.utf8()}
+    raw = value_records.encode(rec, types)
+    assert value_records.decode(raw, rid) == rec
     for bad in (raw[:-5], raw.replace(b'"format": 1', b'"format": 2'), b"", b"[]"):
         with pytest.raises(ValueError):
             value_records.decode(bad, rid)
     with pytest.raises(ValueError, match="expected"):
         value_records.decode(raw, str(uuid.UUID(int=6, version=4)))
+    for wrong in ({"i": pa.int8(), "n": pa.utf8()}, {"i": pa.int64()}):
+        with pytest.raises(ValueError, match="cannot be recorded"):
+            value_records.encode(value_records.ValueRecord(rid, 3, {"i": 2**40, "n": None}, "manifest", 4, 1.0),
+                                 wrong)

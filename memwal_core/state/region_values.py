@@ -186,6 +186,26 @@ def spec_field_ids(specs: dict, vals: dict) -> list[str] | None:
     return None
 
 
+def field_types(spec: routing.RegionSpec, lance_schema: Any, schema: pa.Schema) -> dict[str, pa.DataType]:
+    """Field id -> the Arrow type of the field's values, what a value is recorded as
+    (`state/value_records.py`). An identity field's is its source column's (its value is one of
+    that column's values, and a result type may name a type `result_arrow_type` does not parse,
+    e.g. a timestamp with a time zone); any other field's, the spec's result type (bucket and
+    unsharded: int32)."""
+    try:
+        by_id = routing.source_columns_for(spec, lance_schema)
+    except (ValueError, routing.UnsupportedTransform):
+        by_id = {}
+    out: dict[str, pa.DataType] = {}
+    for f in spec.fields:
+        name = f.params.get("column", "").strip() or (by_id.get(f.source_ids[0]) if f.source_ids else None)
+        if f.transform == routing.IDENTITY and name and name in schema.names:
+            out[f.field_id] = schema.field(name).type
+        else:
+            out[f.field_id] = memwal_index.result_arrow_type(f.result_type)
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Deriving a value from a region's manifest or rows
 
@@ -473,6 +493,6 @@ def unrecorded_owners(loc: TableLocation, state: table.MemWalState, ds, pk: list
 
 
 __all__ = ["SourceKind", "ValueSource", "FieldValues", "NO_FIELDS", "UNKNOWN", "MAX_DERIVE_GENERATIONS",
-           "SnapshotError", "SnapshotNotFound", "region_specs", "spec_field_ids", "derive_region_fields",
+           "SnapshotError", "SnapshotNotFound", "region_specs", "spec_field_ids", "field_types", "derive_region_fields",
            "snapshot_field_values", "recorded_values", "recorded_durably", "pinned_values", "unrecorded_regions",
            "trusted_values", "value_owners", "unrecorded_owners"]

@@ -26,8 +26,10 @@ directory (a table re-created, its versions counted from 1 again) is replaced; o
 lifetime is left alone (the writer is the one behind).
 
 **Format.** The sealed envelope (`state/sealed.py`) around JSON: region, initialization, region
-spec id, source label, the values as an Arrow IPC stream of one row (every type comes back as it
-went in) and as text for people. A record that fails its checksum or does not parse is garbled:
+spec id, source label, the values as an Arrow IPC stream of one row, each field typed as its
+region spec field's values are (`region_values.field_types`: an identity field's source column
+type, else the spec's result type; so every value comes back exactly as it went in), and as text
+for people. A record that fails its checksum or does not parse is garbled:
 never trusted (its region counts as unrecorded), and replaced by the next value the builder
 records for the region.
 """
@@ -81,26 +83,25 @@ def value_text(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, default=str)
 
 
-def _array(v: Any) -> pa.Array:
-    try:
-        return pa.array([v])
-    except OverflowError:  # an unsigned 64-bit value above the signed range
-        return pa.array([v], pa.uint64())
-
-
-def _values_ipc(values: dict[str, Any]) -> str:
-    tbl = pa.table({fid: _array(v) for fid, v in sorted(values.items())})
+def _values_ipc(values: dict[str, Any], types: dict[str, pa.DataType]) -> str:
+    missing = sorted(set(values) - set(types))
+    if missing:
+        raise ValueError(f"no Arrow type for field(s) {', '.join(missing)}")
+    tbl = pa.table({fid: pa.array([v], types[fid]) for fid, v in sorted(values.items())})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, tbl.schema) as w:
         w.write_table(tbl)
     return base64.b64encode(sink.getvalue().to_pybytes()).decode()
 
 
-def encode(rec: ValueRecord) -> bytes:
-    """The bytes of a record. Raises ValueError for values Arrow cannot type."""
+def encode(rec: ValueRecord, types: dict[str, pa.DataType]) -> bytes:
+    """The bytes of a record, each value stored as its field's Arrow type (`types`: field id ->
+    type, `region_values.field_types`; a type guessed from the Python value would lose what it
+    cannot show, e.g. the nanoseconds of a timestamp). Raises ValueError for a value that does not
+    fit its type."""
     try:
-        ipc = _values_ipc(rec.values)
-    except (pa.ArrowException, TypeError, OverflowError) as e:
+        ipc = _values_ipc(rec.values, types)
+    except (pa.ArrowException, TypeError, OverflowError, ValueError) as e:
         raise ValueError(f"region {rec.region_id}: value {value_text(rec.values)} cannot be recorded: {e}") from None
     return sealed.seal({"region_id": rec.region_id, "region_spec_id": rec.spec_id, "source": rec.source,
                         "initialization": {"table_version": rec.init_version, "initialized_at": rec.initialized_at},
@@ -168,14 +169,15 @@ def read(loc: TableLocation, init: Initialization | None, region_ids: Iterable[s
 
 
 def write(loc: TableLocation, init: Initialization, region_id: str, spec_id: int, values: dict[str, Any],
-          source: str) -> bool:
-    """Record a region's trusted value for the lifetime of `init` (known). True when written,
+          source: str, types: dict[str, pa.DataType]) -> bool:
+    """Record a region's trusted value for the lifetime of `init` (known), each field as its
+    Arrow type in `types` (see `encode`). True when written,
     False when this lifetime's record already held it. Raises `ValueConflict` when this lifetime's
     record holds another value; replaces a garbled record and one of an earlier lifetime."""
     if not init.known:
         raise ValueError("no value record without a known MemWAL initialization")
     rec = ValueRecord(region_id, spec_id, dict(values), source, init.table_version, float(init.initialized_at))
-    raw = encode(rec)
+    raw = encode(rec, types)
     key = layout.value_record_key(init.table_version, region_id)
     if loc.store.put_if_absent(key, raw):
         return True

@@ -109,7 +109,8 @@ def _record_values(loc: TableLocation, plan: SnapshotPlan, hints: _Hints, max_wo
     def one(item: tuple[str, int, FieldValues]) -> str | None:
         rid, spec_id, fv = item
         try:
-            value_records.write(loc, init, rid, spec_id, fv.values, fv.source.label or "")
+            value_records.write(loc, init, rid, spec_id, fv.values, fv.source.label or "",
+                                plan.field_types.get(spec_id, {}))
         except value_records.ValueConflict as e:
             log.error("%s", e)
             return str(e)

@@ -27,7 +27,7 @@ from memwal_core.jobs.snapshot.hints import probe_hint
 from memwal_core.options import SnapshotOptions
 from memwal_core.state import lifecycle, memwal_index, region, routing, table, value_records
 from memwal_core.state.region_values import (
-    NO_FIELDS, UNKNOWN, FieldValues, ValueSource, derive_region_fields, pinned_values, region_specs,
+    NO_FIELDS, UNKNOWN, FieldValues, ValueSource, derive_region_fields, field_types, pinned_values, region_specs,
 )
 from memwal_core.state.store import TableLocation
 
@@ -70,6 +70,8 @@ class SnapshotPlan:
     reuse: dict[str, tuple[int, FieldValues]] = field(default_factory=dict, repr=False)
     recorded: dict[str, value_records.ValueRecord] = field(default_factory=dict, repr=False)
     value_conflicts: dict[str, str] = field(default_factory=dict)
+    # Spec id -> field id -> the Arrow type its values are recorded as (`field_types`).
+    field_types: dict[int, dict[str, pa.DataType]] = field(default_factory=dict, repr=False)
 
     def kept(self, failures: dict[str, RegionFailure]) -> dict[str, RegionRow]:
         """The previous rows of the failed regions (a region no longer listed has none)."""
@@ -213,7 +215,8 @@ def plan_snapshot(loc: TableLocation, options: SnapshotOptions | None = None, *,
         hints={rid: r.hint for rid, r in reads.items() if r.hint is not None},
         hint_errors={rid: r.hint_error for rid, r in reads.items() if r.hint_error},
         skipped_dirs=list(listing.skipped), state=state, manifests=loaded.manifests, lifecycle=stale,
-        reuse=reuse, recorded=recorded, value_conflicts={rid: c for rid, c in conflicts.items() if rid in reads})
+        reuse=reuse, recorded=recorded, value_conflicts={rid: c for rid, c in conflicts.items() if rid in reads},
+        field_types={sid: field_types(spec, ds.lance_schema, ds.schema) for sid, spec in specs.items()})
 
 
 def _records(loc: TableLocation, init: lifecycle.Initialization | None, manifests: dict[str, region.RegionManifest],
