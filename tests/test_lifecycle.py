@@ -761,3 +761,43 @@ def test_a_merge_whose_check_cannot_read_the_lifecycle_record_merges_nothing(tab
     os.rmdir(path)
     os.replace(path + ".kept", path)
     assert merge.execute_merge(loc, merge.plan_merge(loc), spark).commits > 0
+
+
+def test_a_lifecycle_record_the_store_fails_to_give_stops_every_job_instead_of_an_unknown_lifetime(table_loc):
+    """Once GC cleaned up the versions around the initialization, only `_memwal/lifecycle.json`
+    knows the lifetime. A store that fails to give it (here the key is a directory) is not "no
+    record": worked out again, the lifetime would be unknown, the region value records would not
+    be read, and the merger would establish the values of regions whose merged generations GC
+    trimmed on the records' word from their next, unchecked, rows. So the merger's and the index
+    builder's plans, GC's pass (which so deletes nothing) and the readers stop with an error
+    naming the file; readable again, all go on with the recorded lifetime."""
+    from support.gc_passes import forget_process, mark_merged
+
+    loc = table_loc
+    w = written_two_buckets(loc, seed=23)
+    mark_merged(loc, w.regions.values())
+    assert snapshot.build_snapshot(loc, inline_threshold=0).external
+    w.write_round(30, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())  # the external snapshot is left behind: the records stand in
+    gc.run_gc(loc, GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                             cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
+    ds = table.open_dataset(loc)
+    assert len(ds.versions()) == 1
+    init = lifecycle.recorded_initialization(loc)
+    assert init.known and init.table_version < ds.version
+    w.write_round(30, puts_per_batch=10)  # pending generations for the merger
+    forget_process()
+    path = os.path.join(loc.store.root, layout.LIFECYCLE_KEY)
+    os.replace(path, path + ".kept")
+    os.mkdir(path)
+    listed = sorted(o.key for o in loc.store.list(layout.MEM_WAL_DIR))
+    for job in (merge.plan_merge, snapshot.plan_snapshot, gc.run_gc, status.table_status, reader.lsm_table):
+        with pytest.raises(lifecycle.LifecycleUnreadable, match=layout.LIFECYCLE_KEY):
+            job(loc)
+    assert sorted(o.key for o in loc.store.list(layout.MEM_WAL_DIR)) == listed  # GC deleted nothing
+    os.rmdir(path)
+    os.replace(path + ".kept", path)
+    plan = merge.plan_merge(loc)
+    assert plan.lifecycle.init == lifecycle.Initialization(init.table_version, init.initialized_at,
+                                                           init.previous_version, ds.version)
+    assert plan.batches and not plan.walls

@@ -69,7 +69,7 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
         init = lifecycle.assess(loc, {}, current_version=ds.version, record=False).init
         values = trusted_values(loc, state, ds, {rid: manifests[rid] for rid in routes}, pk, {},
                                 recorded_values(loc, state, init))
-    except SnapshotError as e:  # recorded values exist but cannot be read
+    except (SnapshotError, lifecycle.LifecycleUnreadable) as e:  # recorded values exist but cannot be read
         report.region_errors.update({rid: f"region {rid}: {e}" for rid in routes})
         return report
     for rid, conf in sorted(routes.items()):
