@@ -26,7 +26,7 @@ from support.helpers import tree
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, lifecycle, region, region_values, table, value_records, wal
+from memwal_core.state import layout, lifecycle, region, region_values, routing, table, value_records, wal
 from memwal_core.state.lifecycle import Initialization
 from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
@@ -688,9 +688,10 @@ def test_the_value_record_stands_in_for_an_external_snapshot_the_next_commit_lef
 
 def test_a_garbled_value_record_is_never_trusted(tmp_path):
     """A record that fails its checksum stands in for nothing: GC keeps that region's merged
-    generations, the merger's read of recorded values refuses (it would otherwise route the
-    region by its pending rows), and the next index build, deriving the value again from those
-    kept generations, replaces the record; then GC collects them."""
+    generations, the merger's read of recorded values gives the region no value and says its
+    record is garbled (the merger walls it rather than route it by its pending rows), and the
+    next index build, deriving the value again from those kept generations, replaces the
+    record; then GC collects them."""
     loc, w, values = _external_snapshot_left_behind(tmp_path, seed=6)
     init = lifecycle.assess_table(loc).lifecycle.init
     bad, good = sorted(values)
@@ -700,8 +701,8 @@ def test_a_garbled_value_record_is_never_trusted(tmp_path):
     loc.store.put(key, bytes(raw))
     assert set(value_records.read(loc, init).garbled) == {bad}
     state = table.read_memwal_state(loc)
-    with pytest.raises(snapshot.SnapshotError, match=bad):
-        snapshot.recorded_values(loc, state, init)
+    got = region_values.read_recorded(loc, state, init)
+    assert set(got.garbled) == {bad} and key in got.garbled[bad] and got.values == {good: values[good]}
     listed = len(region.load_latest(loc.store, bad).generations)
     res = gc.run_gc(loc, FAST)
     assert [(h.reason, h.regions) for h in res.holds] == [("value_unrecorded", 1)]
@@ -713,6 +714,59 @@ def test_a_garbled_value_record_is_never_trusted(tmp_path):
     assert snapshot.recorded_values(loc, table.read_memwal_state(loc), init) == values
     res = gc.run_gc(loc, FAST)
     assert res.counts()["generation"] == state.merged[bad] and not res.holds
+
+
+def _ownership(loc, regions):
+    """The merger's routing authority for a run planned over `regions` (what `execute_merge` starts with)."""
+    from memwal_core.jobs.merge.owners import ownership_for_run
+
+    ds = table.open_dataset(loc)
+    state = table.read_memwal_state(loc, ds.version)
+    lc = lifecycle.assess(loc, {}, current_version=ds.version, record=False)
+    manifests = {rid: region.load_latest(loc.store, rid) for rid in regions}
+    own, failures = ownership_for_run(loc, state, ds, ["id"], manifests, state.merged, {}, lc)
+    return own, {f.region_id: f for f in failures}
+
+
+def test_a_garbled_value_record_stops_its_own_region_only(tmp_path):
+    """GC trimmed both regions' merged generations on their records' word, then one record goes
+    bad: nothing repairs it (the next build derives only a provisional value, which is not
+    recorded). The merger walls that region (permanent, naming the file and the repair) and
+    merges the other by its recorded value; a garbled record of a region the table no longer
+    has stops nothing; a region that would establish its value waits while the garbled one's
+    value is unknown; once the operator deletes the record, both establish as before records."""
+    loc, w, values = _external_snapshot_left_behind(tmp_path, seed=8)
+    res = gc.run_gc(loc, FAST)
+    assert not res.holds and res.counts()["generation"] == sum(table.read_memwal_state(loc).merged.values())
+    init = lifecycle.assess_table(loc).lifecycle.init
+    bad, good = sorted(values)
+    key = layout.value_record_key(init.table_version, bad)
+    raw = bytearray(loc.store.get(key))
+    raw[raw.index(b"region_spec_id") + 18] ^= 1
+    loc.store.put(key, bytes(raw))
+    w.write_round(40, puts_per_batch=10)  # pending generations in both regions
+
+    own, failures = _ownership(loc, values)
+    assert set(failures) == {bad} and failures[bad].permanent
+    assert key in failures[bad].reason and "delete" in failures[bad].reason
+    assert own.own[good] == routing.value_key([values[good]["bucket"]]) and bad not in own.own
+
+    ghost = str(uuid.UUID(int=0xDEAD, version=4))  # no such region
+    loc.store.put(layout.value_record_key(init.table_version, ghost), b"garbage")
+    assert set(_ownership(loc, values)[1]) == {bad}
+
+    loc.store.delete_many([layout.value_record_key(init.table_version, good)])  # good would establish now
+    own, failures = _ownership(loc, values)
+    assert set(failures) == {bad, good} and failures[bad].permanent and not failures[good].permanent
+    assert bad in failures[good].reason and "unknown" in failures[good].reason
+    res = snapshot.build_snapshot(loc, inline_threshold=0)  # nothing durable to rewrite the record from
+    assert {res.region_field_sources[rid].split(":")[0] for rid in values} == {"provisional"}
+    assert set(value_records.read(loc, init, values).garbled) == {bad}
+    assert set(_ownership(loc, values)[1]) == {bad, good}
+
+    loc.store.delete_many([key])  # the operator's repair: the value is lost, the next rows establish it
+    own, failures = _ownership(loc, values)
+    assert failures == {} and own.own == {}
 
 
 def test_no_value_record_is_used_while_the_initialization_is_unknown(tmp_path):

@@ -46,11 +46,13 @@ from before the MemWAL initialization, `state/lifecycle.py`). A region with none
 establishes its value in the merger from its first routed generation (unanimous, not owned by
 another region).
 
-**Unreadable index or record.** `recorded_values` raises `SnapshotError` when an index exists but
-cannot be read, and when the durable record of a region the snapshot does not record is garbled
-or cannot be read: "nothing recorded" would silently weaken the merger's check. GC, which only
-needs to know what to *keep*, treats either as recording nothing (`unrecorded_regions`) and
-keeps more.
+**Unreadable index or record.** `read_recorded` raises `SnapshotError` when an index exists but
+cannot be read, and when the durable records cannot be listed or read (a store error): "nothing
+recorded" would silently weaken the merger's check. A *garbled* record concerns its own region
+only: `read_recorded` returns it apart (`RecordedValues.garbled`), and the merger walls that
+region when nothing else gives its value, and holds back only the regions that would establish a
+value while it is unknown (`jobs/merge/owners.py`); the others merge. GC, which only needs to
+know what to *keep*, treats either as recording nothing (`unrecorded_regions`) and keeps more.
 """
 
 from __future__ import annotations
@@ -321,36 +323,71 @@ def snapshot_field_values(tbl: pa.Table, *, authoritative: bool = False) -> dict
     return out
 
 
-def recorded_values(loc: TableLocation, state: table.MemWalState,
-                    init: lifecycle.Initialization | None = None) -> dict[str, dict[str, Any]]:
+@dataclass
+class RecordedValues:
+    """The trusted values recorded for a table's regions (region -> {field id: value}), and the
+    regions whose value was recorded durably but cannot be read: their record is garbled
+    (region -> its key and why). Such a region's value is unknown, not absent."""
+
+    values: dict[str, dict[str, Any]]
+    garbled: dict[str, str]
+
+
+def current_regions(loc: TableLocation, manifests: dict[str, region.RegionManifest] | None = None
+                    ) -> dict[str, int | None]:
+    """Region -> its region spec id (None: its manifest cannot be read), for every region the
+    table lists: the regions whose records matter (a record of a region gone stands for
+    nothing). `manifests`: those already loaded."""
+    manifests = manifests or {}
+    listed = region.list_regions(loc.store).region_ids
+    loaded = region.load_many(loc.store, [rid for rid in listed if rid not in manifests]).manifests
+    loaded.update(manifests)
+    return {rid: (loaded[rid].message.region_spec_id if rid in loaded else None) for rid in listed}
+
+
+def read_recorded(loc: TableLocation, state: table.MemWalState, init: lifecycle.Initialization | None = None,
+                  regions: dict[str, int | None] | None = None) -> RecordedValues:
     """Trusted region values recorded in the MemWAL index of `state` ({} when none was built yet),
     and for the regions it does not record so, in the durable records of the lifetime of `init`
     (none when `init` is None or unknown). The snapshot's value comes first: the index builder
     copies a recorded value into it, so the two only differ when another builder wrote the index.
 
-    Raises `SnapshotError` when an index snapshot exists but cannot be read, and when a record
-    that would stand in for it is garbled or cannot be read: "nothing recorded" would silently
-    weaken every routing check that relies on the recorded values."""
+    Records are read for `regions` only (region -> the spec id its manifest names, None: not
+    known; None: every region the table lists, `current_regions`), and a record counts only for
+    that spec (for any spec of the index when it is not known). A garbled record is returned in
+    `garbled`, never raised: it concerns its own region only, and the caller stops that region
+    (and what cannot be checked without its value), not the others.
+
+    Raises `SnapshotError` when an index snapshot exists but cannot be read, and when the records
+    (or the regions) cannot be listed or read: "nothing recorded" would silently weaken every
+    routing check that relies on the recorded values."""
     try:
         out = snapshot_field_values(memwal_index.read_snapshot(loc, state), authoritative=True)
     except SnapshotNotFound:
         out = {}
     if init is None or not init.known:
-        return out
+        return RecordedValues(out, {})
+    specs = region_specs(state)
     try:
-        records = value_records.read(loc, init, skip=out)
+        regions = current_regions(loc) if regions is None else regions
+        records = value_records.read(loc, init, regions, skip=out)
     except Exception as e:  # noqa: BLE001 - the store: recorded values exist or not, unknown
         raise SnapshotError(f"table {loc.lance_uri}: the region value records ({layout.VALUE_RECORDS_DIR}) "
                             f"cannot be read: {one_line(e)}") from None
-    if records.garbled:
-        rid, why = sorted(records.garbled.items())[0]
-        raise SnapshotError(f"table {loc.lance_uri}: the value record of region {rid} (of "
-                            f"{len(records.garbled)} garbled) cannot be used ({why}) and the MemWAL index does not "
-                            "record its value; the next index build records it again from a merged generation or "
-                            f"the snapshot, else delete {layout.value_record_key(init.table_version, rid)} by hand")
-    specs = region_specs(state)
-    out.update({rid: dict(rec.values) for rid, rec in records.values.items() if rec.spec_id in specs and rec.values})
-    return out
+    garbled = {rid: f"{layout.value_record_key(init.table_version, rid)}: {why}"
+               for rid, why in records.garbled.items()}
+    for rid, rec in records.values.items():
+        want = regions.get(rid)
+        if rec.values and (rec.spec_id == want if want is not None else rec.spec_id in specs):
+            out[rid] = dict(rec.values)
+    return RecordedValues(out, garbled)
+
+
+def recorded_values(loc: TableLocation, state: table.MemWalState,
+                    init: lifecycle.Initialization | None = None) -> dict[str, dict[str, Any]]:
+    """`read_recorded(...).values`, for the current regions: what readers (checks, status)
+    compare rows with. A garbled record gives its region no value (logged by the read)."""
+    return read_recorded(loc, state, init).values
 
 
 def recorded_durably(loc: TableLocation, init: lifecycle.Initialization | None,
@@ -493,6 +530,7 @@ def unrecorded_owners(loc: TableLocation, state: table.MemWalState, ds, pk: list
 
 
 __all__ = ["SourceKind", "ValueSource", "FieldValues", "NO_FIELDS", "UNKNOWN", "MAX_DERIVE_GENERATIONS",
-           "SnapshotError", "SnapshotNotFound", "region_specs", "spec_field_ids", "field_types", "derive_region_fields",
-           "snapshot_field_values", "recorded_values", "recorded_durably", "pinned_values", "unrecorded_regions",
-           "trusted_values", "value_owners", "unrecorded_owners"]
+           "SnapshotError", "SnapshotNotFound", "region_specs", "spec_field_ids", "field_types",
+           "derive_region_fields", "snapshot_field_values", "RecordedValues", "current_regions", "read_recorded",
+           "recorded_values", "recorded_durably", "pinned_values", "unrecorded_regions", "trusted_values",
+           "value_owners", "unrecorded_owners"]

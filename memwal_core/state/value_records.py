@@ -29,9 +29,12 @@ lifetime is left alone (the writer is the one behind).
 spec id, source label, the values as an Arrow IPC stream of one row, each field typed as its
 region spec field's values are (`region_values.field_types`: an identity field's source column
 type, else the spec's result type; so every value comes back exactly as it went in), and as text
-for people. A record that fails its checksum or does not parse is garbled:
-never trusted (its region counts as unrecorded), and replaced by the next value the builder
-records for the region.
+for people. A record that fails its checksum or does not parse is garbled: never trusted (its
+region counts as unrecorded for GC, and the merger walls the region when nothing else gives its
+value), and replaced by the next *durable* value the builder reads for the region (a merged
+generation still listed, the region manifest's entries). After GC trimmed the merged generations
+on the record's word there may be none: the value is lost, and only the operator deleting the
+record by hand lets the region go on (its next generation then establishes the value).
 """
 
 from __future__ import annotations

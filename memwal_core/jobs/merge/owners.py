@@ -14,7 +14,9 @@ from memwal_core.failures import RegionFailure
 from memwal_core.spark import tasks as sparkpath
 from memwal_core.state import lifecycle, region, routing
 from memwal_core.state.memwal_index import SnapshotError
-from memwal_core.state.region_values import recorded_values, trusted_values, unrecorded_owners, value_owners
+from memwal_core.state.region_values import (
+    current_regions, read_recorded, trusted_values, unrecorded_owners, value_owners,
+)
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import MemWalState
 
@@ -65,8 +67,11 @@ def ownership_for_run(loc: TableLocation, state: MemWalState, ds, pk: list[str],
                       expected_values: dict[str, dict], stale: lifecycle.Lifecycle | None
                       ) -> tuple[RegionOwnership, list[RegionFailure]]:
     """The run's ownership for the planned regions (`manifests`: as loaded now), and the regions
-    that cannot be merged without what could not be read (the MemWAL snapshot or the durable
-    records of region values: every routed region without an expected value stops for this run)."""
+    that cannot be merged without what could not be read: every routed region without an
+    expected value when the MemWAL snapshot or the value records cannot be read (this run); a
+    routed region whose value record is garbled and that nothing else gives a value (a wall
+    until the record is repaired, `garbled_wall`); and, while such a region's value is unknown,
+    the routed regions that would establish their value (it cannot be checked against it)."""
     specs = {s.spec_id: s for s in state.details.region_specs}
     out = RegionOwnership(routes={rid: routing_check(m, specs, ds.lance_schema) for rid, m in manifests.items()})
     failures: list[RegionFailure] = []
@@ -74,11 +79,26 @@ def ownership_for_run(loc: TableLocation, state: MemWalState, ds, pk: list[str],
     try:
         # Read once: values and other regions' owners (the snapshot, and the durable records of the
         # lifetime the plan read, for what the snapshot does not record).
-        recorded = recorded_values(loc, state, stale.init if stale else None)
-        values = trusted_values(loc, state, ds, routed, pk, expected_values, recorded, stale)
-        out.owners = value_owners(recorded, specs, values)
+        recorded = read_recorded(loc, state, stale.init if stale else None, current_regions(loc, manifests))
+        values = trusted_values(loc, state, ds, routed, pk, expected_values, recorded.values, stale)
+        out.owners = value_owners(recorded.values, specs, values)
+        unknown = {rid: why for rid, why in recorded.garbled.items() if rid not in values}
         if any(rid not in values for rid in routed):  # a region will establish its value: against every owner
-            out.owners.update(unrecorded_owners(loc, state, ds, pk, specs, recorded, routed, stale))
+            others = unrecorded_owners(loc, state, ds, pk, specs, recorded.values, routed, stale)
+            out.owners.update(others)
+            unknown = {rid: why for rid, why in unknown.items() if rid not in set(others.values())}
+        for rid in sorted(routed):
+            if rid in values:
+                continue
+            at = merged.get(rid, 0) + 1
+            if rid in unknown:
+                failures.append(garbled_wall(rid, at, unknown[rid]))
+            elif unknown:
+                failures.append(RegionFailure(
+                    rid, at, f"region {rid}: its value would be established from its rows from generation {at} "
+                    f"on, but the value of region(s) {', '.join(sorted(unknown))} is unknown (garbled value "
+                    "record), so no check can tell that they do not own it; waits until their record is "
+                    "repaired", permanent=False))
     except SnapshotError as e:  # recorded values exist but cannot be read: nothing to check by
         failures = [RegionFailure(rid, merged.get(rid, 0) + 1, f"region {rid}: the recorded region values "
                                   f"are unreadable ({e}); not merging routed regions without them",
@@ -90,3 +110,17 @@ def ownership_for_run(loc: TableLocation, state: MemWalState, ds, pk: list[str],
             out.own[rid] = sparkpath.value_key([values[rid].get(f) for f in check.field_ids])
     out.owners.update({v: rid for rid, v in out.own.items()})
     return out, failures
+
+
+def garbled_wall(rid: str, generation: int, why: str) -> RegionFailure:
+    """The wall of a routed region whose value record is garbled and that nothing else gives a
+    value (no inline snapshot records it, no merged generation is left: GC trimmed them on the
+    record's word). Its next rows must not vouch for themselves; it stands until the record is
+    repaired (a wall is looked at again every run)."""
+    key = why.split(":", 1)[0]
+    return RegionFailure(rid, generation, f"region {rid}: its value record is garbled ({why}) and nothing else "
+                         "gives its value, so its rows cannot be checked; not merged. Repair: the index builder "
+                         "rewrites the record when it reads the value from a durable source (a merged generation "
+                         "still listed, the region manifest's entries); if none is left, the value is lost: "
+                         f"delete {key} by hand, and the merger establishes the value from the region's next "
+                         "generation (unanimous, not owned by another region)", permanent=True)
