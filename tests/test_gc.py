@@ -769,6 +769,33 @@ def test_a_garbled_value_record_stops_its_own_region_only(tmp_path):
     assert failures == {} and own.own == {}
 
 
+def test_a_lost_lifetime_walls_the_regions_whose_value_only_a_record_held(tmp_path):
+    """GC trimmed the merged generations on the value records' word, then `_memwal/lifecycle.json`
+    is garbled and the versions around the initialization are cleaned up: the lifetime is
+    unknown, so no record can be matched to it, and nothing else gives the regions' values. The
+    merger does not establish them from their next rows (which would vouch for themselves): it
+    walls each such region, saying why and what the operator can do. A table without any value
+    record behaves as before records existed: its regions establish their values."""
+    from support.gc_passes import forget_process
+
+    loc, w, values = _external_snapshot_left_behind(tmp_path, seed=9)
+    res = gc.run_gc(loc, FAST)
+    assert not res.holds and len(table.open_dataset(loc).versions()) == 1
+    loc.store.put(layout.LIFECYCLE_KEY, b"{garbled")
+    forget_process()
+    assert not lifecycle.assess_table(loc, record=False).lifecycle.init.known
+    w.write_round(40, puts_per_batch=10)  # pending generations in both regions
+    own, failures = _ownership(loc, values)
+    assert set(failures) == set(values) and all(f.permanent for f in failures.values())
+    for f in failures.values():
+        assert "unknown" in f.reason and layout.LIFECYCLE_KEY in f.reason and layout.VALUE_RECORDS_DIR in f.reason
+    assert own.own == {}
+
+    shutil.rmtree(os.path.join(loc.lance_uri, layout.VALUE_RECORDS_DIR))  # no record at all: as before them
+    own, failures = _ownership(loc, values)
+    assert failures == {} and own.own == {}
+
+
 def test_no_value_record_is_used_while_the_initialization_is_unknown(tmp_path):
     """A table whose MemWAL initialization lies before its retained history (its versions
     cleaned up, no lifecycle record) cannot tell its lifetime from an earlier one: no record is

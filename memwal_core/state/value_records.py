@@ -171,6 +171,13 @@ def read(loc: TableLocation, init: Initialization | None, region_ids: Iterable[s
     return out
 
 
+def any_recorded(loc: TableLocation) -> bool:
+    """Whether the table holds a value record of any lifetime (one listing, stopped at the first
+    object): a table with records whose lifetime became unknown may have had merged generations
+    trimmed on their word. Raises `StoreError` when it cannot be listed."""
+    return next(iter(loc.store.list(layout.VALUE_RECORDS_DIR)), None) is not None
+
+
 def write(loc: TableLocation, init: Initialization, region_id: str, spec_id: int, values: dict[str, Any],
           source: str, types: dict[str, pa.DataType]) -> bool:
     """Record a region's trusted value for the lifetime of `init` (known), each field as its
@@ -219,4 +226,5 @@ def _put_if_absent(loc: TableLocation, key: str, raw: bytes, rec: ValueRecord, i
                         f"{value_text(theirs.values)}; not overwritten")
 
 
-__all__ = ["FORMAT", "ValueConflict", "ValueRecord", "Records", "value_text", "encode", "decode", "read", "write"]
+__all__ = ["FORMAT", "ValueConflict", "ValueRecord", "Records", "value_text", "encode", "decode", "read", "any_recorded",
+           "write"]

@@ -3,16 +3,21 @@
 Built once per run from authoritative state (`state/region_values.py`: expected values, the
 MemWAL snapshot and the durable value records, merged generations), then grown only by
 `establish`: a region with no authoritative value adopts its first routed generation's
-(unanimous) value, unless another region owns it.
+(unanimous) value, unless another region owns it. Never when that value may have been recorded
+and lost: a region whose value record is garbled, or one with merge progress while the MemWAL
+lifetime is unknown and value records exist (GC may have trimmed its merged generations on a
+record's word), is walled instead, and no region establishes a value while a garbled region's
+is unknown.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.spark import tasks as sparkpath
-from memwal_core.state import lifecycle, region, routing
+from memwal_core.state import layout, lifecycle, region, routing, value_records
 from memwal_core.state.memwal_index import SnapshotError
 from memwal_core.state.region_values import (
     current_regions, read_recorded, trusted_values, unrecorded_owners, value_owners,
@@ -70,8 +75,10 @@ def ownership_for_run(loc: TableLocation, state: MemWalState, ds, pk: list[str],
     that cannot be merged without what could not be read: every routed region without an
     expected value when the MemWAL snapshot or the value records cannot be read (this run); a
     routed region whose value record is garbled and that nothing else gives a value (a wall
-    until the record is repaired, `garbled_wall`); and, while such a region's value is unknown,
-    the routed regions that would establish their value (it cannot be checked against it)."""
+    until the record is repaired, `garbled_wall`); a routed region with merge progress that
+    nothing gives a value while the MemWAL lifetime is unknown and value records exist
+    (`lifetime_wall`); and, while a garbled region's value is unknown, the routed regions that
+    would establish their value (it cannot be checked against it)."""
     specs = {s.spec_id: s for s in state.details.region_specs}
     out = RegionOwnership(routes={rid: routing_check(m, specs, ds.lance_schema) for rid, m in manifests.items()})
     failures: list[RegionFailure] = []
@@ -87,12 +94,15 @@ def ownership_for_run(loc: TableLocation, state: MemWalState, ds, pk: list[str],
             others = unrecorded_owners(loc, state, ds, pk, specs, recorded.values, routed, stale)
             out.owners.update(others)
             unknown = {rid: why for rid, why in unknown.items() if rid not in set(others.values())}
+        lost = _lifetime_lost(loc, stale, [rid for rid in routed if rid not in values])
         for rid in sorted(routed):
             if rid in values:
                 continue
             at = merged.get(rid, 0) + 1
             if rid in unknown:
                 failures.append(garbled_wall(rid, at, unknown[rid]))
+            elif lost and state.merged.get(rid, 0) > 0:
+                failures.append(lifetime_wall(rid, at))
             elif unknown:
                 failures.append(RegionFailure(
                     rid, at, f"region {rid}: its value would be established from its rows from generation {at} "
@@ -124,3 +134,33 @@ def garbled_wall(rid: str, generation: int, why: str) -> RegionFailure:
                          "still listed, the region manifest's entries); if none is left, the value is lost: "
                          f"delete {key} by hand, and the merger establishes the value from the region's next "
                          "generation (unanimous, not owned by another region)", permanent=True)
+
+
+def _lifetime_lost(loc: TableLocation, stale: lifecycle.Lifecycle | None, establishing: list[str]) -> bool:
+    """Whether regions about to establish their value may have had their merged generations
+    trimmed on the word of a value record that cannot be matched now: the MemWAL lifetime is
+    unknown (`_memwal/lifecycle.json` lost or garbled, the versions around the initialization
+    cleaned up) and the table holds value records of some lifetime. A table without records
+    (one from before them, or with inline snapshots only) is never affected."""
+    init = stale.init if stale is not None else None
+    if not establishing or (init is not None and init.known):
+        return False
+    try:
+        return value_records.any_recorded(loc)
+    except Exception as e:  # noqa: BLE001 - cannot tell: as unreadable recorded values
+        raise SnapshotError(f"the region value records ({layout.VALUE_RECORDS_DIR}) cannot be listed: "
+                            f"{one_line(e)}") from None
+
+
+def lifetime_wall(rid: str, generation: int) -> RegionFailure:
+    """The wall of a routed region with merge progress and no trusted value while the lifetime
+    is unknown and value records exist (`_lifetime_lost`): GC may have trimmed its merged
+    generations on a record's word, so its next rows must not vouch for themselves."""
+    return RegionFailure(
+        rid, generation, f"region {rid}: the MemWAL lifetime is unknown ({layout.LIFECYCLE_KEY} is missing or "
+        "garbled and the table versions that would show the initialization were cleaned up), so the value records "
+        f"under {layout.VALUE_RECORDS_DIR}/ cannot be matched to it, and nothing else gives the region's value "
+        f"(no snapshot records it, its merged generations are collected): its value is not established from "
+        f"generation {generation}'s rows; not merged. Repair: restore {layout.LIFECYCLE_KEY} from a copy; or, "
+        "knowing the region's value, merge with it given (execute_merge(expected_values=...)); or, if the records "
+        f"belong to an earlier lifetime only, delete {layout.VALUE_RECORDS_DIR}/ by hand", permanent=True)
