@@ -226,5 +226,5 @@ def _put_if_absent(loc: TableLocation, key: str, raw: bytes, rec: ValueRecord, i
                         f"{value_text(theirs.values)}; not overwritten")
 
 
-__all__ = ["FORMAT", "ValueConflict", "ValueRecord", "Records", "value_text", "encode", "decode", "read", "any_recorded",
-           "write"]
+__all__ = ["FORMAT", "ValueConflict", "ValueRecord", "Records", "value_text", "encode", "decode", "read",
+           "any_recorded", "write"]
