@@ -223,9 +223,11 @@ class MergeOptions(_Checked):
 @dataclass(frozen=True)
 class SnapshotOptions(_Checked):
     """MemWAL index snapshots: up to `inline_threshold` regions inline (carried in every table
-    manifest), else an index file. GC collects a sharded region's merged generations only once
-    an inline snapshot records its value: pylance leaves an index file behind at the next commit
-    that changes the MemWAL index (`region_values.unrecorded_regions`)."""
+    manifest), else an index file. pylance leaves an index file behind at the next commit that
+    changes the MemWAL index, so the builder also records each value that never changes under
+    `_memwal/region_values/` before committing (`state/value_records.py`); GC collects a sharded
+    region's merged generations once an inline snapshot or that record holds its value, whatever
+    the threshold (`region_values.unrecorded_regions`)."""
 
     inline_threshold: int = field(default=100, metadata=_min(0))
 

@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from dataclasses import replace
+from datetime import timedelta
 
 import lance
 import pyarrow as pa
@@ -25,7 +26,8 @@ from support.helpers import tree
 from memwal_core.jobs import catchup, gc, merge, snapshot
 from memwal_core.observe import reader
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, region, table, wal
+from memwal_core.state import layout, lifecycle, region, region_values, routing, table, value_records, wal
+from memwal_core.state.lifecycle import Initialization
 from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
@@ -620,35 +622,207 @@ def test_gc_on_s3(s3_table_loc, spark):
     assert lsm_rows(loc) == w.expected()
 
 
-def test_an_external_snapshot_never_stands_in_for_the_merged_generations(tmp_path):
-    """pylance gives the MemWAL index a new uuid, without the external snapshot file the old one
-    had, at the next commit that changes the index (a merge, an index catch-up, a new index):
-    the region values that file recorded are gone for the merger from then on. So GC keeps a
-    sharded region's merged generations unless an inline snapshot records its value. Found by
-    the harness soak: GC planned while an external snapshot was readable, an index catch-up
-    committed meanwhile, and the merged generations went with nothing left recording the values."""
+def _external_snapshot_left_behind(tmp_path, seed: int = 5):
+    """A bucketed table whose region values an external snapshot recorded, then a merge commit
+    that left the snapshot file behind (pylance gives the MemWAL index a new uuid without it).
+    Merge progress is committed without rows (`mark_merged`): what GC keeps is checked, not reads."""
     from support.gc_passes import mark_merged
 
     loc = open_store(str(tmp_path / "t"))
     demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=20)
-    w = demo.Workload(loc, seed=5, key_space=200, max_memtable_rows=30)
+    w = demo.Workload(loc, seed=seed, key_space=200, max_memtable_rows=30)
     w.write_round(80, overwrite=0.3, puts_per_batch=10)
     mark_merged(loc, w.regions.values())
-    merged = table.read_memwal_state(loc).merged
-    snapshot.build_snapshot(loc, inline_threshold=0)
-    assert set(snapshot.recorded_values(loc, table.read_memwal_state(loc))) == set(merged)  # readable now
-    listed = {rid: len(region.load_latest(loc.store, rid).generations) for rid in merged}
+    assert snapshot.build_snapshot(loc, inline_threshold=0).external
+    values = snapshot.recorded_values(loc, table.read_memwal_state(loc))  # the external file, readable now
+    assert set(values) == set(w.regions.values())
+    w.write_round(40, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())  # the next commit that changes the MemWAL index
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == {}  # the snapshot alone: gone
+    return loc, w, values
+
+
+def test_the_value_record_stands_in_for_an_external_snapshot_the_next_commit_left_behind(tmp_path):
+    """pylance gives the MemWAL index a new uuid, without the external snapshot file the old one
+    had, at the next commit that changes the index (a merge, an index catch-up, a new index).
+    The index builder wrote each value it published to the lifetime's record under `_memwal/`
+    first, so GC collects the merged generations all the same, and the merger and the next
+    build still read the values (nothing is left to derive them from). Without the record the
+    external snapshot never stands in: GC keeps the generations (found by the harness soak: GC
+    planned while an external snapshot was readable, an index catch-up committed meanwhile)."""
+    from support.gc_passes import mark_merged
+
+    loc, w, values = _external_snapshot_left_behind(tmp_path)
+    init = lifecycle.assess_table(loc).lifecycle.init
+    assert init.known
+    records = value_records.read(loc, init)
+    assert not records.garbled and {rid: r.values for rid, r in records.values.items()} == values
+    assert all(r.source.startswith("derived:gen_") for r in records.values.values())
+    state = table.read_memwal_state(loc)
+    assert snapshot.recorded_values(loc, state, init) == values
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == sum(state.merged.values()) and not res.holds
+    assert not any(g.generation <= state.merged[rid] for rid in values
+                   for g in region.load_latest(loc.store, rid).generations)
+    # What the merger routes by: the recorded values, though no merged generation is left.
+    ds = table.open_dataset(loc)
+    view = lifecycle.assess_table(loc)
+    manifests = {rid: view.reads.manifests[rid] for rid in values}
+    assert region_values.trusted_values(loc, view.state, ds, manifests, table.primary_key(ds), {},
+                                        stale=view.lifecycle) == values
+    res = snapshot.build_snapshot(loc, inline_threshold=0)  # reuses the records
+    assert {rid: res.region_field_sources[rid] for rid in values} == \
+        {rid: r.source for rid, r in records.values.items()}
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == values
+
+    # Without the records, the external snapshot alone is left behind again and counts for nothing.
+    shutil.rmtree(os.path.join(loc.lance_uri, layout.VALUE_RECORDS_DIR))
+    w.write_round(40, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc), init) == {}
+    listed = {rid: len(region.load_latest(loc.store, rid).generations) for rid in values}
     res = gc.run_gc(loc, FAST)
     assert res.counts()["generation"] == 0 and [h.reason for h in res.holds] == ["value_unrecorded"]
-    w.write_round(40, puts_per_batch=10)
-    mark_merged(loc, w.regions.values())  # the next merge commit: the file is left behind
-    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == {}
-    assert all(len(region.load_latest(loc.store, rid).generations) >= n for rid, n in listed.items())
-    snapshot.build_snapshot(loc)  # inline: Lance carries it over every later commit
-    mark_merged(loc, w.regions.values())
-    assert set(snapshot.recorded_values(loc, table.read_memwal_state(loc))) == set(merged)
+    assert {rid: len(region.load_latest(loc.store, rid).generations) for rid in values} == listed
+
+
+def test_a_garbled_value_record_is_never_trusted(tmp_path):
+    """A record that fails its checksum stands in for nothing: GC keeps that region's merged
+    generations, the merger's read of recorded values gives the region no value and says its
+    record is garbled (the merger walls it rather than route it by its pending rows), and the
+    next index build, deriving the value again from those kept generations, replaces the
+    record; then GC collects them."""
+    loc, w, values = _external_snapshot_left_behind(tmp_path, seed=6)
+    init = lifecycle.assess_table(loc).lifecycle.init
+    bad, good = sorted(values)
+    key = layout.value_record_key(init.table_version, bad)
+    raw = bytearray(loc.store.get(key))
+    raw[raw.index(b"region_spec_id") + 18] ^= 1  # one byte of the body: the checksum no longer matches
+    loc.store.put(key, bytes(raw))
+    assert set(value_records.read(loc, init).garbled) == {bad}
+    state = table.read_memwal_state(loc)
+    got = region_values.read_recorded(loc, state, init)
+    assert set(got.garbled) == {bad} and key in got.garbled[bad] and got.values == {good: values[good]}
+    listed = len(region.load_latest(loc.store, bad).generations)
     res = gc.run_gc(loc, FAST)
-    assert res.counts()["generation"] == sum(table.read_memwal_state(loc).merged.values()) and not res.holds
+    assert [(h.reason, h.regions) for h in res.holds] == [("value_unrecorded", 1)]
+    assert res.counts()["generation"] == state.merged[good]
+    assert len(region.load_latest(loc.store, bad).generations) == listed
+    res = snapshot.build_snapshot(loc, inline_threshold=0)
+    assert res.region_field_sources[bad].startswith("derived:gen_") and not res.region_errors
+    assert value_records.read(loc, init).values[bad].values == values[bad]
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc), init) == values
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == state.merged[bad] and not res.holds
+
+
+def _ownership(loc, regions):
+    """The merger's routing authority for a run planned over `regions` (what `execute_merge` starts with)."""
+    from memwal_core.jobs.merge.owners import ownership_for_run
+
+    ds = table.open_dataset(loc)
+    state = table.read_memwal_state(loc, ds.version)
+    lc = lifecycle.assess(loc, {}, current_version=ds.version, record=False)
+    manifests = {rid: region.load_latest(loc.store, rid) for rid in regions}
+    own, failures = ownership_for_run(loc, state, ds, ["id"], manifests, state.merged, {}, lc)
+    return own, {f.region_id: f for f in failures}
+
+
+def test_a_garbled_value_record_stops_its_own_region_only(tmp_path):
+    """GC trimmed both regions' merged generations on their records' word, then one record goes
+    bad: nothing repairs it (the next build derives only a provisional value, which is not
+    recorded). The merger walls that region (permanent, naming the file and the repair) and
+    merges the other by its recorded value; a garbled record of a region the table no longer
+    has stops nothing; a region that would establish its value waits while the garbled one's
+    value is unknown; once the operator deletes the record, both establish as before records."""
+    loc, w, values = _external_snapshot_left_behind(tmp_path, seed=8)
+    res = gc.run_gc(loc, FAST)
+    assert not res.holds and res.counts()["generation"] == sum(table.read_memwal_state(loc).merged.values())
+    init = lifecycle.assess_table(loc).lifecycle.init
+    bad, good = sorted(values)
+    key = layout.value_record_key(init.table_version, bad)
+    raw = bytearray(loc.store.get(key))
+    raw[raw.index(b"region_spec_id") + 18] ^= 1
+    loc.store.put(key, bytes(raw))
+    w.write_round(40, puts_per_batch=10)  # pending generations in both regions
+
+    own, failures = _ownership(loc, values)
+    assert set(failures) == {bad} and failures[bad].permanent
+    assert key in failures[bad].reason and "delete" in failures[bad].reason
+    assert own.own[good] == routing.value_key([values[good]["bucket"]]) and bad not in own.own
+
+    ghost = str(uuid.UUID(int=0xDEAD, version=4))  # no such region
+    loc.store.put(layout.value_record_key(init.table_version, ghost), b"garbage")
+    assert set(_ownership(loc, values)[1]) == {bad}
+
+    loc.store.delete_many([layout.value_record_key(init.table_version, good)])  # good would establish now
+    own, failures = _ownership(loc, values)
+    assert set(failures) == {bad, good} and failures[bad].permanent and not failures[good].permanent
+    assert bad in failures[good].reason and "unknown" in failures[good].reason
+    res = snapshot.build_snapshot(loc, inline_threshold=0)  # nothing durable to rewrite the record from
+    assert {res.region_field_sources[rid].split(":")[0] for rid in values} == {"provisional"}
+    assert set(value_records.read(loc, init, values).garbled) == {bad}
+    assert set(_ownership(loc, values)[1]) == {bad, good}
+
+    loc.store.delete_many([key])  # the operator's repair: the value is lost, the next rows establish it
+    own, failures = _ownership(loc, values)
+    assert failures == {} and own.own == {}
+
+
+def test_a_lost_lifetime_walls_the_regions_whose_value_only_a_record_held(tmp_path):
+    """GC trimmed the merged generations on the value records' word, then `_memwal/lifecycle.json`
+    is garbled and the versions around the initialization are cleaned up: the lifetime is
+    unknown, so no record can be matched to it, and nothing else gives the regions' values. The
+    merger does not establish them from their next rows (which would vouch for themselves): it
+    walls each such region, saying why and what the operator can do. A table without any value
+    record behaves as before records existed: its regions establish their values."""
+    from support.gc_passes import forget_process
+
+    loc, w, values = _external_snapshot_left_behind(tmp_path, seed=9)
+    res = gc.run_gc(loc, FAST)
+    assert not res.holds and len(table.open_dataset(loc).versions()) == 1
+    loc.store.put(layout.LIFECYCLE_KEY, b"{garbled")
+    forget_process()
+    assert not lifecycle.assess_table(loc, record=False).lifecycle.init.known
+    w.write_round(40, puts_per_batch=10)  # pending generations in both regions
+    own, failures = _ownership(loc, values)
+    assert set(failures) == set(values) and all(f.permanent for f in failures.values())
+    for f in failures.values():
+        assert "unknown" in f.reason and layout.LIFECYCLE_KEY in f.reason and layout.VALUE_RECORDS_DIR in f.reason
+    assert own.own == {}
+
+    shutil.rmtree(os.path.join(loc.lance_uri, layout.VALUE_RECORDS_DIR))  # no record at all: as before them
+    own, failures = _ownership(loc, values)
+    assert failures == {} and own.own == {}
+
+
+def test_no_value_record_is_used_while_the_initialization_is_unknown(tmp_path):
+    """A table whose MemWAL initialization lies before its retained history (its versions
+    cleaned up, no lifecycle record) cannot tell its lifetime from an earlier one: no record is
+    read or written, and GC keeps the merged generations an external snapshot recorded."""
+    from support.gc_passes import forget_process
+
+    loc, w, values = _external_snapshot_left_behind(tmp_path, seed=7)
+    ds = table.open_dataset(loc)
+    ds.cleanup_old_versions(older_than=timedelta(0))
+    assert [v["version"] for v in ds.versions()] == [ds.version]
+    loc.store.delete_many([layout.LIFECYCLE_KEY])
+    forget_process()
+    init = lifecycle.assess_table(loc, record=False).lifecycle.init
+    assert not init.known
+    known = Initialization(init.table_version, 1.0, None, init.table_version)  # a record in its directory
+    value_records.write(loc, known, sorted(values)[0], 1, {"bucket": 0}, "derived:gen_1", {"bucket": pa.int32()})
+    assert value_records.read(loc, init).values == {}
+    state = table.read_memwal_state(loc)
+    assert snapshot.recorded_values(loc, state, init) == {}
+    assert region_values.unrecorded_regions(loc, state, lifecycle.assess_table(loc).reads.manifests, init) \
+        == set(values)
+    res = gc.run_gc(loc, FAST)
+    assert res.counts()["generation"] == 0 and [h.reason for h in res.holds] == ["value_unrecorded"]
+    before = sorted(o.key for o in loc.store.list(layout.VALUE_RECORDS_DIR))
+    res = snapshot.build_snapshot(loc, inline_threshold=0)
+    assert all(res.region_field_sources[rid].startswith("derived:gen_") for rid in values)
+    assert sorted(o.key for o in loc.store.list(layout.VALUE_RECORDS_DIR)) == before  # none written
 
 
 def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_path, spark):
@@ -670,8 +844,9 @@ def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_p
     assert res.counts()["generation"] == sum(merged.values()) and not res.holds
     assert lsm_rows(loc) == w.expected()
 
-    # An unreadable snapshot records nothing as far as GC may assume: the next merge's
-    # generations are held until a readable one is built again (never trimmed on a guess).
+    # An unreadable snapshot records nothing as far as GC may assume; the lifetime's value
+    # records still do (the builder wrote them before its commits). Without them, the next
+    # merge's generations are held until a readable snapshot is built again (never trimmed on a guess).
     w.write_round(60, overwrite=0.3, puts_per_batch=10)
     assert not merge.merge(loc, spark).region_errors
     snapshot.build_snapshot(loc, inline_threshold=0)  # external: a file that can go bad
@@ -682,6 +857,11 @@ def test_merged_generations_stay_until_a_snapshot_records_the_region_value(tmp_p
         f.write(b"not a lance file")
     with pytest.raises(snapshot.SnapshotError):
         snapshot.recorded_values(loc, table.read_memwal_state(loc))
+    view = lifecycle.assess_table(loc)
+    assert region_values.unrecorded_regions(loc, view.state, view.reads.manifests, view.lifecycle.init) == set()
+    shutil.rmtree(os.path.join(loc.lance_uri, layout.VALUE_RECORDS_DIR))
+    assert region_values.unrecorded_regions(loc, view.state, view.reads.manifests, view.lifecycle.init) \
+        == set(w.regions.values())
     listed = {rid: len(region.load_latest(loc.store, rid).generations) for rid in w.regions.values()}
     res = gc.run_gc(loc, FAST)
     assert res.counts()["generation"] == 0 and [h.reason for h in res.holds] == ["value_unrecorded"]

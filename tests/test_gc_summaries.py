@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from support.gc_passes import forget_process, mark_merged
 
 from memwal_core.jobs import gc
-from memwal_core.jobs.gc import history, leak_refs, plan, region_cache, retention, sealed
+from memwal_core.jobs.gc import history, leak_refs, plan, region_cache, retention
 from memwal_core.jobs.gc.holds import Bound, KeepReason
-from memwal_core.state import layout, region, table, wal
+from memwal_core.state import layout, region, sealed, table, wal
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 

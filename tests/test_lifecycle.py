@@ -16,6 +16,7 @@ import tempfile
 import uuid
 
 import lance
+import pyarrow as pa
 import pytest
 from dagster import DagsterInstance, materialize
 from support.helpers import tree
@@ -25,10 +26,11 @@ from hypothesis import strategies as st
 from memwal_core.jobs import gc, merge, snapshot
 from memwal_core.observe import checks, reader, status
 from memwal_core.options import GcOptions
-from memwal_core.state import layout, lifecycle, region, table
+from memwal_core.state import layout, lifecycle, region, region_values, table, value_records
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 
+INT32 = {"bucket": pa.int32()}  # the Arrow type of a bucket field's value
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GC_NOW = GcOptions(manifest_min_age_seconds=0, orphan_grace_seconds=0, discard_stale_after_seconds=None)
 
@@ -622,6 +624,49 @@ def test_an_index_build_read_before_an_overwrite_commits_nothing_into_the_new_li
     assert set(published) == set(w.regions.values()) and not any(published.values())
 
 
+def test_value_records_of_an_earlier_lifetime_are_never_used(table_loc):
+    """A lifetime after an overwrite and a new `initialize_mem_wal` may shard differently, so
+    the region values recorded in an earlier one stand for nothing in it: not for GC, not for
+    the merger, not for the index builder. An index build read before the overwrite records its
+    values in its own lifetime (the overwrite landing between its records and its commit), and a
+    record of an earlier lifetime under the new one's key (a table re-created, its versions
+    counted from 1 again) is not used and is replaced; one of a later lifetime is never replaced
+    by a process behind it."""
+    from support.gc_passes import mark_merged
+
+    loc = table_loc
+    w = written_two_buckets(loc, seed=9)
+    mark_merged(loc, w.regions.values())
+    plan = snapshot.plan_snapshot(loc)  # values read from merged generations: recorded by the execution
+    first = plan.lifecycle.init
+    assert first.known and all(r.fields.source.durable for r in plan.rows.values())
+    overwrite_and_reinit(loc, num_buckets=2)
+    with pytest.raises(snapshot.SnapshotError, match="before the MemWAL initialization"):
+        snapshot.execute_snapshot(loc, plan)
+    old = value_records.read(loc, first).values
+    assert set(old) == set(w.regions.values())
+    view = lifecycle.assess_table(loc, record=False)
+    init, state = view.lifecycle.init, view.state
+    assert init.known and init.table_version > first.table_version
+    assert value_records.read(loc, init).values == {}
+    assert snapshot.recorded_values(loc, state, init) == {}
+    assert region_values.unrecorded_regions(loc, state, view.reads.manifests, init) == set(old)
+    res = snapshot.build_snapshot(loc)  # the old regions are stale here: no value, nothing recorded
+    assert not any(res.region_field_sources[rid].startswith("derived") for rid in old)
+    assert value_records.read(loc, init).values == {}
+
+    rid = sorted(old)[0]
+    earlier = lifecycle.Initialization(init.table_version, init.initialized_at - 3600, None, init.table_version)
+    assert value_records.write(loc, earlier, rid, 1, {"bucket": 1}, "derived:gen_1", INT32)
+    assert value_records.read(loc, init).values == {}
+    assert region_values.unrecorded_regions(loc, state, view.reads.manifests, init) == set(old)
+    assert value_records.write(loc, init, rid, 1, {"bucket": 0}, "derived:gen_2", INT32)  # replaces it
+    assert value_records.read(loc, init).values[rid].values == {"bucket": 0}
+    assert not value_records.write(loc, earlier, rid, 1, {"bucket": 1}, "derived:gen_1", INT32)
+    assert value_records.read(loc, init).values[rid].values == {"bucket": 0}
+    assert value_records.read(loc, earlier).values == {}
+
+
 def test_a_plan_is_outlived_when_gc_cleaned_the_versions_while_the_check_read_them(table_loc, monkeypatch):
     """The check that a plan's lifetime is still the table's reads the versions, then the
     record: a GC (one that took the lease over) recording the new lifetime and cleaning up the
@@ -716,3 +761,43 @@ def test_a_merge_whose_check_cannot_read_the_lifecycle_record_merges_nothing(tab
     os.rmdir(path)
     os.replace(path + ".kept", path)
     assert merge.execute_merge(loc, merge.plan_merge(loc), spark).commits > 0
+
+
+def test_a_lifecycle_record_the_store_fails_to_give_stops_every_job_instead_of_an_unknown_lifetime(table_loc):
+    """Once GC cleaned up the versions around the initialization, only `_memwal/lifecycle.json`
+    knows the lifetime. A store that fails to give it (here the key is a directory) is not "no
+    record": worked out again, the lifetime would be unknown, the region value records would not
+    be read, and the merger would establish the values of regions whose merged generations GC
+    trimmed on the records' word from their next, unchecked, rows. So the merger's and the index
+    builder's plans, GC's pass (which so deletes nothing) and the readers stop with an error
+    naming the file; readable again, all go on with the recorded lifetime."""
+    from support.gc_passes import forget_process, mark_merged
+
+    loc = table_loc
+    w = written_two_buckets(loc, seed=23)
+    mark_merged(loc, w.regions.values())
+    assert snapshot.build_snapshot(loc, inline_threshold=0).external
+    w.write_round(30, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())  # the external snapshot is left behind: the records stand in
+    gc.run_gc(loc, GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                             cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0))
+    ds = table.open_dataset(loc)
+    assert len(ds.versions()) == 1
+    init = lifecycle.recorded_initialization(loc)
+    assert init.known and init.table_version < ds.version
+    w.write_round(30, puts_per_batch=10)  # pending generations for the merger
+    forget_process()
+    path = os.path.join(loc.store.root, layout.LIFECYCLE_KEY)
+    os.replace(path, path + ".kept")
+    os.mkdir(path)
+    listed = sorted(o.key for o in loc.store.list(layout.MEM_WAL_DIR))
+    for job in (merge.plan_merge, snapshot.plan_snapshot, gc.run_gc, status.table_status, reader.lsm_table):
+        with pytest.raises(lifecycle.LifecycleUnreadable, match=layout.LIFECYCLE_KEY):
+            job(loc)
+    assert sorted(o.key for o in loc.store.list(layout.MEM_WAL_DIR)) == listed  # GC deleted nothing
+    os.rmdir(path)
+    os.replace(path + ".kept", path)
+    plan = merge.plan_merge(loc)
+    assert plan.lifecycle.init == lifecycle.Initialization(init.table_version, init.initialized_at,
+                                                           init.previous_version, ds.version)
+    assert plan.batches and not plan.walls

@@ -17,12 +17,14 @@ import lance
 import pyarrow as pa
 import pytest
 from lance.mem_wal import CompactedSsTable
+from support.gc_passes import mark_merged
 
-from memwal_core.jobs import snapshot
+from memwal_core import faults
+from memwal_core.jobs import gc, snapshot
 from memwal_core.observe import reader
-from memwal_core.options import SnapshotOptions
+from memwal_core.options import GcOptions, SnapshotOptions
 from memwal_core.proto import memwal_pb2 as pb
-from memwal_core.state import layout, memwal_index, region, region_values, table
+from memwal_core.state import layout, lifecycle, memwal_index, region, region_values, table, value_records
 from memwal_core.tools import demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -522,3 +524,165 @@ def test_unchanged_snapshot_commits_nothing(table_loc):
     synth_region(loc.store, str(uuid.UUID(int=3000, version=4)))  # a new region: a change
     third = snapshot.build_snapshot(loc)
     assert third.committed and third.table_version == first.table_version + 1 and third.num_regions == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# durable records of region values (`state/value_records.py`)
+
+
+# GC collects as soon as allowed: no age or grace, the base table's old versions cleaned first.
+INT32 = {"bucket": pa.int32()}  # the Arrow type of a bucket field's value
+GC_NOW = GcOptions(manifest_retention=3, manifest_min_age_seconds=0, orphan_grace_seconds=0,
+                   cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0)
+
+
+def merged_bucket_table(loc, seed: int) -> demo.Workload:
+    """Two bucket regions whose flushed generations are all recorded as merged (no rows moved)."""
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=10)
+    w = demo.Workload(loc, seed=seed, key_space=100, max_memtable_rows=20)
+    w.write_round(60, puts_per_batch=10)
+    mark_merged(loc, w.regions.values())
+    return w
+
+
+def test_a_crash_between_recording_the_values_and_the_commit_leaves_them_usable(table_loc, monkeypatch):
+    """The builder records the values before its commit. Stopped in between, the table is as it
+    was and the records hold trusted values (each read from a merged generation): GC may trim
+    those generations on their word, and the next build publishes the same values, from the
+    records, though nothing is left to derive them from."""
+    loc = table_loc
+    w = merged_bucket_table(loc, seed=11)
+    version = table.open_dataset(loc).version
+    real_point = faults.point
+
+    def crash(name: str) -> None:
+        if name == snapshot.VALUES_RECORDED:
+            raise RuntimeError("killed after recording the values")
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        snapshot.build_snapshot(loc, inline_threshold=0)
+    monkeypatch.undo()
+    assert table.open_dataset(loc).version == version  # nothing committed
+    view = lifecycle.assess_table(loc)
+    state, init = view.state, view.lifecycle.init
+    records = value_records.read(loc, init).values
+    assert set(records) == set(w.regions.values())
+    ds = table.open_dataset(loc)
+    spec = region_values.region_specs(state)[1]
+    for rid, rec in records.items():
+        fv = region_values.derive_region_fields(loc, spec, ds.lance_schema, ["id"], view.reads.manifests[rid],
+                                                merged=state.merged[rid])
+        assert fv.source.kind is region_values.SourceKind.DERIVED and fv.values == rec.values
+        assert rec.source == fv.source.label and {w.regions[v] for v in fv.values.values()} == {rid}
+    values = {rid: rec.values for rid, rec in records.items()}
+    assert snapshot.recorded_values(loc, state, init) == values
+    res = gc.run_gc(loc, GC_NOW)
+    assert res.counts()["generation"] == sum(state.merged.values()) and not res.holds
+    res = snapshot.build_snapshot(loc)
+    assert res.committed and not res.region_errors
+    assert {rid: res.region_field_sources[rid] for rid in values} == {rid: r.source for rid, r in records.items()}
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc)) == values
+
+
+def test_a_value_record_that_disagrees_is_a_region_error_never_overwritten(table_loc):
+    """A region's value never changes within a lifetime, so a record holding another value than
+    the one a build reads is reported (permanent), never overwritten, and the build publishes
+    no value for the region in the index; the recorded value stands for the merger (GC may
+    have trimmed what it rests on). Both ways: the record read with the plan disagrees with the
+    previous snapshot, or another process recorded another value between plan and execution."""
+    loc = table_loc
+    w = merged_bucket_table(loc, seed=12)
+    assert snapshot.build_snapshot(loc).committed
+    init = lifecycle.assess_table(loc).lifecycle.init
+    a, b = sorted(w.regions.values())
+    value_of = {rid: v for v, rid in w.regions.items()}
+    other = {"bucket": 1 - value_of[a]}
+    key = layout.value_record_key(init.table_version, a)
+    loc.store.delete_many([key])
+    assert value_records.write(loc, init, a, 1, other, "derived:gen_1", INT32)
+    res = snapshot.build_snapshot(loc)
+    assert set(res.region_errors) == {a} and res.region_failures[a].permanent, res.region_errors
+    assert "never changes" in res.region_errors[a]
+    assert res.region_field_sources[a] == "unknown" and res.region_field_sources[b].startswith("derived:gen_")
+    assert value_records.read(loc, init).values[a].values == other
+    assert snapshot.recorded_values(loc, table.read_memwal_state(loc), init)[a] == other
+
+    # Between plan and execution: the plan derives the value (no record, no previous value).
+    loc.store.delete_many([key])
+    w.write_round(20, puts_per_batch=10)  # a change, so the build commits
+    plan = snapshot.plan_snapshot(loc)
+    assert plan.rows[a].fields.source.durable and plan.rows[a].fields.values == {"bucket": value_of[a]}
+    assert value_records.write(loc, init, a, 1, other, "derived:gen_1", INT32)
+    res = snapshot.execute_snapshot(loc, plan)
+    assert set(res.region_errors) == {a} and res.region_failures[a].permanent
+    assert res.region_field_sources[a] == "unknown"
+    assert value_records.read(loc, init).values[a].values == other
+    assert a not in snapshot.recorded_values(loc, table.read_memwal_state(loc))  # the index holds no value
+
+
+# Values of every type a region field can hold, extremes included: identity on any column type
+# (pylance's `initialize_mem_wal` offers integers, booleans and strings; another writer's spec
+# may name any type) and bucket (int32).
+FIELD_VALUES: list[tuple[pa.DataType, list]] = [
+    (pa.int8(), [-(2**7), 2**7 - 1]), (pa.int16(), [-(2**15), 2**15 - 1]), (pa.int32(), [-(2**31), 2**31 - 1]),
+    (pa.int64(), [-(2**63), 2**63 - 1, 0]), (pa.uint8(), [2**8 - 1]), (pa.uint16(), [2**16 - 1]),
+    (pa.uint32(), [2**32 - 1]), (pa.uint64(), [2**64 - 1, 2**63 + 5]), (pa.bool_(), [True, False]),
+    (pa.utf8(), ["é", "日本語 \u0000 ✓", ""]), (pa.large_utf8(), ["x" * 3, "𝄞"]),
+    (pa.binary(), [b"\x00\xff", b""]), (pa.large_binary(), [b"\x01"]),
+    (pa.float32(), [0.1, -0.0, 3.4e38]), (pa.float64(), [-0.5, 1e308]), (pa.date32(), [-719162, 2932896]),
+    (pa.timestamp("s"), [-62_135_596_800, 253_402_300_799]), (pa.timestamp("ms"), [1_700_000_000_123]),
+    (pa.timestamp("us", "UTC"), [1_700_000_000_123_456]), (pa.timestamp("ns"), [1_700_000_000_123_456_789]),
+    (pa.timestamp("ns", "America/New_York"), [1_700_000_000_123_456_789, -(2**62) - 1]),
+    (pa.time32("ms"), [86_399_999]), (pa.time64("ns"), [86_399_999_999_999]),
+    (pa.decimal128(10, 2), ["1.50", "-99999999.99"]), (pa.decimal128(38, 0), [str(10**38 - 1)]),
+]
+
+
+@pytest.mark.parametrize("typ,raw", FIELD_VALUES, ids=[str(t) for t, _ in FIELD_VALUES])
+def test_a_value_record_gives_back_every_region_field_value_exactly(typ, raw):
+    """A record stores each value as its field's Arrow type (`region_values.field_types`: an
+    identity field's source column type, a bucket field's int32), so the value read back is the
+    one recorded: equal, of the same Python type, with the same `value_key` the merger compares
+    rows by (a timestamp[ns] stored as a guessed type came back in microseconds, and the merger
+    would refuse every row of the region)."""
+    import decimal
+
+    from memwal_core.state import routing
+
+    arr = pa.array([decimal.Decimal(v) for v in raw] if pa.types.is_decimal(typ) else raw, typ)
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("k", typ)])
+    identity = routing.RegionSpec(1, (routing.RegionField("k", (1,), routing.IDENTITY, str(typ)),))
+    bucket = routing.RegionSpec(2, (routing.RegionField("b", (1,), routing.BUCKET, "int32", (("num_buckets", "8"),)),))
+    assert region_values.field_types(identity, schema, schema) == {"k": typ}
+    assert region_values.field_types(bucket, schema, schema) == {"b": pa.int32()}
+    rid = str(uuid.UUID(int=5, version=4))
+    for v in arr:  # as the merger and the index builder read a value: the scalar of a row
+        value = v.as_py()
+        rec = value_records.ValueRecord(rid, 1, {"k": value}, "derived:gen_1", 4, 1700000000.25)
+        got = value_records.decode(value_records.encode(rec, {"k": typ}), rid)
+        assert got == rec and type(got.values["k"]) is type(value)
+        assert routing.value_key([got.values["k"]]) == routing.value_key([value])
+    for b in routing.bucket_values(arr, 8) if routing._hashable(typ) else []:
+        rec = value_records.ValueRecord(rid, 2, {"b": b.as_py()}, "derived:gen_1", 4, 1700000000.25)
+        assert value_records.decode(value_records.encode(rec, {"b": pa.int32()}), rid) == rec
+
+
+def test_value_records_refuse_what_is_garbled_or_does_not_fit_its_type():
+    """Anything not exactly a record of its region is refused; a value its field's type cannot
+    hold is not recorded (GC then keeps what it rests on)."""
+    rid = str(uuid.UUID(int=5, version=4))
+    rec = value_records.ValueRecord(rid, 3, {"i": 7, "n": None}, "manifest", 4, 1700000000.25)
+    types = {"i": pa.int64(), "n": pa.utf8()}
+    raw = value_records.encode(rec, types)
+    assert value_records.decode(raw, rid) == rec
+    for bad in (raw[:-5], raw.replace(b'"format": 1', b'"format": 2'), b"", b"[]"):
+        with pytest.raises(ValueError):
+            value_records.decode(bad, rid)
+    with pytest.raises(ValueError, match="expected"):
+        value_records.decode(raw, str(uuid.UUID(int=6, version=4)))
+    for wrong in ({"i": pa.int8(), "n": pa.utf8()}, {"i": pa.int64()}):
+        with pytest.raises(ValueError, match="cannot be recorded"):
+            value_records.encode(value_records.ValueRecord(rid, 3, {"i": 2**40, "n": None}, "manifest", 4, 1.0),
+                                 wrong)

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from memwal_core.state import region, table
+from memwal_core.state import lifecycle, region, table
 from memwal_core.state.region_values import derive_region_fields, recorded_values, region_specs
 from memwal_core.state.store import TableLocation
 
@@ -67,13 +67,15 @@ def merge_blockers(loc: TableLocation) -> list[MergeBlocker]:
 
 def shared_values(loc: TableLocation, ds, state: table.MemWalState,
                   manifests: dict[str, region.RegionManifest], pk: list[str]) -> list[MergeBlocker]:
-    """Region values held by more than one sharded region (recorded in the MemWAL snapshot, or
-    derived from the region's oldest generation with live rows: one small read per region the
-    snapshot does not record). Unsharded and manual regions route nothing, as in the merger."""
+    """Region values held by more than one sharded region (recorded in the MemWAL snapshot or the
+    durable record of the lifetime, or derived from the region's oldest generation with live
+    rows: one small read per region neither records). Unsharded and manual regions route
+    nothing, as in the merger."""
     specs = region_specs(state)
     sharded = {sid for sid, sp in specs.items() if sp.sharded}
     try:
-        recorded = recorded_values(loc, state)
+        init = lifecycle.assess(loc, {}, current_version=state.table_version, record=False).init
+        recorded = recorded_values(loc, state, init)
     except Exception as e:  # noqa: BLE001 - unreadable snapshot: derive every value
         log.warning("MemWAL index snapshot unreadable (%s): deriving region values from rows", e)
         recorded = {}

@@ -19,7 +19,7 @@ from memwal_core.observe.status import _GEN_MANIFEST
 from memwal_core.spark import tasks as spark
 from memwal_core.state import layout, lifecycle, region, table
 from memwal_core.state.memwal_index import SnapshotError
-from memwal_core.state.region_values import trusted_values
+from memwal_core.state.region_values import current_regions, read_recorded, trusted_values
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import NoPrimaryKey, open_dataset, primary_key, read_memwal_state
 
@@ -43,8 +43,8 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
 
     The same rules as the merger's (`spark.first_refused`): live rows only (a tombstone carries
     just its key, NULL elsewhere), checked against the region's trusted value
-    (`region_values.trusted_values`: the MemWAL index, else its oldest merged generation, else
-    its first routed generation), never a majority.
+    (`region_values.trusted_values`: the MemWAL index or the durable record of the lifetime, else
+    its oldest merged generation, else its first routed generation), never a majority.
     """
     ds = open_dataset(loc)
     state = read_memwal_state(loc, ds.version)
@@ -66,11 +66,18 @@ def check_exclusivity(loc: TableLocation, *, max_generations_per_region: int = 8
     except NoPrimaryKey:
         pk = []
     try:
-        values = trusted_values(loc, state, ds, {rid: manifests[rid] for rid in routes}, pk, {})
-    except SnapshotError as e:  # recorded values exist but cannot be read
+        init = lifecycle.assess(loc, {}, current_version=ds.version, record=False).init
+        recorded = read_recorded(loc, state, init, current_regions(loc, manifests))
+        values = trusted_values(loc, state, ds, {rid: manifests[rid] for rid in routes}, pk, {}, recorded.values)
+    except (SnapshotError, lifecycle.LifecycleUnreadable) as e:  # recorded values exist but cannot be read
         report.region_errors.update({rid: f"region {rid}: {e}" for rid in routes})
         return report
+    for rid, why in sorted(recorded.garbled.items()):  # the merger walls such a region: unknown value
+        if rid in routes and rid not in values:
+            report.region_errors[rid] = f"region {rid}: its value record is garbled ({why})"
     for rid, conf in sorted(routes.items()):
+        if rid in report.region_errors:
+            continue
         m = manifests[rid]
         own = spark.value_key([values[rid].get(f) for f in conf.field_ids]) if rid in values else None
         pending = [g for g in m.generations if g.generation > merged.get(rid, 0)][:max_generations_per_region]

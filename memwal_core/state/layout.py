@@ -31,6 +31,9 @@ GC_VERSIONS_KEY = f"{MEMWAL_DIR}/gc_versions.json"
 GC_REFS_KEY = f"{MEMWAL_DIR}/gc_refs.json"
 # What GC learned of each region's WAL entries and manifest versions, a cache (`jobs/gc/region_cache.py`).
 GC_REGIONS_DIR = f"{MEMWAL_DIR}/gc_regions"
+# Trusted region values, one record per MemWAL initialization and region (`state/value_records.py`):
+# `region_values/{initialization table version:020d}/{region}.json`.
+VALUE_RECORDS_DIR = f"{MEMWAL_DIR}/region_values"
 # The table lease (`state/lease.py`): one object per fencing token, `{token:020d}.json`.
 LEASE_DIR = f"{MEMWAL_DIR}/lease"
 _LEASE_NAME = re.compile(r"^([0-9]{20})\.json$")
@@ -115,6 +118,28 @@ def unverified_id_of(key: str) -> str | None:
     """The commit id of a listed marker key; None for anything else under its directory."""
     m = _UNVERIFIED_NAME.fullmatch(key.removeprefix(UNVERIFIED_DIR + "/"))
     return m.group(1) if m and key == f"{UNVERIFIED_DIR}/{m.group(0)}" else None
+
+
+def value_records_dir(init_version: int) -> str:
+    """The records of region values of the lifetime whose MemWAL initialization is table
+    version `init_version`."""
+    if not 0 < init_version < 10**20:
+        raise ValueError(f"initialization table version {init_version} out of range")
+    return f"{VALUE_RECORDS_DIR}/{init_version:020d}"
+
+
+def value_record_key(init_version: int, region_id: str) -> str:
+    """The record of one region's trusted value in the lifetime initialized at `init_version`."""
+    return f"{value_records_dir(init_version)}/{_checked(region_id)}.json"
+
+
+def value_record_region(key: str, init_version: int) -> str | None:
+    """The region of a listed record key of that lifetime; None for anything else."""
+    name = key.removeprefix(value_records_dir(init_version) + "/")
+    if name == key or not name.endswith(".json"):
+        return None
+    rid = name[: -len(".json")]
+    return rid if is_region_id(rid) and key == value_record_key(init_version, rid) else None
 
 
 def lease_key(token: int) -> str:

@@ -13,10 +13,12 @@ creation) has none. Its time is the last-modified time of that version's manifes
 store*, so it is compared with region files on the same clock (no client clock skew).
 Found by walking versions back from the latest once, then recorded in `_memwal/lifecycle.json`
 with the version checked up to (by the merger after its commits, and by GC right before its
-base-version cleanup removes the evidence); later calls read only the versions committed since. When the
-walk reaches a version that is no longer retained, the initialization is unknown: nothing is
-judged stale (a table initialized before its retained history cannot be told apart from one
-never overwritten, and the latter must keep working exactly as before).
+base-version cleanup removes the evidence); later calls read only the versions committed since.
+A store that fails to give the record stops the caller (`LifecycleUnreadable`): derived again,
+the lifetime could be unknown. When the walk reaches a version that is no longer retained, the
+initialization is unknown: nothing is judged stale (a table initialized before its retained
+history cannot be told apart from one never overwritten, and the latter must keep working
+exactly as before).
 
 **A region is pre-initialization** when it has a manifest version written strictly before the
 initialization (writers can only open a region once the index exists, so a region created in
@@ -60,7 +62,7 @@ from memwal_core.errors import MemwalError
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import layout, lease, region, table, wal
 from memwal_core.state.lance_mem_wal import is_commit_conflict, merged_markers
-from memwal_core.state.store import NotFound, TableLocation
+from memwal_core.state.store import NotFound, StoreError, TableLocation
 
 log = logging.getLogger("memwal.lifecycle")
 
@@ -73,6 +75,13 @@ _SEEN: dict[str, "Initialization"] = {}
 
 class LifecycleError(MemwalError):
     """A stale verdict cannot be carried out (e.g. discarding a region that is not stale)."""
+
+
+class LifecycleUnreadable(StoreError):
+    """The store failed to give `_memwal/lifecycle.json` (not "no record": a request that
+    failed). Transient: the job stops rather than derive the lifetime again, which after GC
+    cleaned up the versions around the initialization gives an unknown one (no stale verdicts,
+    no region value records), a weaker answer than the record's."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,8 @@ def _span(gens: list[int]) -> str:
 
 def read_record(loc: TableLocation, *, strict: bool = False) -> dict[str, Any] | None:
     """The record as written (None: none, or garbled: then it is derived again). `strict`: a
-    store that cannot be read raises instead (a caller that must not go on without the record)."""
+    store that cannot be read raises `LifecycleUnreadable` instead (a caller that must not go on
+    without the record)."""
     try:
         d = json.loads(loc.store.get(layout.LIFECYCLE_KEY))
         if isinstance(d, dict) and isinstance(d.get("initialization"), dict):
@@ -201,7 +211,10 @@ def read_record(loc: TableLocation, *, strict: bool = False) -> dict[str, Any] |
         return None
     except Exception as e:  # noqa: BLE001 - the store: derived again, unless the caller needs it
         if strict:
-            raise
+            raise LifecycleUnreadable(f"table {loc.lance_uri}: {layout.LIFECYCLE_KEY} cannot be read "
+                                      f"({type(e).__name__}: {e}); it records the MemWAL lifetime and the stale "
+                                      "verdicts, which are not worked out again without it (after old table "
+                                      "versions were cleaned up that gives an unknown lifetime): try again") from e
         log.warning("%s unreadable (%s: %s); deriving the lifecycle again", layout.LIFECYCLE_KEY,
                     type(e).__name__, e)
         return None
@@ -398,11 +411,16 @@ def classify_region(loc: TableLocation, rid: str, latest: region.RegionManifest,
 def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, current_version: int | None = None,
            record: bool = True, now: float | None = None) -> Lifecycle:
     """Verdicts for the regions of `manifests` (their latest manifests). `record=False` for
-    readers (status, checks): they derive without writing."""
+    readers (status, checks): they derive without writing.
+
+    Raises `LifecycleUnreadable` when the store fails to give the record (absent or garbled: it
+    is derived again): every job stops then (the merger's and the index builder's plans, GC's
+    pass, which so deletes nothing), as do the readers, rather than go on with a lifetime that
+    the cleanup of old versions may have made unknown."""
     now = time.time() if now is None else now
     if current_version is None:
         current_version = table.open_dataset(loc).version
-    rec = read_record(loc)
+    rec = read_record(loc, strict=True)
     known = _init_from(rec) if rec else None
     seen = _SEEN.get(loc.lance_uri)
     start = seen if seen is not None and (known is None or seen.checked_version > known.checked_version) \

@@ -15,8 +15,8 @@ labels shown, see `state/memwal_index.py`):
   today this is another writer's record). Trusted.
 - `derived:gen_N`: the live rows of generation N, a *merged* generation, all route to it. Trusted:
   the merger accepted those rows (against the value it knew, or establishing a value no other
-  region owns). Reused by every later index build (a region's value never changes), so once an
-  index records it GC may trim generation N.
+  region owns). Reused by every later index build (a region's value never changes), so once it
+  is recorded (below) GC may trim generation N.
 - `derived:unsharded`: every field is `unsharded` (value 0, no rows needed). Trusted.
 - `provisional:gen_N`: the rows of generation N, not merged yet. Shown to readers (partition
   labels, status), never trusted: those are the rows the merger is about to check, and a
@@ -28,16 +28,31 @@ labels shown, see `state/memwal_index.py`):
 - a row without a label (an index another builder wrote, without memwal's column) is the
   spec's recorded value: trusted, as the spec says.
 
+**Recorded values** (`recorded_values`): the trusted rows of the MemWAL index's snapshot, and for
+the regions it does not record so, the durable record of the current MemWAL lifetime
+(`state/value_records.py`, under `_memwal/`). The index builder writes a `durable` value
+(`manifest`, `derived:gen_N`: they never change within a lifetime) there before the snapshot
+commit that publishes it, because a snapshot stored as an external file is left behind by
+pylance at the next commit that changes the MemWAL index; a snapshot stored inline travels with
+every commit. So a value counts as recorded for GC (`unrecorded_regions`) when an inline
+snapshot or the durable record holds it, and the merger and the next index build read it from
+either. The record of an earlier lifetime (an overwrite and a new `initialize_mem_wal` may shard
+differently) is never used, nor any record while the initialization is unknown.
+
 **The trusted value of a region** (`trusted_values`): the caller's `expected` value, else the
-value the MemWAL index records as trusted, else the value of its oldest *merged* generation
-still listed whose live rows all agree. Never a pending generation's, never a stale one's (data
+recorded value, else the value of its oldest *merged* generation still listed whose live rows
+all agree. Never a pending generation's, never a stale one's (data
 from before the MemWAL initialization, `state/lifecycle.py`). A region with none of these
 establishes its value in the merger from its first routed generation (unanimous, not owned by
 another region).
 
-**Unreadable index.** `recorded_values` raises `SnapshotError` when an index exists but cannot
-be read: "nothing recorded" would silently weaken the merger's check. GC, which only needs to
-know what to *keep*, treats it as recording nothing (`unrecorded_regions`) and keeps more.
+**Unreadable index or record.** `read_recorded` raises `SnapshotError` when an index exists but
+cannot be read, and when the durable records cannot be listed or read (a store error): "nothing
+recorded" would silently weaken the merger's check. A *garbled* record concerns its own region
+only: `read_recorded` returns it apart (`RecordedValues.garbled`), and the merger walls that
+region when nothing else gives its value, and holds back only the regions that would establish a
+value while it is unknown (`jobs/merge/owners.py`); the others merge. GC, which only needs to
+know what to *keep*, treats either as recording nothing (`unrecorded_regions`) and keeps more.
 """
 
 from __future__ import annotations
@@ -53,7 +68,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core.errors import one_line
-from memwal_core.state import layout, lifecycle, memwal_index, region, routing, table
+from memwal_core.state import layout, lifecycle, memwal_index, region, routing, table, value_records
 from memwal_core.state.memwal_index import SnapshotError, SnapshotNotFound  # noqa: F401 - raised here
 from memwal_core.state.store import TableLocation
 
@@ -102,6 +117,13 @@ class ValueSource:
         """Whether the next index build reuses the value instead of deriving it again (a merged
         generation's value: it never changes, and GC may trim the generation once recorded)."""
         return self.kind is SourceKind.DERIVED
+
+    @property
+    def durable(self) -> bool:
+        """Whether the value never changes within a MemWAL lifetime, so the index builder records
+        it under `_memwal/` (`state/value_records.py`) before publishing it: a merged generation's
+        value, or the region manifest's."""
+        return self.kind in (SourceKind.DERIVED, SourceKind.MANIFEST)
 
     @property
     def shown(self) -> bool:
@@ -164,6 +186,26 @@ def spec_field_ids(specs: dict, vals: dict) -> list[str] | None:
         if ids and set(ids) == set(vals):
             return ids
     return None
+
+
+def field_types(spec: routing.RegionSpec, lance_schema: Any, schema: pa.Schema) -> dict[str, pa.DataType]:
+    """Field id -> the Arrow type of the field's values, what a value is recorded as
+    (`state/value_records.py`). An identity field's is its source column's (its value is one of
+    that column's values, and a result type may name a type `result_arrow_type` does not parse,
+    e.g. a timestamp with a time zone); any other field's, the spec's result type (bucket and
+    unsharded: int32)."""
+    try:
+        by_id = routing.source_columns_for(spec, lance_schema)
+    except (ValueError, routing.UnsupportedTransform):
+        by_id = {}
+    out: dict[str, pa.DataType] = {}
+    for f in spec.fields:
+        name = f.params.get("column", "").strip() or (by_id.get(f.source_ids[0]) if f.source_ids else None)
+        if f.transform == routing.IDENTITY and name and name in schema.names:
+            out[f.field_id] = schema.field(name).type
+        else:
+            out[f.field_id] = memwal_index.result_arrow_type(f.result_type)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,15 +323,81 @@ def snapshot_field_values(tbl: pa.Table, *, authoritative: bool = False) -> dict
     return out
 
 
-def recorded_values(loc: TableLocation, state: table.MemWalState) -> dict[str, dict[str, Any]]:
-    """Trusted region values recorded in the MemWAL index of `state` ({} when none was built yet).
+@dataclass
+class RecordedValues:
+    """The trusted values recorded for a table's regions (region -> {field id: value}), and the
+    regions whose value was recorded durably but cannot be read: their record is garbled
+    (region -> its key and why). Such a region's value is unknown, not absent."""
 
-    Raises `SnapshotError` when an index snapshot exists but cannot be read: "no snapshot" would
-    silently weaken every routing check that relies on the recorded values."""
+    values: dict[str, dict[str, Any]]
+    garbled: dict[str, str]
+
+
+def current_regions(loc: TableLocation, manifests: dict[str, region.RegionManifest] | None = None
+                    ) -> dict[str, int | None]:
+    """Region -> its region spec id (None: its manifest cannot be read), for every region the
+    table lists: the regions whose records matter (a record of a region gone stands for
+    nothing). `manifests`: those already loaded."""
+    manifests = manifests or {}
+    listed = region.list_regions(loc.store).region_ids
+    loaded = region.load_many(loc.store, [rid for rid in listed if rid not in manifests]).manifests
+    loaded.update(manifests)
+    return {rid: (loaded[rid].message.region_spec_id if rid in loaded else None) for rid in listed}
+
+
+def read_recorded(loc: TableLocation, state: table.MemWalState, init: lifecycle.Initialization | None = None,
+                  regions: dict[str, int | None] | None = None) -> RecordedValues:
+    """Trusted region values recorded in the MemWAL index of `state` ({} when none was built yet),
+    and for the regions it does not record so, in the durable records of the lifetime of `init`
+    (none when `init` is None or unknown). The snapshot's value comes first: the index builder
+    copies a recorded value into it, so the two only differ when another builder wrote the index.
+
+    Records are read for `regions` only (region -> the spec id its manifest names, None: not
+    known; None: every region the table lists, `current_regions`), and a record counts only for
+    that spec (for any spec of the index when it is not known). A garbled record is returned in
+    `garbled`, never raised: it concerns its own region only, and the caller stops that region
+    (and what cannot be checked without its value), not the others.
+
+    Raises `SnapshotError` when an index snapshot exists but cannot be read, and when the records
+    (or the regions) cannot be listed or read: "nothing recorded" would silently weaken every
+    routing check that relies on the recorded values."""
     try:
-        return snapshot_field_values(memwal_index.read_snapshot(loc, state), authoritative=True)
+        out = snapshot_field_values(memwal_index.read_snapshot(loc, state), authoritative=True)
     except SnapshotNotFound:
-        return {}
+        out = {}
+    if init is None or not init.known:
+        return RecordedValues(out, {})
+    specs = region_specs(state)
+    try:
+        regions = current_regions(loc) if regions is None else regions
+        records = value_records.read(loc, init, regions, skip=out)
+    except Exception as e:  # noqa: BLE001 - the store: recorded values exist or not, unknown
+        raise SnapshotError(f"table {loc.lance_uri}: the region value records ({layout.VALUE_RECORDS_DIR}) "
+                            f"cannot be read: {one_line(e)}") from None
+    garbled = {rid: f"{layout.value_record_key(init.table_version, rid)}: {why}"
+               for rid, why in records.garbled.items()}
+    for rid, rec in records.values.items():
+        want = regions.get(rid)
+        if rec.values and (rec.spec_id == want if want is not None else rec.spec_id in specs):
+            out[rid] = dict(rec.values)
+    return RecordedValues(out, garbled)
+
+
+def recorded_values(loc: TableLocation, state: table.MemWalState,
+                    init: lifecycle.Initialization | None = None) -> dict[str, dict[str, Any]]:
+    """`read_recorded(...).values`, for the current regions: what readers (checks, status)
+    compare rows with. A garbled record gives its region no value (logged by the read)."""
+    return read_recorded(loc, state, init).values
+
+
+def recorded_durably(loc: TableLocation, init: lifecycle.Initialization | None,
+                     manifests: dict[str, region.RegionManifest]) -> dict[str, value_records.ValueRecord]:
+    """The durable records of the lifetime of `init` for the regions of `manifests`, each for the
+    region spec its manifest names ({} when `init` is None or unknown). Raises as
+    `value_records.read` does; garbled records are left out (logged there)."""
+    got = value_records.read(loc, init, manifests).values
+    return {rid: rec for rid, rec in got.items()
+            if rec.values and rec.spec_id == manifests[rid].message.region_spec_id}
 
 
 def pinned_values(tbl: pa.Table | None) -> dict[str, tuple[int, FieldValues]]:
@@ -304,28 +412,36 @@ def pinned_values(tbl: pa.Table | None) -> dict[str, tuple[int, FieldValues]]:
     return out
 
 
-def unrecorded_regions(loc: TableLocation, state: table.MemWalState,
-                       manifests: dict[str, region.RegionManifest]) -> set[str]:
-    """Sharded regions of `manifests` whose value the MemWAL index of `state` does not record as
-    trusted. An unreadable index records nothing (logged): the caller keeps what such a region's
-    value rests on (GC: its merged generations).
+def unrecorded_regions(loc: TableLocation, state: table.MemWalState, manifests: dict[str, region.RegionManifest],
+                       init: lifecycle.Initialization | None = None) -> set[str]:
+    """Sharded regions of `manifests` whose value neither an inline MemWAL snapshot of `state` nor
+    the durable record of the lifetime of `init` holds as trusted (every sharded region when
+    `init` is None or unknown and the snapshot is not inline). An unreadable snapshot or record
+    records nothing (logged): the caller keeps what such a region's value rests on (GC: its
+    merged generations).
 
-    Only a snapshot stored inline records anything here. An external snapshot
-    (`_indices/{uuid}/index.lance`, more than `SnapshotOptions.inline_threshold` regions) is
-    found through the uuid of the index that wrote it, and pylance gives the MemWAL index a new
-    uuid, without the file, at the next commit that changes it (a merge, an index catch-up, a new
-    index): from then on the values it recorded are gone for the merger, so they cannot stand in
-    for the merged generations."""
+    A snapshot stored as an external file (`_indices/{uuid}/index.lance`, more than
+    `SnapshotOptions.inline_threshold` regions) does not count: it is found through the uuid of
+    the index that wrote it, and pylance gives the MemWAL index a new uuid, without the file, at
+    the next commit that changes it (a merge, an index catch-up, a new index). The durable record
+    stands in for it: the index builder writes it before that snapshot's commit."""
     sharded = {sid for sid, spec in region_specs(state).items() if spec.sharded}
     need = {rid for rid, m in manifests.items() if m.message.region_spec_id in sharded}
-    if not need or not state.details.HasField("inline_snapshots"):
-        return need
-    try:
-        recorded = recorded_values(loc, state)
-    except Exception as e:  # noqa: BLE001 - unreadable: nothing is recorded as far as GC may assume
-        log.warning("MemWAL index snapshot unreadable (%s): merged generations of sharded regions are kept", e)
-        recorded = {}
-    return {rid for rid in need if not recorded.get(rid)}
+    if need and state.details.HasField("inline_snapshots"):
+        try:
+            inline = snapshot_field_values(memwal_index.read_snapshot(loc, state), authoritative=True)
+        except Exception as e:  # noqa: BLE001 - unreadable: nothing is recorded as far as GC may assume
+            log.warning("MemWAL index snapshot unreadable (%s): its regions count as unrecorded", e)
+            inline = {}
+        need = {rid for rid in need if not inline.get(rid)}
+    if need and init is not None and init.known:
+        try:
+            durable = recorded_durably(loc, init, {rid: manifests[rid] for rid in need})
+        except Exception as e:  # noqa: BLE001 - unreadable: nothing is recorded as far as GC may assume
+            log.warning("region value records unreadable (%s): their regions count as unrecorded", one_line(e))
+            durable = {}
+        need -= set(durable)
+    return need
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,8 +454,9 @@ def trusted_values(loc: TableLocation, state: table.MemWalState, ds, manifests: 
                    stale: lifecycle.Lifecycle | None = None) -> dict[str, dict]:
     """Region id -> {field id: value}: what each region's rows must route to.
 
-    Trusted only: `expected`, then the value recorded in the MemWAL index (reused by every
-    later build, so it never changes; `recorded`, read here when not given), then the oldest
+    Trusted only: `expected`, then the recorded value (the MemWAL index, else the durable record
+    of the lifetime of `stale.init`; reused by every later build, so it never changes;
+    `recorded`, read here when not given), then the oldest
     *merged* generation still listed whose live rows all agree (a generation the merger already
     accepted; never one it is about to check, which after GC trimmed the merged ones would be
     the pending ones). A region with none of these is left out: the merger establishes it from
@@ -352,7 +469,7 @@ def trusted_values(loc: TableLocation, state: table.MemWalState, ds, manifests: 
     out = {rid: expected[rid] for rid in manifests if rid in expected}
     missing = [rid for rid in manifests if rid not in out]
     if missing:
-        known = recorded_values(loc, state) if recorded is None else recorded
+        known = recorded_values(loc, state, stale.init if stale else None) if recorded is None else recorded
         out.update({rid: known[rid] for rid in missing if rid in known})
     specs = region_specs(state)
     merged = state.merged
@@ -413,6 +530,7 @@ def unrecorded_owners(loc: TableLocation, state: table.MemWalState, ds, pk: list
 
 
 __all__ = ["SourceKind", "ValueSource", "FieldValues", "NO_FIELDS", "UNKNOWN", "MAX_DERIVE_GENERATIONS",
-           "SnapshotError", "SnapshotNotFound", "region_specs", "spec_field_ids", "derive_region_fields",
-           "snapshot_field_values", "recorded_values", "pinned_values", "unrecorded_regions",
-           "trusted_values", "value_owners", "unrecorded_owners"]
+           "SnapshotError", "SnapshotNotFound", "region_specs", "spec_field_ids", "field_types",
+           "derive_region_fields", "snapshot_field_values", "RecordedValues", "current_regions", "read_recorded",
+           "recorded_values", "recorded_durably", "pinned_values", "unrecorded_regions", "trusted_values",
+           "value_owners", "unrecorded_owners"]

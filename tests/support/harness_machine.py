@@ -40,6 +40,8 @@ equals the model. `Stats.did` counts the steps that did something (see test_harn
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -1168,11 +1170,30 @@ class MemWalMachine(RuleBasedStateMachine):
             out[rid] = (fences, max(ps, default=None))
         return out
 
+    def check_value_record(self, rid: str, spec_id: int, want: dict[str, Any], what: str) -> None:
+        """The durable record of region `rid`'s value, read here from its file (not through
+        `state/value_records.py`): of this lifetime (the model's initialization version), this
+        region and its manifest's spec, sealed intact, holding the model's value."""
+        path = os.path.join(self.root, "table", "_memwal", "region_values", f"{self.init_version:020d}",
+                            f"{rid}.json")
+        assert os.path.exists(path), (f"{what}: the region's value is in no inline MemWAL snapshot and has no "
+                                      f"value record of this lifetime ({path})")
+        with open(path, "rb") as f:
+            doc = json.loads(f.read())
+        assert hashlib.sha256(doc["body"].encode()).hexdigest() == doc["sha256"], f"{what}: value record garbled"
+        body = json.loads(doc["body"])
+        rows = pa.ipc.open_stream(base64.b64decode(body["values"])).read_all().to_pylist()
+        got = (body["region_id"], body["initialization"]["table_version"], body["region_spec_id"], rows)
+        assert got == (rid, self.init_version, spec_id, [want]), (
+            f"{what}: its value record holds (region, lifetime, spec, values) {got}, the model "
+            f"{(rid, self.init_version, spec_id, [want])}")
+
     def check_gc_plan(self, plan: gc.GcPlan) -> None:
         """Every item the plan would delete is allowed by the spec, computed here from scratch:
         a generation only at or below merged progress at the latest and at the OLDEST retained
         base version, below every gating index's catch-up (a region missing from it counts 0),
-        flushed, and (sharded tables) in a region whose value a MemWAL snapshot records; a WAL
+        flushed, and (sharded tables) in a region whose value an inline MemWAL snapshot or the
+        lifetime's durable record holds; a WAL
         entry only if covered by replay, not a fence sentinel, not the tail, not the current
         epoch's (when kept) and of a collectable generation no listed generation still needs;
         a manifest version only outside the newest `manifest_retention` and old enough; an
@@ -1185,10 +1206,14 @@ class MemWalMachine(RuleBasedStateMachine):
         gating = state.gating_indexes(indexes)
         retained = [int(i["version"]) for i in ds.versions()]
         merged_by_version = {v: self.merged_at(v) for v in retained}
-        # Only an inline snapshot records a value for good: an external one is left behind by the
-        # next commit that changes the MemWAL index (`region_values.unrecorded_regions`).
-        recorded = (snapshot.recorded_values(self.loc, state) if state.details.HasField("inline_snapshots") else {}) \
-            if self.kind != "unsharded" else None
+        # A value is recorded for good in an inline snapshot or in the durable record of this
+        # lifetime (`state/value_records.py`); an external snapshot is left behind by the next
+        # commit that changes the MemWAL index (`region_values.unrecorded_regions`).
+        inline = None
+        if self.kind != "unsharded":
+            inline = snapshot.recorded_values(self.loc, state) if state.details.HasField("inline_snapshots") else {}
+        field_id = self.spec["fields"][0]["field_id"] if self.spec.get("fields") else None
+        truth = {r: v for v, r in self.rids.items()}  # the model's value of each current region
 
         def allowed(rid: str) -> int:
             bounds = [state.merged.get(rid, 0)]
@@ -1234,8 +1259,11 @@ class MemWalMachine(RuleBasedStateMachine):
                 assert g <= lim, (f"{what}: generation {g} above the allowed limit {lim} (merged {state.merged.get(rid, 0)}, "
                                   f"retained versions {sorted(merged_by_version)}, gating {gating}, catch-up "
                                   f"{ {n: state.catchup.get(n, {}).get(rid, 0) for n in gating} })")
-                if recorded is not None:
-                    assert recorded.get(rid), f"{what}: the region's value is in no MemWAL snapshot yet"
+                if inline is not None:
+                    assert rid in truth, f"{what}: a region the model does not know the value of"
+                    want = {field_id: truth[rid]}
+                    if inline.get(rid) != want:
+                        self.check_value_record(rid, m.message.region_spec_id, want, what)
             elif item.kind == gc.WAL:
                 p = item.number
                 e = wal.read_entry_meta(self.loc.store, rid, p)

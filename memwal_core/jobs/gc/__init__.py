@@ -16,8 +16,9 @@ so it lists what the real run deletes. Per region:
    - `merged[region]` of **every retained base-table version** (`history.py`): a reader
      time-travelling to version v reads the generations newer than v's merged, so they stay.
      A version whose table has no MemWAL index yet needs none.
-   - 0 for a sharded region whose routing value no MemWAL index snapshot records yet
-     (`unrecorded_regions`): its merged generations are the merger's authority for that value.
+   - 0 for a sharded region whose routing value neither an inline MemWAL index snapshot nor the
+     durable record of the lifetime (`state/value_records.py`) holds yet (`unrecorded_regions`):
+     its merged generations are the merger's authority for that value.
    A region with data from before the MemWAL initialization (`state/lifecycle.py`) keeps
    everything until discarded; its discarded generations are then held only by versions from
    before the initialization (`_stale_limit`).

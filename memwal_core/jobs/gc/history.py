@@ -65,9 +65,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from memwal_core.errors import MemwalError, one_line
-from memwal_core.jobs.gc import sealed
 from memwal_core.jobs.gc.items import GcError
-from memwal_core.state import layout, table
+from memwal_core.state import layout, sealed, table
 from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")

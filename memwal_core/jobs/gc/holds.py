@@ -27,7 +27,7 @@ class KeepReason(enum.StrEnum):
     GENERATION_NOT_MERGED = "generation:not_merged"  # pending; includes a region stuck behind a wall
     GENERATION_INDEX_BEHIND = "generation:index_behind"  # a gating index has not caught up
     GENERATION_TIME_TRAVEL = "generation:time_travel"  # a retained base-table version still reads them
-    GENERATION_VALUE_UNRECORDED = "generation:value_unrecorded"  # routing value not yet in a snapshot
+    GENERATION_VALUE_UNRECORDED = "generation:value_unrecorded"  # routing value not recorded for good yet
     GENERATION_STALE = "generation:stale"  # data from before the MemWAL initialization, not discarded
     GENERATION_NOT_FLUSHED = "generation:not_flushed"  # listed at or above current_generation
     GENERATION_UNVERIFIED = "generation:unverified"  # in a merge commit not verified yet
@@ -115,9 +115,9 @@ class GcHold:
     """Generations GC keeps for one reason, over all regions. `reason` is the hold's name
     (`Bound.name`): `time_travel` (`until` = the latest end of the regions' holds),
     `index_behind:<index>`, `not_merged`, `value_unrecorded` (a sharded region's routing value
-    is not yet in a MemWAL index snapshot stored inline: its merged generations are the merger's
-    authority for it until the index builder, which runs before GC in the maintenance job,
-    records it; an external snapshot does not count, `region_values.unrecorded_regions`), `stale`
+    is neither in a MemWAL index snapshot stored inline nor in the durable record of the lifetime:
+    its merged generations are the merger's authority for it until the index builder, which runs
+    before GC in the maintenance job, records it; `region_values.unrecorded_regions`), `stale`
     (a region with data from before the MemWAL initialization, not yet discarded), `not_flushed`,
     `unverified` (in a merge commit a crash left unverified: the next merge run derives the
     commit's keys from them to check it)."""

@@ -23,8 +23,7 @@ import logging
 from dataclasses import dataclass, field
 
 from memwal_core.errors import one_line
-from memwal_core.jobs.gc import sealed
-from memwal_core.state import layout
+from memwal_core.state import layout, sealed
 from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.gc")

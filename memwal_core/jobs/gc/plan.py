@@ -153,7 +153,7 @@ class _Context:
     gating: list[str]
     retention: Retention
     pending: set[str] = field(default_factory=set)  # regions with a GC intent marker
-    # Sharded regions whose routing value no MemWAL index snapshot records authoritatively:
+    # Sharded regions whose routing value neither an inline snapshot nor the durable record holds:
     # their merged generations are the merger's only authority for it (see `unrecorded_regions`).
     unrecorded: set[str] = field(default_factory=set)
     spec_ids: list[int] = field(default_factory=list)  # region specs of the MemWAL index
@@ -198,19 +198,20 @@ def _unverified(loc: TableLocation) -> dict[str, int] | None:
         return None
 
 
-def unrecorded_regions(loc: TableLocation, state: table.MemWalState,
-                       manifests: dict[str, region.RegionManifest]) -> set[str]:
-    """Sharded regions whose routing value the MemWAL index snapshot does not record as
-    authoritative (derived from merged rows).
+def unrecorded_regions(loc: TableLocation, state: table.MemWalState, manifests: dict[str, region.RegionManifest],
+                       init: lifecycle.Initialization | None = None) -> set[str]:
+    """Sharded regions whose routing value neither an inline MemWAL index snapshot nor the
+    durable record of the lifetime of `init` holds as trusted (derived from merged rows, or the
+    region manifest's).
 
     The merger checks every pending generation against the region's value, taken from the
     snapshot or else from the region's merged generations. Trimming those before a snapshot
     recorded the value would leave it nothing to check against but the pending rows themselves,
     so a generation whose rows all belong to another region would be accepted (found by the
     harness soak: a misrouted generation merged after GC). These regions keep their merged
-    generations until the next snapshot records the value. An unreadable snapshot counts as
-    recording nothing."""
-    return region_values.unrecorded_regions(loc, state, manifests)
+    generations until the next index build records the value. An unreadable snapshot or record
+    counts as recording nothing."""
+    return region_values.unrecorded_regions(loc, state, manifests, init)
 
 
 def _failure(rid: str, reason: str, *, permanent: bool) -> RegionFailure:
@@ -446,7 +447,7 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
                                interval=interval, now=now, latest=ds.version, for_leaks=scan_leaks)
     loaded = view.reads if regions is None else _some(loc, view.reads, regions, config.max_workers)
     ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
-                   unrecorded_regions(loc, state, loaded.manifests),
+                   unrecorded_regions(loc, state, loaded.manifests, view.lifecycle.init),
                    [s.spec_id for s in state.details.region_specs], view.lifecycle,
                    _unverified(loc), use_cache=use_summary and not _recreated(retention.history))
     plans = _plan_regions(ctx, loaded)

@@ -47,8 +47,7 @@ import logging
 from dataclasses import dataclass
 
 from memwal_core.errors import one_line
-from memwal_core.jobs.gc import sealed
-from memwal_core.state import layout, wal
+from memwal_core.state import layout, sealed, wal
 from memwal_core.state.store import NotFound, ObjectInfo, ObjectStore
 
 log = logging.getLogger("memwal.gc")

@@ -7,7 +7,7 @@ where region values come from and which are trusted, `state/region_values.py`.
 """
 
 from memwal_core.jobs.snapshot.execute import (
-    DEFAULT_INLINE_THRESHOLD, build_snapshot, execute_snapshot, snapshot_unchanged,
+    DEFAULT_INLINE_THRESHOLD, VALUES_RECORDED, build_snapshot, execute_snapshot, snapshot_unchanged,
 )
 from memwal_core.jobs.snapshot.hints import hint_mutation, probe_hint, raise_hint, refresh_hint
 from memwal_core.jobs.snapshot.plan import RegionRow, SnapshotPlan, plan_snapshot
@@ -25,7 +25,7 @@ from memwal_core.state.region_values import (
 _hint_mutation = hint_mutation  # the name tests of region manifests import
 
 __all__ = [
-    "DEFAULT_INLINE_THRESHOLD", "RegionRow", "SnapshotPlan", "SnapshotResult", "build_snapshot",
+    "DEFAULT_INLINE_THRESHOLD", "VALUES_RECORDED", "RegionRow", "SnapshotPlan", "SnapshotResult", "build_snapshot",
     "execute_snapshot", "plan_snapshot", "snapshot_unchanged", "hint_mutation", "probe_hint", "raise_hint",
     "refresh_hint",
     # re-exported from state

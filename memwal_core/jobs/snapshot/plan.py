@@ -4,13 +4,15 @@ The plan reads the MemWAL index of the latest table version, lists the regions a
 latest manifests in parallel, judges which generations predate the MemWAL initialization
 (`state/lifecycle.py`: never published, never used for a value), probes each region's WAL tail
 beyond its hint, and takes each region's field values (`state/region_values.py`: reused from the
-previous snapshot when pinned, else from the manifest or derived from rows). A region that
-cannot be read is a `RegionFailure`; the previous snapshot's row for it is in `previous`, so
-the build keeps it rather than hiding the region's unmerged generations from readers.
+lifetime's durable record, `state/value_records.py`, or from the previous snapshot when pinned,
+else read from the manifest or derived from rows). A region that cannot be read is a
+`RegionFailure`; the previous snapshot's row for it is in `previous`, so the build keeps it
+rather than hiding the region's unmerged generations from readers.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,16 +21,18 @@ from typing import Any
 import lance
 import pyarrow as pa
 
+from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs.snapshot.hints import probe_hint
 from memwal_core.options import SnapshotOptions
-from memwal_core.state import lifecycle, memwal_index, region, routing, table
+from memwal_core.state import lifecycle, memwal_index, region, routing, table, value_records
 from memwal_core.state.region_values import (
-    NO_FIELDS, UNKNOWN, FieldValues, ValueSource, derive_region_fields, pinned_values, region_specs,
+    NO_FIELDS, UNKNOWN, FieldValues, ValueSource, derive_region_fields, field_types, pinned_values, region_specs,
 )
 from memwal_core.state.store import TableLocation
 
 STEP = "snapshot"
+log = logging.getLogger("memwal.snapshot")
 
 
 @dataclass
@@ -61,6 +65,13 @@ class SnapshotPlan:
     state: table.MemWalState = field(repr=False)
     manifests: dict[str, region.RegionManifest] = field(repr=False)
     lifecycle: lifecycle.Lifecycle = field(repr=False)
+    # The values this build reuses (region -> (spec id), values), the durable records of the
+    # lifetime it read, and the regions whose record and previous snapshot disagree (why).
+    reuse: dict[str, tuple[int, FieldValues]] = field(default_factory=dict, repr=False)
+    recorded: dict[str, value_records.ValueRecord] = field(default_factory=dict, repr=False)
+    value_conflicts: dict[str, str] = field(default_factory=dict)
+    # Spec id -> field id -> the Arrow type its values are recorded as (`field_types`).
+    field_types: dict[int, dict[str, pa.DataType]] = field(default_factory=dict, repr=False)
 
     def kept(self, failures: dict[str, RegionFailure]) -> dict[str, RegionRow]:
         """The previous rows of the failed regions (a region no longer listed has none)."""
@@ -73,6 +84,7 @@ class SnapshotPlan:
                 "failures": [self.failures[rid].to_dict() for rid in sorted(self.failures)],
                 "regions_kept": {rid: r.manifest.version for rid, r in sorted(self.kept(self.failures).items())},
                 "skipped_dirs": [list(s) for s in self.skipped_dirs],
+                "value_conflicts": dict(sorted(self.value_conflicts.items())),
                 "inline_threshold": self.options.inline_threshold}
 
 
@@ -96,6 +108,32 @@ def previous_rows(prev: pa.Table | None) -> dict[str, RegionRow]:
     return {rid: RegionRow(r.manifest, FieldValues(dict(r.values), ValueSource.parse(r.source) if r.source
                                                    else UNKNOWN))
             for rid, r in memwal_index.index_rows(prev).items()}
+
+
+def reused_values(pinned: dict[str, tuple[int, FieldValues]], recorded: dict[str, value_records.ValueRecord]
+                  ) -> tuple[dict[str, tuple[int, FieldValues]], dict[str, str]]:
+    """The values a build reuses instead of deriving them: a region's durable record of this
+    lifetime, else the previous snapshot's pinned value; and the regions whose two disagree
+    (why). A region's value never changes, so one of them is wrong: the build publishes no value
+    for such a region (`unknown`, the problem said) and reports it; the record, written first and
+    perhaps relied on by GC already, stays the value readers of recorded values get."""
+    reuse = dict(pinned)
+    conflicts: dict[str, str] = {}
+    for rid, rec in recorded.items():
+        src = ValueSource.parse(rec.source)
+        if not src.durable:
+            continue
+        spec_id, before = pinned.get(rid, (None, None))
+        if before is not None and spec_id == rec.spec_id and not rec.same_value(spec_id, before.values):
+            conflicts[rid] = (f"region {rid}: its value record holds {value_records.value_text(rec.values)} "
+                              f"({rec.source}) but the previous MemWAL snapshot "
+                              f"{value_records.value_text(before.values)} ({before.source}): a region's value never "
+                              "changes; the record stands, the index gets no value for the region until an "
+                              "operator repairs it")
+            reuse[rid] = (rec.spec_id, FieldValues({}, UNKNOWN, conflicts[rid]))
+            continue
+        reuse[rid] = (rec.spec_id, FieldValues(dict(rec.values), src))
+    return reuse, conflicts
 
 
 def region_fields(loc: TableLocation, specs: dict[int, routing.RegionSpec], ds: lance.LanceDataset,
@@ -137,13 +175,14 @@ def plan_snapshot(loc: TableLocation, options: SnapshotOptions | None = None, *,
     ds = table.open_dataset(loc)
     state = table.read_memwal_state(loc, ds.version)
     prev = previous_snapshot(loc, state)
-    reuse = pinned_values(prev) if derive_fields else {}
     ts_millis = int(time.time() * 1000)
     listing = region.list_regions(loc.store)
     loaded = region.load_many(loc.store, listing.region_ids, max_workers=max_workers)
     # Generations from before the MemWAL initialization are never published as unmerged data
     # (nor used for a region value): readers of the snapshot would read rows the overwrite replaced.
     stale = lifecycle.assess(loc, loaded.manifests, current_version=state.table_version, record=False)
+    recorded = _records(loc, stale.init, loaded.manifests, max_workers) if derive_fields else {}
+    reuse, conflicts = reused_values(pinned_values(prev), recorded) if derive_fields else ({}, {})
     specs = region_specs(state)
     try:
         pk = table.primary_key(ds)
@@ -175,4 +214,18 @@ def plan_snapshot(loc: TableLocation, options: SnapshotOptions | None = None, *,
         failures={rid: r.failure for rid, r in reads.items() if r.failure is not None},
         hints={rid: r.hint for rid, r in reads.items() if r.hint is not None},
         hint_errors={rid: r.hint_error for rid, r in reads.items() if r.hint_error},
-        skipped_dirs=list(listing.skipped), state=state, manifests=loaded.manifests, lifecycle=stale)
+        skipped_dirs=list(listing.skipped), state=state, manifests=loaded.manifests, lifecycle=stale,
+        reuse=reuse, recorded=recorded, value_conflicts={rid: c for rid, c in conflicts.items() if rid in reads},
+        field_types={sid: field_types(spec, ds.lance_schema, ds.schema) for sid, spec in specs.items()})
+
+
+def _records(loc: TableLocation, init: lifecycle.Initialization | None, manifests: dict[str, region.RegionManifest],
+             max_workers: int) -> dict[str, value_records.ValueRecord]:
+    """The durable records of the lifetime for `manifests`' regions; none when they cannot be
+    read (logged): the build then derives values as without them, and writing a value checks it
+    against the record on the store anyway (put-if-absent)."""
+    try:
+        return value_records.read(loc, init, manifests, max_workers=max_workers).values
+    except Exception as e:  # noqa: BLE001 - not fatal: see above
+        log.warning("region value records unreadable (%s); values derived without them", one_line(e))
+        return {}

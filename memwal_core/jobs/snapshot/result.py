@@ -13,7 +13,9 @@ class SnapshotResult:
     num_regions: int
     storage: str  # 'inline' | 'external' | 'none' (dry run)
     hints_updated: dict[str, tuple[int, int]]  # region -> (old hint, new hint)
-    region_errors: dict[str, str]  # region -> error (its previous row is kept when there is one)
+    # region -> error: its previous row is kept when there is one; a region whose value record
+    # disagrees with the value read has its row, without a value
+    region_errors: dict[str, str]
     table_version: int  # the version committed (dry run: the version read)
     duration_s: float
     index_uuid: str | None = None

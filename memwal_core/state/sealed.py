@@ -1,5 +1,6 @@
-"""The envelope of GC's summaries (`history.py`, `leak_refs.py`, `region_cache.py`): a format
-number and a checksum around a JSON body, so that a summary torn by a crash, garbled on the
+"""The envelope of memwal's own records under `_memwal/` (GC's summaries `jobs/gc/history.py`,
+`leak_refs.py`, `region_cache.py`; the region value records `state/value_records.py`): a format
+number and a checksum around a JSON body, so that a record torn by a crash, garbled on the
 store or written by another format is recognised and read around, never used."""
 
 from __future__ import annotations
