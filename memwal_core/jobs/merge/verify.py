@@ -128,9 +128,12 @@ def wrong_keys(found: pa.Table, up: pa.Table, gone: pa.Table, pk: list[str]) -> 
     """(duplicated, resurrected, missing) keys, each distinct and sorted: `found` holds the
     committed rows whose key is one of `up` (upserted) or `gone` (tombstoned), one row per row.
 
-    A single key column (the common case) takes hash sets (`is_in`) and one distinct count that
-    proves no key is duplicated; a key of several columns takes group-bys and joins. Both give
-    the same answer (a property test compares them)."""
+    A single key column (the common case) takes one distinct count that proves no key is
+    duplicated and a hash set of the tombstoned keys (usually few); when `found` then has exactly
+    as many rows as `up`, none duplicated and none tombstoned, its keys (all of `up` or `gone`)
+    are `up`'s, so nothing is missing and the upserted keys need no lookup (they are most of a
+    merge's keys: the lookups were most of this check's time). A key of several columns takes
+    group-bys and joins. Both give the same answer (a property test compares them)."""
     if len(pk) == 1:
         k = pk[0]
         f = _array(found.column(k))
@@ -140,8 +143,11 @@ def wrong_keys(found: pa.Table, up: pa.Table, gone: pa.Table, pk: list[str]) -> 
             counts = pc.value_counts(f)
             dup = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
         ups, gones = _array(up.column(k)), _array(gone.column(k))
-        back = gones.filter(pc.is_in(gones, value_set=f, skip_nulls=True))
-        lost = ups.filter(pc.invert(pc.is_in(ups, value_set=f, skip_nulls=True)))
+        back = f.filter(pc.is_in(f, value_set=gones, skip_nulls=True)) if len(gones) else f.slice(0, 0)
+        if len(dup) == 0 and len(back) == 0 and len(f) == len(ups) and f.null_count == 0 and ups.null_count == 0:
+            lost = ups.slice(0, 0)
+        else:
+            lost = ups.filter(pc.invert(pc.is_in(ups, value_set=f, skip_nulls=True)))
         return tuple(pa.table({k: pc.unique(a)}).sort_by(k) for a in (dup, back, lost))
     per_key = found.group_by(pk).aggregate([([], "count_all")])
     dup = per_key.filter(pc.greater(per_key.column("count_all"), 1)).select(pk)
