@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from memwal_core.state import lifecycle, region, table
-from memwal_core.state.region_values import derive_region_fields, recorded_values, region_specs
+from memwal_core.state.region_values import current_regions, derive_region_fields, read_recorded, region_specs
 from memwal_core.state.store import TableLocation
 
 log = logging.getLogger("memwal.blockers")
@@ -75,7 +75,7 @@ def shared_values(loc: TableLocation, ds, state: table.MemWalState,
     sharded = {sid for sid, sp in specs.items() if sp.sharded}
     try:
         init = lifecycle.assess(loc, {}, current_version=state.table_version, record=False).init
-        recorded = recorded_values(loc, state, init)
+        recorded = read_recorded(loc, state, init, current_regions(loc, manifests)).values
     except Exception as e:  # noqa: BLE001 - unreadable snapshot: derive every value
         log.warning("MemWAL index snapshot unreadable (%s): deriving region values from rows", e)
         recorded = {}
