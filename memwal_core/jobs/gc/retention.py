@@ -4,6 +4,7 @@ whose table has no MemWAL index yet needs none."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -21,6 +22,7 @@ class Retention:
     stamps: dict[int, float] = field(default_factory=dict)  # version -> commit time (epoch seconds)
     history: VersionHistory | None = None  # how they were learned (what `run_gc` saves)
     _by_state: tuple[int, list[tuple[dict[str, int], int, int]]] | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def held_until(self, region_id: str, generation: int, older_than: timedelta | None) -> float | None:
         """When the newest retained version still reading `generation` becomes old enough for
@@ -46,9 +48,14 @@ class Retention:
         """Each distinct merge state (retained versions share few: one per merge commit) with the
         oldest and the newest version that has it; computed once, so that a region's bound and
         holds look at the distinct states, not at every version (the summary decodes equal states
-        as one object, so most versions cost an identity lookup)."""
-        if self._by_state is not None and self._by_state[0] == len(self.states):
+        as one object, so most versions cost an identity lookup). The regions are planned in
+        threads: the first to ask groups them, the others wait for it rather than group them too."""
+        with self._lock:
+            if self._by_state is None or self._by_state[0] != len(self.states):
+                self._by_state = (len(self.states), self._group_states())
             return self._by_state[1]
+
+    def _group_states(self) -> list[tuple[dict[str, int], int, int]]:
         vs = sorted(self.states)
         ms = list(map(self.states.__getitem__, vs))
         ids = list(map(id, ms))  # by object first, in C: most versions share their state object
@@ -57,9 +64,8 @@ class Retention:
         for i, m in objs.items():
             e = by_content.setdefault(frozenset(m.items()), [m, oldest[i], newest[i]])
             e[1], e[2] = min(e[1], oldest[i]), max(e[2], newest[i])
-        runs = [(m, lo, hi) for m, lo, hi in by_content.values()]
-        self._by_state = (len(self.states), runs)
-        return runs
+        return [(m, lo, hi) for m, lo, hi in by_content.values()]
+
 
 def from_history(history: VersionHistory, gone: frozenset[int] = frozenset()) -> Retention:
     """What the listed versions need; `gone`: versions taken as removed (a dry run's cleanup)."""
