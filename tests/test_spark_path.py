@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
+import os
+import subprocess
+import sys
+import time
 
+import pyarrow as pa
+import pytest
+
+from memwal_core.spark import results
 from memwal_core.spark import tasks as sp
 
 
@@ -93,7 +100,7 @@ def test_shared_keys_names_the_regions_and_counts():
     assert sp.shared_keys([], ["id"]) == ({}, 0)
 
 
-def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
+def test_merge_job_returns_the_writers_newest_rows(table_loc, spark, monkeypatch):
     """The Spark job alone (no commit): one stats row per generation, and the newest live rows
     and tombstoned keys of every region equal what the pylance writers left."""
     from memwal_core.jobs import merge
@@ -120,8 +127,29 @@ def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
             for g in batch.generations]
     assert len(gens) >= 6 and len(rids) == 3
 
-    for tasks in (1, 2, 8):  # one task for all regions, uneven groups, one task per region
-        out = sp.read_and_dedup(spark, gens, cfg, tasks)
+    read = results.read
+    files: list[str] = []
+
+    def spy(directory, name):  # which result files the driver read, and from where
+        files.append(os.path.join(directory, name))
+        return read(directory, name)
+
+    monkeypatch.setattr(results, "read", spy)
+    # Rows through files (the local master's default) and through Spark (`off`, as on a cluster):
+    # one task for all regions, uneven groups, one task per region.
+    for setting, tasks in [(s, t) for s in ("auto", "off") for t in (1, 2, 8)]:
+        spark.conf.set(results.RESULT_FILES_KEY, setting)
+        files.clear()
+        try:
+            out = sp.read_and_dedup(spark, gens, cfg, tasks)
+        finally:
+            spark.conf.unset(results.RESULT_FILES_KEY)
+        if setting == "auto":  # one file per region and kind, in the job's directory, removed after it
+            assert len(files) == len(out.live) + len(out.deleted) >= len(rids)
+            assert len({os.path.dirname(f) for f in files}) == 1
+            assert not os.path.exists(os.path.dirname(files[0]))
+        else:
+            assert files == []
         assert sorted((s.region, s.generation) for s in out.stats) == sorted((r, g) for r, g, _, _ in gens)
         assert all(s.error is None and s.rows > 0 and s.routes for s in out.stats)
         assert out.shared == {} and out.shared_keys == 0
@@ -132,3 +160,50 @@ def test_merge_job_returns_the_writers_newest_rows(table_loc, spark):
         assert live and all(model[r["id"]] == r for r in live)
         assert deleted and not (deleted & set(model))
         assert len({r["id"] for r in live}) == len(live)
+
+
+def test_result_files_are_read_by_name_only(tmp_path):
+    t = pa.table({"id": pa.array([3, 1, 2], pa.int64()), "v": ["c", "a", "b"]})
+    name = results.write(str(tmp_path), t, max_chunksize=2)
+    assert results.read(str(tmp_path), name).equals(t)
+    (tmp_path / "x.arrow").write_bytes(b"")
+    for bad in ("../" + name, "/etc/passwd", "x.arrow", name + "/..", ""):
+        with pytest.raises(ValueError, match="no merge task writes"):
+            results.read(str(tmp_path), bad)
+
+
+def test_a_dead_drivers_result_directory_is_swept_once_idle(tmp_path):
+    """What a driver that died during a job left is removed by a later merge on the machine:
+    only when its process is gone and the directory has been idle an hour."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid now names no process (unless reused at once: then it is left, as alive)
+    old = time.time() - results.SWEEP_AFTER_S - 60
+
+    def made(name: str, age: float | None = old) -> str:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "0123456789abcdef0123456789abcdef.arrow").write_bytes(b"rows")
+        if age is not None:
+            os.utime(d, (age, age))
+        return str(d)
+
+    dead_old = made(f"{results.PREFIX}{gone.pid}-abc")
+    dead_young = made(f"{results.PREFIX}{gone.pid}-def", age=None)
+    mine = made(f"{results.PREFIX}{os.getpid()}-ghi")
+    other = made("memwal-merge-notapid-x")
+    assert results.sweep(str(tmp_path)) == [dead_old]
+    assert not os.path.exists(dead_old)
+    assert all(os.path.isdir(d) for d in (dead_young, mine, other))
+
+
+def test_result_files_setting_is_checked(spark):
+    spark.conf.set(results.RESULT_FILES_KEY, "yes")
+    try:
+        with pytest.raises(ValueError, match="expected 'auto' or 'off'"):
+            with results.job_directory(spark):
+                pass
+    finally:
+        spark.conf.unset(results.RESULT_FILES_KEY)
+    with results.job_directory(spark) as d:  # the suite's session: local[*]
+        assert d is not None and os.path.isdir(d) and os.path.basename(d).startswith(f"{results.PREFIX}{os.getpid()}-")
+    assert not os.path.exists(d)

@@ -5,7 +5,8 @@ batch), so the newest row of a key is decided inside its region. Each Spark task
 takes whole regions: it reads each region's generations in ascending order through Lance (so
 in-generation deletion files apply), checks them (columns, routing), keeps the newest row per
 key over the generations it may merge, and returns live rows and tombstoned keys as **Arrow
-IPC blobs**. One stage, nothing shuffled: rows cross the JVM once, on their way to the driver.
+IPC blobs**. One stage, nothing shuffled: rows cross the JVM once, on their way to the driver;
+when the executors run on the driver's machine, not even once (`results.py`: files instead).
 (A first design hash-partitioned keys across a shuffle; it moved every row through the JVM
 four times and was ~2x slower at 200 generations, see docs/benchmarks.md.) Blobs rather than
 Spark rows keep every Arrow type (unsigned ints, nanosecond timestamps, fixed-size-list
@@ -18,6 +19,7 @@ single-region table merges on one core; the batch budget bounds that task's work
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import io
@@ -36,6 +38,7 @@ import pyarrow.compute as pc
 from memwal_core.errors import MemwalError, one_line
 from memwal_core.state.routing import value_key  # noqa: F401 - one definition, shared with the trusted values
 from memwal_core.failures import RegionFailure
+from memwal_core.spark import results
 
 # pylance warns whenever a process that loaded it forks; Spark's worker daemon forks workers
 # that import lance afresh, so the warning is noise here.
@@ -86,6 +89,7 @@ class ReadConfig:
     read_threads: int = 4                # generations a task reads at once
     read_attempts: int = 3               # tries per generation before a read failure stops its region
     retry_backoff_s: float = 0.2         # first back-off between tries (doubles)
+    result_dir: str | None = None        # where tasks write their rows (`results.py`); None: through Spark
 
     def __repr__(self) -> str:  # the storage options hold credentials: never in a repr
         return (f"ReadConfig(pk={self.pk}, columns={self.columns}, "
@@ -359,6 +363,10 @@ def _merge_region(cfg: ReadConfig, ridx: int, read: list[tuple[pa.Table | None, 
         live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE])
         gone = newest.filter(dead).select(list(cfg.pk))
         for kind, t in (("live", live), ("del", gone)):
+            if cfg.result_dir is not None:  # a file of this machine; the row carries its name
+                if t.num_rows:
+                    rows.append((kind, -1, b"", t.num_rows, t.nbytes, results.write(cfg.result_dir, t, ROWS_PER_BLOB)))
+                continue
             for off in range(0, t.num_rows, ROWS_PER_BLOB):
                 chunk = t.slice(off, ROWS_PER_BLOB)
                 rows.append((kind, -1, to_blob(chunk), chunk.num_rows, chunk.nbytes, ""))
@@ -416,8 +424,15 @@ def read_and_dedup(spark, generations: list[tuple[int, int, str, int]], cfg: Rea
     """Run one Spark job over `generations` (region index, generation, uri, bytes) and collect
     the newest rows per region; then check on the driver that no key sits in two regions."""
     groups = pack_regions(generations, tasks)
-    df = spark.range(0, len(groups), 1, numPartitions=len(groups))
-    out = df.mapInArrow(functools.partial(merge_regions, cfg, groups), OUTPUT_DDL).toArrow()
+    with results.job_directory(spark) as result_dir:
+        job_cfg = dataclasses.replace(cfg, result_dir=result_dir)
+        df = spark.range(0, len(groups), 1, numPartitions=len(groups))
+        out = df.mapInArrow(functools.partial(merge_regions, job_cfg, groups), OUTPUT_DDL).toArrow()
+        return _collect(out, result_dir, list(cfg.pk))
+
+
+def _collect(out: pa.Table, result_dir: str | None, pk: list[str]) -> Deduped:
+    """The job's output rows as a `Deduped` (rows from the files of `result_dir`, or the blobs)."""
     result = Deduped(stats=[])
     keys: list[tuple[int, pa.Table]] = []
     regions = out.column("region").to_pylist()
@@ -427,11 +442,12 @@ def read_and_dedup(spark, generations: list[tuple[int, int, str, int]], cfg: Rea
                 regions[i], out.column("generation")[i].as_py(), out.column("rows")[i].as_py(),
                 out.column("bytes")[i].as_py(), out.column("info")[i].as_py()))
             continue
-        table = from_blob(out.column("blob")[i].as_buffer())
+        table = (results.read(result_dir, out.column("info")[i].as_py()) if result_dir is not None
+                 else from_blob(out.column("blob")[i].as_buffer()))
         (result.live if kind == "live" else result.deleted).append(table)
         (result.live_region if kind == "live" else result.deleted_region).append(regions[i])
-        keys.append((regions[i], table.select(list(cfg.pk))))
-    result.shared, result.shared_keys = shared_keys(keys, list(cfg.pk))
+        keys.append((regions[i], table.select(pk)))
+    result.shared, result.shared_keys = shared_keys(keys, pk)
     return result
 
 
