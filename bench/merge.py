@@ -22,6 +22,8 @@ Contenders, in one run:
   (c) bound   in-process Arrow dedup of the union of all generations (newest generation wins)
               plus ONE merge_insert with every region's marker;
   (d) cold    `memwal maintain <copy> --only merge` as a subprocess (JVM start included).
+  (a4) memwal_blobs  (a) with `memwal.merge.result_files: off`: the rows come back through Spark
+              as on a cluster, not as files (run after (a2), on the warmest JVM);
   (e) memwal_local, cold_local  (a) and (d) on `local[*]`, for a `--spark-master` that is a
               cluster (`spark://...`, or `--start-cluster`): the cluster's overhead in one run
               ((a) then stops its session and (e) starts a local one in the same process).
@@ -66,7 +68,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from lance.mem_wal import CompactedSsTable, evaluate_sharding_spec  # noqa: E402
 
-from memwal_core.state import layout, region, table
+from memwal_core.spark.results import RESULT_FILES_KEY  # noqa: E402
+from memwal_core.state import layout, region, table  # noqa: E402
 from memwal_core.state.store import open_store  # noqa: E402
 from memwal_core.tools import demo  # noqa: E402
 
@@ -432,7 +435,7 @@ def run_compare(args) -> None:
 
         if "bound" in contenders:
             measure("bound", "(c) bound", lambda: bound_merge(paths["bound"], bl.regions))
-        if {"memwal", "memwal_2nd", "memwal_capped"} & set(contenders):
+        if {"memwal", "memwal_2nd", "memwal_blobs", "memwal_capped"} & set(contenders):
             t = time.perf_counter()
             spark = common.spark_session(args.spark_master)
             start = time.perf_counter() - t
@@ -444,6 +447,13 @@ def run_compare(args) -> None:
         if "memwal_2nd" in contenders:
             measure("memwal_2nd", "(a2) memwal, second merge in the session",
                     lambda: memwal_merge(paths["memwal_2nd"], spark, max_generations=args.max_generations))
+        if "memwal_blobs" in contenders:  # after (a2): the warmest JVM, so any gain of the files is not order's
+            spark.conf.set(RESULT_FILES_KEY, "off")
+            try:
+                measure("memwal_blobs", "(a4) memwal, rows through Spark as on a cluster (result files off)",
+                        lambda: memwal_merge(paths["memwal_blobs"], spark, max_generations=args.max_generations))
+            finally:
+                spark.conf.unset(RESULT_FILES_KEY)
         if "memwal_capped" in contenders:
             measure("memwal_capped", f"(a3) memwal, <= {args.capped_generations} generations per batch",
                     lambda: memwal_merge(paths["memwal_capped"], spark, max_generations=args.capped_generations))
@@ -467,7 +477,8 @@ def run_compare(args) -> None:
         check_identical(paths, bl)
         kv = {"generations": bl.generations, "regions": shape.regions, "rows_per_gen": shape.rows,
               "rows": bl.rows_put + bl.rows_deleted, "backlog_mb": round(bl.in_memory_bytes / 1e6, 1)}
-        keys = {"memwal": "memwal", "memwal_2nd": "memwal_2nd", "memwal_capped": "memwal_capped", "naive": "naive",
+        keys = {"memwal": "memwal", "memwal_2nd": "memwal_2nd", "memwal_blobs": "memwal_blobs",
+                "memwal_capped": "memwal_capped", "naive": "naive",
                 "bound": "bound", "cold": "cold_cli",
                 "memwal_local": "memwal_local", "cold_local": "cold_cli_local"}
         for name, key in keys.items():
@@ -479,6 +490,10 @@ def run_compare(args) -> None:
             kv["memwal_over_bound"] = common.ratio(secs["memwal"], secs["bound"])
         if "memwal_2nd" in secs and "bound" in secs:
             kv["memwal_2nd_over_bound"] = common.ratio(secs["memwal_2nd"], secs["bound"])
+        if "memwal_blobs" in secs and "bound" in secs:
+            kv["memwal_blobs_over_bound"] = common.ratio(secs["memwal_blobs"], secs["bound"])
+        if "memwal_blobs" in secs and "memwal_2nd" in secs:
+            kv["memwal_2nd_over_memwal_blobs"] = common.ratio(secs["memwal_2nd"], secs["memwal_blobs"])
         if "memwal_capped" in secs and "bound" in secs:
             kv["memwal_capped_over_bound"] = common.ratio(secs["memwal_capped"], secs["bound"])
         if "memwal" in secs and "memwal_local" in secs:
@@ -602,7 +617,7 @@ def main() -> None:
     p.add_argument("--string-bytes", type=int, default=None, help="bytes per string value (default short; --memory: 1500)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--contenders", default="memwal,memwal_2nd,naive,bound,cold",
-                   help="subset of memwal,memwal_2nd,memwal_capped,naive,bound,cold,memwal_local,cold_local "
+                   help="subset of memwal,memwal_2nd,memwal_blobs,memwal_capped,naive,bound,cold,memwal_local,cold_local "
                         "(default: the first five)")
     p.add_argument("--spark-master", default="local[*]", help="the master of (a), (a2) and (d)")
     p.add_argument("--start-cluster", action="store_true",

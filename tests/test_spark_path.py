@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import pyarrow as pa
 import pytest
 
+from memwal_core.errors import MemwalError
 from memwal_core.spark import results
 from memwal_core.spark import tasks as sp
 
@@ -207,3 +209,55 @@ def test_result_files_setting_is_checked(spark):
     with results.job_directory(spark) as d:  # the suite's session: local[*]
         assert d is not None and os.path.isdir(d) and os.path.basename(d).startswith(f"{results.PREFIX}{os.getpid()}-")
     assert not os.path.exists(d)
+
+
+def test_a_running_jobs_directory_is_never_swept(tmp_path):
+    """The job's lock protects its directory where its process cannot be seen (another PID
+    namespace sharing the temporary directory): a gone pid and an hour idle are not enough."""
+    import fcntl
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    d = tmp_path / f"{results.PREFIX}{gone.pid}-live"
+    d.mkdir()
+    old = time.time() - results.SWEEP_AFTER_S - 60
+    os.utime(d, (old, old))
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # what `job_directory` holds while its job runs
+        assert results.sweep(str(tmp_path)) == [] and d.is_dir()
+    finally:
+        os.close(fd)
+    assert results.sweep(str(tmp_path)) == [str(d)] and not d.exists()
+
+
+def _read_stats(region: int, t: pa.Table, generation: int = 1) -> sp.GenerationStats:
+    return sp.GenerationStats(region, generation, t.num_rows, t.nbytes)
+
+
+def test_rows_go_through_spark_when_their_file_cannot_be_written(tmp_path):
+    """A full or missing temporary directory costs the faster path, not the merge: the task
+    returns that region's rows as blobs, and the driver takes each row as it came."""
+    gen = _gen([1, 2, 3], ["a", "b", "c"], dead=[False, True, False])
+    cfg = sp.ReadConfig(pk=("id",), columns=("id", "v"), storage_options=(), routing=(),
+                        result_dir=str(tmp_path / "missing"))
+    out = sp._merge_region(cfg, 0, [(gen, _read_stats(0, gen))], None)
+    kinds, info = out.column("kind").to_pylist(), out.column("info").to_pylist()
+    assert kinds == ["stats", "live", "del"] and info[1:] == ["", ""]
+    got = sp._collect(pa.Table.from_batches([out]), str(tmp_path), ["id"])
+    assert got.live[0].to_pylist() == [{"id": 1, "v": "a"}, {"id": 3, "v": "c"}]
+    assert got.deleted[0].to_pylist() == [{"id": 2}]
+
+    ok = dataclasses.replace(cfg, result_dir=str(tmp_path))
+    out = sp._merge_region(ok, 0, [(gen, _read_stats(0, gen))], None)
+    assert [n for n in out.column("info").to_pylist()[1:] if n.endswith(".arrow")] and not any(
+        out.column("blob").to_pylist()[1:])
+    files = sp._collect(pa.Table.from_batches([out]), str(tmp_path), ["id"])
+    assert files.live[0].equals(got.live[0]) and files.deleted[0].equals(got.deleted[0])
+
+
+def test_a_task_output_with_fewer_rows_than_it_says_is_refused(tmp_path):
+    t = pa.table({"id": pa.array([1, 2], pa.int64())})
+    row = sp._output_batch(0, [("del", -1, sp.to_blob(t), 3, t.nbytes, "")])
+    with pytest.raises(MemwalError, match="2 del rows arrived, the task wrote 3"):
+        sp._collect(pa.Table.from_batches([row]), None, ["id"])

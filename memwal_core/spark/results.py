@@ -3,28 +3,32 @@
 Through Spark, a task's deduplicated rows (Arrow IPC blobs in a binary column) are copied
 from the Python worker into the JVM, into Spark rows, into the task result, back into Arrow
 on the driver's JVM and over a socket into the driver's Python. When the executors run on the
-driver's machine (a `local[...]` master: the CLI, every Dagster run without Spark Connect)
-the task writes each region's rows to an Arrow IPC file in a directory the driver made for
-the job, the Spark row carries only the file's name, and the driver reads the file and removes
-the directory when the job is done. Measured at 200 generations (38 MB): the Spark job took
-1.16 s with files against 1.61 s through Spark (median of 5, alternating; docs/benchmarks.md).
+driver's machine (a classic session on a `local[...]` master, as the CLI and Dagster runs use
+unless a table names a cluster or a Spark Connect server) the task writes each region's rows
+to an Arrow IPC file in a directory the driver made for the job, the Spark row carries only
+the file's name, and the driver reads the file and removes the directory when the job is done. Measured at 200 generations (38 MB): the Spark job took
+1.16 s with files against 1.61 s through Spark (median of 5, alternating; docs/benchmarks.md §1).
+A file that cannot be written (a full temporary directory) sends its rows through Spark.
 
 A cluster or Spark Connect master keeps the Spark path: its executors may be other machines.
 `memwal.merge.result_files: off` (Spark conf) keeps it on a local master too.
 
 A driver that dies during a job leaves its directory behind; the next merge on the machine
-removes such directories of this user whose process is gone, once they are an hour old
-(`sweep`).
+removes such directories of this user whose process is gone, once they are an hour old and no
+process holds the lock a job takes on its directory (`sweep`; the lock is seen across PID
+namespaces sharing the directory, where the process is not).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 import time
 import uuid
@@ -44,11 +48,8 @@ SWEEP_AFTER_S = 3600.0  # a directory left this long by a process that is gone i
 def executors_on_this_machine(spark) -> bool:
     """Whether the session's executors are processes of this machine: a classic (not Connect)
     session on a `local` or `local-cluster` master."""
-    try:
-        from pyspark.sql.connect.session import SparkSession as RemoteSession
-    except ImportError:  # pyspark without Connect's client dependencies
-        RemoteSession = ()  # type: ignore[assignment]
-    if isinstance(spark, RemoteSession):
+    remote = sys.modules.get("pyspark.sql.connect.session")  # never imported: not a Connect session
+    if remote is not None and isinstance(spark, remote.SparkSession):
         return False
     try:
         return str(spark.sparkContext.master).startswith("local")
@@ -68,10 +69,13 @@ def job_directory(spark) -> Iterator[str | None]:
         return
     sweep()
     path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+    fd = os.open(path, os.O_RDONLY)
     try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # in use: `sweep` skips it, whoever runs it (released if this process dies)
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
 
 
 def write(directory: str, table: pa.Table, max_chunksize: int) -> str:
@@ -109,14 +113,29 @@ def sweep(parent: str | None = None) -> list[str]:
             st = os.lstat(path)
         except OSError:
             continue
-        # Only this user's directories, and only idle ones: a process in another PID namespace
-        # sharing this temporary directory cannot be seen, but its running job writes files.
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or now - st.st_mtime < SWEEP_AFTER_S:
+            continue
+        if not _unlocked(path):  # a live job's: its process is in a PID namespace this one cannot see
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
         log.info("removed %s, left by merge process %s, which is gone", path, m.group(1))
     return removed
+
+
+def _unlocked(path: str) -> bool:
+    """Whether no process holds the job lock of the directory `path` (`job_directory`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # and with it the lock, before the directory is removed
 
 
 def _alive(pid: int) -> bool:

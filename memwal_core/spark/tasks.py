@@ -58,7 +58,8 @@ OUTPUT_SCHEMA = pa.schema([
     ("blob", pa.binary()),
     ("rows", pa.int64()),
     ("bytes", pa.int64()),
-    ("info", pa.string()),          # stats: `GenerationStats.info` (JSON), decoded once on the driver
+    ("info", pa.string()),          # stats: `GenerationStats.info` (JSON), decoded once on the driver;
+                                    # live/del: the result file's name (`results.py`), or "" (rows in `blob`)
 ])
 OUTPUT_DDL = "kind string, region int, generation long, blob binary, rows long, bytes long, info string"
 
@@ -363,10 +364,13 @@ def _merge_region(cfg: ReadConfig, ridx: int, read: list[tuple[pa.Table | None, 
         live = newest.filter(pc.invert(dead)).drop_columns([TOMBSTONE])
         gone = newest.filter(dead).select(list(cfg.pk))
         for kind, t in (("live", live), ("del", gone)):
-            if cfg.result_dir is not None:  # a file of this machine; the row carries its name
-                if t.num_rows:
+            if cfg.result_dir is not None and t.num_rows:  # a file of this machine; the row carries its name
+                try:
                     rows.append((kind, -1, b"", t.num_rows, t.nbytes, results.write(cfg.result_dir, t, ROWS_PER_BLOB)))
-                continue
+                    continue
+                except OSError as e:  # a full or read-only temporary directory: through Spark instead
+                    log.warning("merge task: result file not written (%s); returning the rows through Spark",
+                                one_line(e))
             for off in range(0, t.num_rows, ROWS_PER_BLOB):
                 chunk = t.slice(off, ROWS_PER_BLOB)
                 rows.append((kind, -1, to_blob(chunk), chunk.num_rows, chunk.nbytes, ""))
@@ -442,8 +446,12 @@ def _collect(out: pa.Table, result_dir: str | None, pk: list[str]) -> Deduped:
                 regions[i], out.column("generation")[i].as_py(), out.column("rows")[i].as_py(),
                 out.column("bytes")[i].as_py(), out.column("info")[i].as_py()))
             continue
-        table = (results.read(result_dir, out.column("info")[i].as_py()) if result_dir is not None
-                 else from_blob(out.column("blob")[i].as_buffer()))
+        name = out.column("info")[i].as_py()
+        table = results.read(result_dir, name) if name and result_dir is not None \
+            else from_blob(out.column("blob")[i].as_buffer())
+        if table.num_rows != out.column("rows")[i].as_py():  # a short file or blob must never commit fewer rows
+            raise MemwalError(f"merge task output for region index {regions[i]}: {table.num_rows} {kind} rows "
+                              f"arrived, the task wrote {out.column('rows')[i].as_py()}")
         (result.live if kind == "live" else result.deleted).append(table)
         (result.live_region if kind == "live" else result.deleted_region).append(regions[i])
         keys.append((regions[i], table.select(pk)))
