@@ -6,7 +6,7 @@ with the machine line. Exit status: non-zero when any script failed (the others 
 
 usage: python bench/run_all.py [--quick] [--only merge,sensor,...] [--skip merge_2000,...] [--log-dir DIR]
 
-Names: snapshot, gc, merge, merge_2000, merge_memory, sensor, latency, cold_start, e2e, steady_state, liveness_e2e (gc and snapshot only when
+Names: snapshot, gc, merge, merge_2000, merge_memory, merge_job, sensor, latency, cold_start, e2e, steady_state, liveness_e2e (gc and snapshot only when
 their scripts exist). `--quick` runs every script at small sizes (a smoke test; minutes).
 """
 
@@ -30,6 +30,7 @@ BENCHES: list[tuple[str, str, list[str], list[str]]] = [
     ("merge_2000", "merge.py", ["--generations-per-region", "200"],
      ["--quick", "--generations-per-region", "20", "--contenders", "memwal,memwal_2nd,naive,bound"]),
     ("merge_memory", "merge.py", ["--memory"], ["--memory", "--quick"]),
+    ("merge_job", "merge_job.py", [], ["--quick", "--rounds", "2"]),
     ("sensor", "sensor.py", [], ["--quick"]),
     ("latency", "latency.py", [], ["--quick"]),
     ("cold_start", "cold_start.py", [], ["--quick"]),
