@@ -126,14 +126,28 @@ def _spawn_merger(uri: str, *extra: str, env: dict | None = None) -> subprocess.
                             env={**os.environ, **(env or {})})
 
 
-def test_two_merger_processes(table_loc, spark):
+def test_two_merger_processes(table_loc, spark, tmp_path):
     demo.create_table(table_loc, sharding="bucket", num_buckets=4, base_rows=20)
     w = demo.Workload(table_loc, seed=11, key_space=300, max_memtable_rows=30)
     for _ in range(3):
         w.write_round(120, overwrite=0.4, delete=0.05, puts_per_batch=10)
-    start = time.time() + 25  # both JVMs are up by then; they start merging together
-    procs = [_spawn_merger(table_loc.lance_uri, "--budget", "8000", "--start-at", str(start)) for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    # Both mergers start merging together, once both JVMs are up (each says so in its ready file).
+    ready, go = [str(tmp_path / f"ready{i}") for i in range(2)], str(tmp_path / "go")
+    procs = [_spawn_merger(table_loc.lance_uri, "--budget", "8000", "--ready", r, "--go", go) for r in ready]
+    try:
+        deadline = time.monotonic() + 300
+        while not all(os.path.exists(r) for r in ready):
+            for p, r in zip(procs, ready):
+                assert p.poll() is None or os.path.exists(r), p.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the mergers' JVMs did not start"
+            time.sleep(0.05)
+        open(go, "w").close()
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
         assert json.loads(out.strip().splitlines()[-1])["region_errors"] == {}

@@ -1,11 +1,14 @@
 """A merger in its own process (own SparkSession), for concurrency and crash tests.
 
-Usage: python -m tests.procs.merge_proc URI [--budget BYTES] [--start-at EPOCH_SECONDS]
+Usage: python -m tests.procs.merge_proc URI [--budget BYTES] [--ready FILE --go FILE]
 Prints the MergeResult as JSON on the last line; MEMWAL_CRASH_AT makes it die at a point.
+With --ready/--go it creates FILE `--ready` once its SparkSession is up, then merges only once
+FILE `--go` exists (a test lines several mergers up after their JVMs are warm).
 """
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -19,10 +22,13 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("uri")
     p.add_argument("--budget", type=int, default=merge.DEFAULT_BUDGET_BYTES)
-    p.add_argument("--start-at", type=float, default=0.0)
+    p.add_argument("--ready")
+    p.add_argument("--go")
     a = p.parse_args()
     spark = get_spark("local[1]", {"spark.sql.shuffle.partitions": "2"})
-    while time.time() < a.start_at:  # line both mergers up after their JVMs are warm
+    if a.ready:  # line the mergers up after their JVMs are warm: say so, merge when told
+        open(a.ready, "w").close()
+    while a.go and not os.path.exists(a.go):
         time.sleep(0.01)
     # The lease serializes two mergers: the second waits for the first however slow the machine.
     result = merge.merge(open_store(a.uri), spark, budget_bytes=a.budget, lease=LeaseOptions(wait_seconds=240))
