@@ -36,13 +36,11 @@ def _port() -> int:
 
 
 def _start(uri: str, remote: str, home, limit: int = 64, lease_wait: float | None = None,
-           gate: str | None = None, env: dict | None = None) -> subprocess.Popen:
+           env: dict | None = None) -> subprocess.Popen:
     """A tick in its own process; the instance (and cursor) live in `home`, the Connect server's
     records in the `state` directory beside it."""
     extra = [] if lease_wait is None else [str(lease_wait)]
     env = {**os.environ, "MEMWAL_STATE_DIR": str(home.parent / "state"), **(env or {})}
-    if gate:
-        env["MEMWAL_TEST_TICK_GATE"] = gate
     return subprocess.Popen([sys.executable, PROC, uri, remote, str(home), str(limit), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -55,6 +53,39 @@ def _result(p: subprocess.Popen) -> dict:
 
 def _tick(uri: str, remote: str, home, limit: int = 64, lease_wait: float | None = None) -> dict:
     return _result(_start(uri, remote, home, limit, lease_wait))
+
+
+class CodeServer:
+    """A tick process that lives on between ticks, as the code server does (its Connect session
+    kept warm): `send()` starts a tick, `result()` waits for what it did."""
+
+    def __init__(self, uri: str, remote: str, home, limit: int = 64) -> None:
+        self.stderr = home.parent / f"{home.name}.stderr"
+        env = {**os.environ, "MEMWAL_STATE_DIR": str(home.parent / "state"), "MEMWAL_TEST_TICK_SERVE": "1"}
+        with open(self.stderr, "w") as err:
+            self.p = subprocess.Popen([sys.executable, PROC, uri, remote, str(home), str(limit)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+
+    def send(self, lease_wait: float | None = None) -> None:
+        self.p.stdin.write(json.dumps({} if lease_wait is None else {"lease_wait": lease_wait}) + "\n")
+        self.p.stdin.flush()
+
+    def result(self) -> dict:
+        line = self.p.stdout.readline()
+        assert line, f"the tick process died ({self.p.wait()}): {self.stderr.read_text()[-3000:]}"
+        return json.loads(line)
+
+    def tick(self, lease_wait: float | None = None) -> dict:
+        self.send(lease_wait)
+        return self.result()
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        try:
+            self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
 
 
 @pytest.fixture(scope="module")
@@ -88,41 +119,39 @@ def test_a_small_merge_runs_in_the_tick_on_the_connect_server(table_loc, tmp_pat
     first = _tick(table_loc.lance_uri, f"sc://127.0.0.1:{_port()}", _home(tmp_path, "home"))
     assert len(_merge_requests(first)) == 1 and first["merged_in_tick"] == []
     assert table.read_memwal_state(table_loc).merged == {}
-    home = _home(base, "small")
-    res = _tick(table_loc.lance_uri, remote, home)
-    assert _merge_requests(res) == [], res
-    assert res["merged_in_tick"] == regions and res["merged_by"] == [tick_merge.MERGED_BY]
-    assert res["recorded"] == regions  # stored as materializations of base_table's partitions
-    assert rows(table_loc) == w.expected()
-    # The next flushes: merged by the next tick; the one after requests maintenance.
-    w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    res = _tick(table_loc.lance_uri, remote, home)
-    assert _merge_requests(res) == [] and res["merged_in_tick"]
-    assert rows(table_loc) == w.expected()
-    res = _tick(table_loc.lance_uri, remote, home)
-    assert [r["job"] for r in res["requests"]] == ["t_maintenance"]
-    # Another maintainer (a maintenance run) holds the table's lease for a few seconds, longer
-    # than the sensor's interval: the tick waits for it and merges on its warm session.
-    w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    gate = str(tmp_path / "gate")
-    p = _start(table_loc.lance_uri, remote, home, gate=gate)
-    while not os.path.exists(gate + ".ready"):
-        assert p.poll() is None, p.communicate()[1][-3000:]
-        time.sleep(0.05)
-    with lease.hold(table_loc, "compact", LeaseOptions(), run_id="a maintenance run"):
-        open(gate, "w").close()
-        time.sleep(15)  # the tick waits: three sensor intervals (5 s), within its 20 s wait
-    res = _result(p)
-    assert _merge_requests(res) == [] and res["merged_in_tick"], res
-    assert rows(table_loc) == w.expected()
-    # Held past the tick's wait (`lease.wait_seconds`, here 3 s): the tick's merge is skipped
-    # and the merge run is requested, as without merges in the tick.
-    w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-    before = table.read_memwal_state(table_loc).merged
-    with lease.hold(table_loc, "merge", LeaseOptions(), run_id="another maintainer"):
-        res = _tick(table_loc.lance_uri, remote, home, lease_wait=3)
-    assert len(_merge_requests(res)) == 1 and res["merged_in_tick"] == []
-    assert table.read_memwal_state(table_loc).merged == before
+    server_proc = CodeServer(table_loc.lance_uri, remote, _home(base, "small"))
+    try:
+        res = server_proc.tick()
+        assert _merge_requests(res) == [], res
+        assert res["merged_in_tick"] == regions and res["merged_by"] == [tick_merge.MERGED_BY]
+        assert res["recorded"] == regions  # stored as materializations of base_table's partitions
+        assert rows(table_loc) == w.expected()
+        # The next flushes: merged by the next tick; the one after requests maintenance.
+        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+        res = server_proc.tick()
+        assert _merge_requests(res) == [] and res["merged_in_tick"]
+        assert rows(table_loc) == w.expected()
+        res = server_proc.tick()
+        assert [r["job"] for r in res["requests"]] == ["t_maintenance"]
+        # Another maintainer (a maintenance run) holds the table's lease for a few seconds, longer
+        # than the sensor's interval: the tick waits for it and merges on its warm session.
+        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+        with lease.hold(table_loc, "compact", LeaseOptions(), run_id="a maintenance run"):
+            server_proc.send()
+            time.sleep(15)  # the tick waits: three sensor intervals (5 s), within its 20 s wait
+        res = server_proc.result()
+        assert _merge_requests(res) == [] and res["merged_in_tick"], res
+        assert rows(table_loc) == w.expected()
+        # Held past the tick's wait (`lease.wait_seconds`, here 3 s): the tick's merge is skipped
+        # and the merge run is requested, as without merges in the tick.
+        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+        before = table.read_memwal_state(table_loc).merged
+        with lease.hold(table_loc, "merge", LeaseOptions(), run_id="another maintainer"):
+            res = server_proc.tick(lease_wait=3)
+        assert len(_merge_requests(res)) == 1 and res["merged_in_tick"] == []
+        assert table.read_memwal_state(table_loc).merged == before
+    finally:
+        server_proc.close()
 
 
 def test_a_tick_killed_inside_its_merge_loses_nothing(table_loc, server):
@@ -136,18 +165,25 @@ def test_a_tick_killed_inside_its_merge_loses_nothing(table_loc, server):
     assert counted["merged_in_tick"] and rows(table_loc) == w.expected()
     n = len(counted["ops"])
     assert n >= 2, counted["ops"]
-    for k in sorted({1, (n + 1) // 2, n}):
-        w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
-        before = table.read_memwal_state(table_loc).merged
-        p = _start(table_loc.lance_uri, remote, home, env={"MEMWAL_CRASH_AFTER_OPS": str(k), "MEMWAL_CRASH_SIGNAL": "1"})
-        _, err = p.communicate(timeout=600)
-        assert p.returncode == -signal.SIGKILL, f"write {k} of {n}: not killed there: {err[-3000:]}"
-        after = table.read_memwal_state(table_loc).merged
-        assert all(after.get(r, 0) >= g for r, g in before.items()), f"write {k}: progress went back"
-        assert {r["id"]: r for r in reader.lsm_table(table_loc).to_pylist()} == w.expected(), f"write {k}"
-        res = _tick(table_loc.lance_uri, remote, home)
-        assert _merge_requests(res) == [], f"write {k}: {res}"
-        assert rows(table_loc) == w.expected(), f"write {k}: the next tick did not merge everything"
+    restarted = None  # the code server started again after the first kill, living on
+    try:
+        for k in sorted({1, (n + 1) // 2, n}):
+            w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
+            before = table.read_memwal_state(table_loc).merged
+            p = _start(table_loc.lance_uri, remote, home,
+                       env={"MEMWAL_CRASH_AFTER_OPS": str(k), "MEMWAL_CRASH_SIGNAL": "1"})
+            _, err = p.communicate(timeout=600)
+            assert p.returncode == -signal.SIGKILL, f"write {k} of {n}: not killed there: {err[-3000:]}"
+            after = table.read_memwal_state(table_loc).merged
+            assert all(after.get(r, 0) >= g for r, g in before.items()), f"write {k}: progress went back"
+            assert {r["id"]: r for r in reader.lsm_table(table_loc).to_pylist()} == w.expected(), f"write {k}"
+            restarted = restarted or CodeServer(table_loc.lance_uri, remote, home)
+            res = restarted.tick()
+            assert _merge_requests(res) == [], f"write {k}: {res}"
+            assert rows(table_loc) == w.expected(), f"write {k}: the next tick did not merge everything"
+    finally:
+        if restarted is not None:
+            restarted.close()
 
 
 def test_why_not_names_what_sends_a_merge_to_a_run(tmp_path):
