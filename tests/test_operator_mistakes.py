@@ -111,14 +111,21 @@ def test_demo_refuses_a_directory_it_did_not_write(tmp_path, capsys):
 
 
 def test_demo_marks_its_table_and_replaces_it_on_the_next_run(tmp_path):
+    """The run before this one left its table and marker at the path (the demo's own table and
+    marker file, written here without a JVM; a first run on a fresh path: tests/test_install.py):
+    the next `memwal demo` replaces it, marks its own table, and maintains it."""
     path = tmp_path / "demo"
-    for _ in range(2):
-        p = _cli("demo", "--path", str(path), "--regions", "2", "--rows", "40", "--spark-master", "local[1]",
-                 timeout=400)
-        assert p.returncode == 0, p.stderr[-3000:]
-        assert "LSM read equals what the writers wrote: yes" in p.stdout
-        assert (path / cli.DEMO_MARKER).is_file()
+    previous = _small_table(str(path))
+    (path / cli.DEMO_MARKER).write_text("the previous run's marker\n")
+    old_files = tree(str(path))
+    assert previous.expected() and len(old_files) > 5
+    p = _cli("demo", "--path", str(path), "--regions", "2", "--rows", "40", "--spark-master", "local[1]",
+             timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "LSM read equals what the writers wrote: yes" in p.stdout
     assert "removing the previous demo table" in p.stderr
+    assert (path / cli.DEMO_MARKER).read_text().startswith("written by `memwal demo`")  # marked by this run
+    assert not set(old_files.items()) & set(tree(str(path)).items())  # no file of the previous table is left
 
 
 def test_demo_path_replaces_only_previous_demo_tables(tmp_path):
