@@ -6,9 +6,10 @@ on the driver's JVM and over a socket into the driver's Python. When the executo
 driver's machine (a classic session on a `local[...]` master, as the CLI and Dagster runs use
 unless a table names a cluster or a Spark Connect server) the task writes each region's rows
 to an Arrow IPC file in a directory the driver made for the job, the Spark row carries only
-the file's name, and the driver reads the file and removes the directory when the job is done. Measured at 200 generations (38 MB): the Spark job took
-1.16–1.23 s with files against 1.51–1.61 s through Spark (`bench/merge_job.py`).
-A file that cannot be written (a full temporary directory) sends its rows through Spark.
+the file's name, and the driver reads the file and removes the directory when the job is done.
+Measured at 200 generations (38 MB): the Spark job took 1.16–1.23 s with files against
+1.51–1.61 s through Spark (`bench/merge_job.py`). A file that cannot be written (a full
+temporary directory) sends its rows through Spark.
 
 A cluster or Spark Connect master keeps the Spark path: its executors may be other machines.
 `memwal.merge.result_files: off` (Spark conf) keeps it on a local master too.
