@@ -12,6 +12,7 @@ import lance
 import pyarrow as pa
 import pytest
 from support.helpers import plant_generation
+from support.procs import reaped
 
 from memwal_core.jobs import merge
 from memwal_core.observe import reader
@@ -133,8 +134,8 @@ def test_two_merger_processes(table_loc, spark, tmp_path):
         w.write_round(120, overwrite=0.4, delete=0.05, puts_per_batch=10)
     # Both mergers start merging together, once both JVMs are up (each says so in its ready file).
     ready, go = [str(tmp_path / f"ready{i}") for i in range(2)], str(tmp_path / "go")
-    procs = [_spawn_merger(table_loc.lance_uri, "--budget", "8000", "--ready", r, "--go", go) for r in ready]
-    try:
+    with reaped([_spawn_merger(table_loc.lance_uri, "--budget", "8000", "--ready", r, "--go", go)
+                 for r in ready]) as procs:
         deadline = time.monotonic() + 300
         while not all(os.path.exists(r) for r in ready):
             for p, r in zip(procs, ready):
@@ -143,11 +144,6 @@ def test_two_merger_processes(table_loc, spark, tmp_path):
             time.sleep(0.05)
         open(go, "w").close()
         outs = [p.communicate(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
         assert json.loads(out.strip().splitlines()[-1])["region_errors"] == {}

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from lance.mem_wal import CompactedSsTable
 from support.gc_passes import mark_merged
+from support.procs import reaped
 
 from memwal_core import faults
 from memwal_core.jobs import gc, snapshot
@@ -434,11 +435,11 @@ def test_race_builder_vs_merger_processes(table_loc, tmp_path):
         synth_region(loc.store, rid, current_generation=500)
     go, pace = tmp_path / "go", tmp_path / "builder_commits"
     per_merger, want_commits = 150, 24  # the mergers wait for the builder (pace): >= 20 commits in the race
-    procs = [run_py([os.path.join(PROCS, "snapshot_merger.py"), loc.lance_uri, rid, str(key), "1",
-                     str(per_merger), str(go), str(pace), str(want_commits)]) for rid, key in regions.items()]
     seen: dict[str, int] = {}
     commits, gave_up, lost = [], 0, 0
-    try:
+    with reaped([run_py([os.path.join(PROCS, "snapshot_merger.py"), loc.lance_uri, rid, str(key), "1",
+                         str(per_merger), str(go), str(pace), str(want_commits)])
+                 for rid, key in regions.items()]) as procs:
         go.touch()
         deadline = time.time() + 90
         while any(p.poll() is None for p in procs) and time.time() < deadline:
@@ -456,11 +457,6 @@ def test_race_builder_vs_merger_processes(table_loc, tmp_path):
                 assert g >= seen.get(rid, 0), "merge progress went backwards"
                 seen[rid] = g
         outs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert json.loads(out.strip().splitlines()[-1])["merged"] == list(range(1, per_merger + 1))
