@@ -7,8 +7,8 @@ driver's machine (a classic session on a `local[...]` master, as the CLI and Dag
 unless a table names a cluster or a Spark Connect server) the task writes each region's rows
 to an Arrow IPC file in a directory the driver made for the job, the Spark row carries only
 the file's name, and the driver reads the file and removes the directory when the job is done.
-Measured at 200 generations (38 MB): the Spark job took 1.16–1.23 s with files against
-1.51–1.61 s through Spark (`bench/merge_job.py`). A file that cannot be written (a full
+Measured at 200 generations (38 MB): the Spark job took 1.13–1.23 s with files against
+1.38–1.61 s through Spark (`bench/merge_job.py`). A file that cannot be written (a full
 temporary directory) sends its rows through Spark.
 
 A cluster or Spark Connect master keeps the Spark path: its executors may be other machines.
