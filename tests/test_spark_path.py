@@ -261,3 +261,15 @@ def test_a_task_output_with_fewer_rows_than_it_says_is_refused(tmp_path):
     row = sp._output_batch(0, [("del", -1, sp.to_blob(t), 3, t.nbytes, "")])
     with pytest.raises(MemwalError, match="2 del rows arrived, the task wrote 3"):
         sp._collect(pa.Table.from_batches([row]), None, ["id"])
+
+
+def test_a_job_that_fails_half_way_leaves_no_result_files(spark):
+    """A task wrote its files, then the job failed (a later task, the driver's read): the
+    directory goes with the failure, and the next job starts in a new one."""
+    with pytest.raises(RuntimeError, match="half-way"):
+        with results.job_directory(spark) as d:
+            results.write(d, pa.table({"id": pa.array([1], pa.int64())}), max_chunksize=10)
+            raise RuntimeError("the job failed half-way")
+    assert not os.path.exists(d)
+    with results.job_directory(spark) as again:
+        assert again != d and os.listdir(again) == []

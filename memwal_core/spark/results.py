@@ -98,6 +98,8 @@ def read(directory: str, name: str) -> pa.Table:
 def sweep(parent: str | None = None) -> list[str]:
     """Remove the result directories of merges whose process is gone (a driver that died during
     a job); what was removed."""
+    from memwal_core.state.lease import pid_gone  # the driver's alone: tasks import this module too
+
     parent = parent or tempfile.gettempdir()
     removed = []
     try:
@@ -107,7 +109,7 @@ def sweep(parent: str | None = None) -> list[str]:
     now = time.time()
     for name in names:
         m = _DIR.fullmatch(name)
-        if m is None or _alive(int(m.group(1))):
+        if m is None or not pid_gone(int(m.group(1))):
             continue
         path = os.path.join(parent, name)
         try:
@@ -137,13 +139,3 @@ def _unlocked(path: str) -> bool:
         return False
     finally:
         os.close(fd)  # and with it the lock, before the directory is removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):  # another user's process, or not a pid: leave it
-        return True
-    return True

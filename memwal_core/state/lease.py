@@ -161,13 +161,20 @@ class Holder:
         if self.pid == os.getpid():
             with _LIVE_LOCK:
                 return self.nonce not in _LIVE
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
+        return pid_gone(self.pid)
+
+
+def pid_gone(pid: int) -> bool:
+    """Known gone: no process has `pid` in this PID namespace. Another user's process, a pid
+    that cannot be one, or a pid reused since all read as not gone: the safe direction for
+    whoever would otherwise take over or remove what the process held."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError, ValueError):
         return False
+    return False
 
 
 @dataclass(frozen=True)
