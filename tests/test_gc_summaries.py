@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from support.gc_passes import forget_process, mark_merged
 
 from memwal_core.jobs import gc
-from memwal_core.jobs.gc import history, leak_refs, plan, region_cache, retention
+from memwal_core.jobs.gc import fact_table, history, leak_refs, plan, region_cache, retention
 from memwal_core.jobs.gc.holds import Bound, KeepReason
 from memwal_core.state import layout, region, sealed, table, wal
 from memwal_core.state.store import open_store
@@ -665,41 +665,102 @@ def test_a_garbled_settled_run_drops_the_cache(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# Summaries written by appending to their text
+# The version summary as columns (`fact_table.py`)
+
+U64 = 2**64
+_merged = st.one_of(st.none(), st.dictionaries(st.sampled_from(["a", "b", "c", "r-é"]),
+                                               st.one_of(st.integers(0, 5), st.just(U64 - 2)), max_size=3))
+_fact = st.builds(lambda v, size, mtime, stamp, merged: history.VersionFacts(v, size, mtime, stamp, merged),
+                  st.integers(1, 40), st.sampled_from([0, 1, 600, U64 - 1]),
+                  st.floats(0, 2e9, allow_nan=False), st.one_of(st.none(), st.floats(0, 2e9, allow_nan=False),
+                                                                st.integers(0, 2**40)), _merged)
 
 
-def _facts(n: int, start: int = 1) -> dict[int, history.VersionFacts]:
-    states = [None, {}, {"a": 1}, {"a": 1, "b": 2}]
-    return {v: history.VersionFacts(v, 600 + v, 1.7e9 + v / 3, None if v % 5 == 0 else 1.7e9 + v / 7,
-                                    states[v % 4] if v % 4 != 3 else {"a": v, "b": 1})
-            for v in range(start, start + n)}
+@settings(max_examples=200, deadline=None)
+@given(first=st.lists(_fact, max_size=25), more=st.lists(_fact, max_size=10), drop=st.sets(st.integers(1, 40)))
+def test_the_version_summary_holds_exactly_the_facts_given(first, more, drop):
+    """Encoded and decoded, grown by newer versions (appended) or by any versions (replacing the
+    rows of equal ones), and with versions left out, the columns hold exactly the facts of a plain
+    map, to the bit of every number and the regions each merge state names (absent is not 0)."""
+    plain = {f.version: f for f in first}
+    table = fact_table.FactTable.of(first)
+    assert table == plain and list(table) == sorted(plain)
+    decoded = history.decode(history.encode(table, 1.0, None))
+    assert decoded == plain and all(decoded[v].merged == plain[v].merged for v in plain)
+    grown = table.grown(more)
+    assert grown == plain | {f.version: f for f in more}
+    top = max(plain, default=0)
+    above = [f._replace(version=f.version + top) for f in more]
+    assert table.grown(above) == plain | {f.version: f for f in above}
+    kept = grown.select(i for i, v in enumerate(grown.versions) if v not in drop)
+    assert kept == {v: f for v, f in grown.items() if v not in drop}
+    assert history.decode(history.encode(kept)) == kept
+    # Versions with equal merge states share one map: the retention looks at the distinct states.
+    shared = {}
+    for f in table.values():
+        if f.merged is not None:
+            assert shared.setdefault(frozenset(f.merged.items()), f.merged) is f.merged
 
 
-def test_the_version_summary_appends_only_when_the_facts_only_grew(tmp_path):
-    """Written from the text of the summary it read when only newer versions came; any other
-    change (a version gone, a row replaced by another object, an older version added) encodes
-    everything again. Each result decodes to exactly the facts given."""
-    first = history.decode_summary(history.encode(_facts(40), 1.0, 2.0))
-    assert first.text is not None
-    grown = dict(first.facts) | _facts(5, start=41)
-    gone = {v: f for v, f in first.facts.items() if v != 1}
-    replaced = dict(first.facts) | {7: history.VersionFacts(7, 1, 1.0, 2.0, {"z": 3})}
-    older = {v: f for v, f in first.facts.items() if v != 3} | {3: first.facts[3]._replace(size=1)}
-    for facts in (grown, gone, replaced, older, {}):
-        raw = history.encode(facts, 3.0, None, first.text)
-        got = history.decode_summary(raw)
-        assert got.facts == facts and (got.listed_at, got.leaks_at) == (3.0, None)
-        assert got.text is not None and history.decode_summary(history.encode(facts, 4.0, 5.0, got.text)).facts == facts
+@pytest.mark.parametrize("fact", [
+    history.VersionFacts(0, 1, 1.0, None, None),            # no version 0
+    history.VersionFacts(U64, 1, 1.0, None, None),          # past u64
+    history.VersionFacts(1, -1, 1.0, None, None),           # a negative size
+    history.VersionFacts(1, 1, 1.0, None, {"a": -1}),       # a negative generation
+    history.VersionFacts(1, 1, 1.0, None, {"a": U64 - 1}),  # the value that marks a region absent
+])
+def test_facts_no_summary_can_hold_are_refused_and_the_summary_not_written(tmp_path, fact, caplog):
+    with pytest.raises(ValueError):
+        history.encode({fact.version: fact})
+    loc = open_store(str(tmp_path / "t"))
+    history.save_summary(loc, history.VersionHistory(facts={fact.version: fact}, changed=True))
+    assert not loc.store.exists(layout.GC_VERSIONS_KEY) and "could not write" in caplog.text
 
 
-def test_a_version_summary_in_another_layout_is_read_and_written_in_full():
-    """A summary whose body is not laid out as `encode` writes it (keys in another order) is still
-    read; nothing of its text is reused."""
-    facts = _facts(6)
-    d = json.loads(sealed.unseal_body(history.encode(facts), history.FORMAT))
-    body = json.dumps({"versions": d["versions"], "states": d["states"], "listed_at": None, "leaks_at": None})
-    got = history.decode_summary(sealed.seal_body(body, history.FORMAT))
-    assert got.facts == facts and got.text is None
+def _columns(**change):
+    facts = [history.VersionFacts(v, 600 + v, 1.7e9 + v, 1.7e9 + v, {"a": v // 2}) for v in range(1, 9)]
+    d = json.loads(sealed.unseal_body(history.encode(fact_table.FactTable.of(facts)), history.FORMAT))
+    d["facts"].update(change)
+    return sealed.seal_body(json.dumps(d), history.FORMAT)
+
+
+def _packed(code, values):
+    from array import array
+    import base64
+    return base64.b64encode(array(code, values).tobytes()).decode()
+
+
+@pytest.mark.parametrize("change", [
+    {"count": 9}, {"count": -1}, {"count": "8"},
+    {"versions": _packed("Q", [1, 2, 3, 4, 5, 6, 8, 7])},       # out of order
+    {"versions": _packed("Q", [1, 2, 3, 4, 5, 6, 7, 7])},       # twice
+    {"versions": _packed("Q", [0, 2, 3, 4, 5, 6, 7, 8])},       # version 0
+    {"state_of": _packed("q", [0, 0, 1, 1, 2, 2, 3, 9])},       # a state not in the matrix
+    {"state_of": _packed("q", [0, 0, 1, 1, 2, 2, 3, -2])},
+    {"mtimes": _packed("d", [float("nan")] * 8)},
+    {"stamps": _packed("d", [float("inf")] * 8)},
+    {"sizes": "not base64!"}, {"sizes": 5}, {"states": _packed("Q", [1, 2, 3])[:-4]},
+    {"regions": ["b", "a"]}, {"regions": ["a", "a"]}, {"regions": "a"},
+])
+def test_a_summary_whose_columns_do_not_add_up_is_refused(change):
+    with pytest.raises(ValueError):
+        history.decode(_columns(**change))
+    assert len(history.decode(_columns())) == 8
+
+
+def test_a_summary_of_the_earlier_format_is_read_around_and_written_again(tmp_path):
+    """A summary written as rows of JSON numbers (the earlier format) is no summary: every
+    retained manifest is read once, and the summary is written again as columns."""
+    loc, w = _history(tmp_path)
+    facts, _ = history.load_summary(loc)
+    rows = [[v, f.size, f.mtime, f.stamp, 0] for v, f in facts.items()]
+    loc.store.put(layout.GC_VERSIONS_KEY, sealed.seal_body(json.dumps(
+        {"leaks_at": None, "listed_at": None, "states": [{}], "versions": rows}), 1))
+    plan = assert_same_decision(loc, KEEP)
+    assert plan.history.summary.startswith("ignored: format 1") and plan.history.read == len(facts)
+    forget_process()
+    gc.run_gc(loc, KEEP)
+    assert history.decode(loc.store.get(layout.GC_VERSIONS_KEY)) == facts
 
 
 def test_the_region_cache_keeps_settled_rows_as_text_until_one_is_looked_up(tmp_path):
@@ -801,21 +862,31 @@ def test_generations_counted_by_runs_as_one_at_a_time(tmp_path_factory, gens, bo
 
 
 @settings(max_examples=150, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.booleans()), min_size=1, max_size=30),
-       gen=st.integers(0, 7))
-def test_bounds_over_distinct_states_as_over_every_version(rows, gen):
-    """A region's time-travel bound (value and version) and `held_until` equal the per-version
-    definitions, whether equal states are one object (decoded) or copies."""
-    shared: dict = {}
-    states, stamps = {}, {}
-    for v, (a, b, same) in enumerate(rows, start=1):
-        m = {"r": a, "s": b} if a else {"s": b}
-        states[v] = shared.setdefault((a, b), m) if same else m
-        stamps[v] = 1000.0 + v
-    r = retention.Retention(sorted(states), states, stamps)
+@given(rows=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.booleans(), st.booleans()),
+                     min_size=1, max_size=30),
+       gen=st.integers(0, 7), gone=st.sets(st.integers(1, 30)), before=st.integers(1, 32))
+def test_bounds_over_distinct_states_as_over_every_version(rows, gen, gone, before):
+    """A region's time-travel bound (value and version), `held_until` and the lowest progress
+    below a version equal the per-version definitions, over the columns of a table (a state
+    shared or repeated, versions without an index or a commit time, versions left out)."""
+    facts = []
+    for v, (a, b, indexed, stamped) in enumerate(rows, start=1):
+        m = ({"r": a, "s": b} if a else {"s": b}) if indexed else None
+        facts.append(history.VersionFacts(v, 1, 1.0, 1000.0 + v if stamped else None, m))
+    hist = history.VersionHistory(facts=fact_table.FactTable.of(facts))
+    r = retention.from_history(hist, frozenset(gone))
+    states = {f.version: f.merged for f in facts if f.merged is not None and f.version not in gone}
+    stamps = {f.version: f.stamp for f in facts}
+    assert r.versions == [f.version for f in facts if f.version not in gone]
     for rid in ("r", "s", "t"):
+        if not states:
+            assert r.bound(rid) is None
+            continue
         lowest = min(m.get(rid, 0) for m in states.values())
         assert r.bound(rid) == Bound(KeepReason.GENERATION_TIME_TRAVEL, lowest,
                                      table_version=min(v for v, m in states.items() if m.get(rid, 0) == lowest))
         needing = [v for v, m in states.items() if m.get(rid, 0) < gen]
-        assert r.held_until(rid, gen, timedelta(seconds=5)) == (stamps[max(needing)] + 5 if needing else None)
+        until = stamps[max(needing)] + 5 if needing and stamps[max(needing)] is not None else None
+        assert r.held_until(rid, gen, timedelta(seconds=5)) == until
+        older = [m.get(rid, 0) for v, m in states.items() if v < before]
+        assert r.lowest_before(rid, before) == (min(older) if older else None)

@@ -86,7 +86,8 @@ ignored when missing or garbled, so a pass decides exactly what reading everythi
 same however long the retained history: a region's WAL entries kept whole by its last walk are a
 settled run, counted without classifying each while the limit stays below them
 (`region_cache.py`); the generations held are counted by runs between bounds (`plan.py`); the
-summaries are written by appending to their text. Lance's own version cleanup, which
+retained versions' facts are columns (`fact_table.py`), decoded in C and grouped by distinct
+merge state (`retention.py`). Lance's own version cleanup, which
 reads every manifest, is not run while no retained version is old enough for it.
 
 What GC keeps is typed (`holds.py`): every `kept` counter is keyed by a `KeepReason`
@@ -98,8 +99,8 @@ The package: `plan.py` (`plan_gc`, `GcPlan`, per-region planning: generations an
 `wal.py` and `manifests.py` (their rules), `retention.py` (what retained base-table versions
 read), `leaks.py` (leaked files), `base_cleanup.py` (Lance's version cleanup), `execute.py`
 (`execute_gc`), `result.py` (`GcResult`), `run.py` (`run_gc`), `items.py` (`GcItem`, kinds),
-`listing.py` (safe listings inside a region directory), `history.py`, `leak_refs.py` and
-`region_cache.py` (what earlier passes learned).
+`listing.py` (safe listings inside a region directory), `history.py` (with `fact_table.py`),
+`leak_refs.py` and `region_cache.py` (what earlier passes learned).
 """
 
 from memwal_core.jobs.gc import leaks

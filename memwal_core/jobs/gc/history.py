@@ -46,9 +46,10 @@ When `_versions/` is listed (at least once per interval):
   ignored (every manifest is read, and the summary written again); writing it may fail;
 - whatever it holds was true of a manifest with that exact size and time: it can never make GC
   keep less than reading every manifest again would (the property tests compare the two).
-A pass between listings only adds versions above the ones it read, so the summary is written
-again by appending their rows to the text it was read as (`Encoded`), and read a column at a
-time; what a pass does with the facts looks at the distinct merge states (`retention.py`).
+The facts are kept as columns (`fact_table.py`): the summary is read and written as typed
+arrays, a version's facts are built only when asked for, and the retention is computed over the
+columns and the distinct merge states (`retention.py`), so a pass costs little per retained
+version.
 The summary also records when the leak scan last completed (`leaks.py`: it runs once per
 interval). A process that reads it without writing (`plan_gc` from `memwal status`, a dry run)
 only saves the reads it can.
@@ -56,15 +57,16 @@ only saves the reads it can.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 from memwal_core.errors import MemwalError, one_line
+from memwal_core.jobs.gc.fact_table import FactTable, VersionFacts
 from memwal_core.jobs.gc.items import GcError
 from memwal_core.state import layout, sealed, table
 from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
@@ -72,29 +74,15 @@ from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
 log = logging.getLogger("memwal.gc")
 
 VERSIONS_DIR = "_versions"
-FORMAT = 1
+FORMAT = 2  # 1: rows of JSON numbers (read as no summary: every manifest is read once, and it is written again)
 _U64_MAX = 2**64 - 1
-_NUM_TYPES = {int, float}
-_STAMP_TYPES = {int, float, type(None)}
-
-
-class VersionFacts(NamedTuple):
-    """What GC needs of one table version, and the manifest (size, modification time) it was
-    read from. `merged` None: the version has no MemWAL index (its readers read no generation).
-    A tuple: a summary decodes one per retained version on every pass."""
-
-    version: int
-    size: int
-    mtime: float
-    stamp: float | None  # commit time, epoch seconds (Lance's manifest timestamp)
-    merged: dict[str, int] | None
 
 
 @dataclass
 class VersionHistory:
     """The listed versions' facts, and how they were learned this pass."""
 
-    facts: dict[int, VersionFacts] = field(default_factory=dict)
+    facts: FactTable = field(default_factory=FactTable.empty)
     read: int = 0  # manifests read this pass
     known: int = 0  # facts taken from the summary
     summary: str = "missing"  # used, missing, or why it was ignored
@@ -104,7 +92,6 @@ class VersionHistory:
     listed_at: float | None = None  # when `_versions/` was last listed (now, when this pass did)
     leaks_at: float | None = None  # when the leak scan last completed (`leaks.py`)
     must_list: bool = False  # a later read in this pass lists (a base-version cleanup ran in between)
-    text: Encoded | None = None  # the summary's encoded rows, reused when writing it again
 
     @property
     def listed(self) -> bool:
@@ -119,10 +106,9 @@ class VersionHistory:
 class Summary:
     """What `_memwal/gc_versions.json` holds: the facts, and when the table was last listed in full."""
 
-    facts: dict[int, VersionFacts] = field(default_factory=dict)
+    facts: FactTable = field(default_factory=FactTable.empty)
     listed_at: float | None = None
     leaks_at: float | None = None
-    text: Encoded | None = None  # how its facts were written (the next summary reuses it)
 
 
 def due(at: float | None, now: float, interval: float) -> bool:
@@ -153,140 +139,32 @@ def list_versions(loc: TableLocation, listing: list[ObjectInfo] | None = None) -
     return out
 
 
-@dataclass
-class Encoded:
-    """The JSON text of a summary's states and version rows, and the facts and states it holds
-    (the very objects decoded): a summary that only gained newer versions is written by
-    appending their rows to this text, not by encoding every retained version again."""
-
-    states_text: str
-    rows_text: str
-    facts: dict[int, VersionFacts]
-    states: list[dict[str, int] | None]
-
-
-def _json(x: Any) -> str:
-    return json.dumps(x, sort_keys=True, separators=(",", ":"))
-
-
-def _append(text: str, items: list) -> str:
-    """The JSON array `text` with `items` appended."""
-    if not items:
-        return text
-    more = _json(items)
-    return more if text == "[]" else text[:-1] + "," + more[1:]
-
-
-_RECENT_STATES = 8
-
-
-def _content(m: dict[str, int] | None) -> frozenset | None:
-    return None if m is None else frozenset(m.items())
-
-
-def _reusable(prior: Encoded | None, facts: dict[int, VersionFacts]) -> bool:
-    """Whether `facts` are `prior`'s (the same objects) plus versions above them only."""
-    if prior is None or len(prior.facts) > len(facts):
-        return False
-    if any(facts.get(v) is not f for v, f in prior.facts.items()):
-        return False
-    top = max(prior.facts, default=0)
-    return all(v > top for v in facts if v not in prior.facts)
-
-
-def encode(facts: dict[int, VersionFacts], listed_at: float | None = None, leaks_at: float | None = None,
-           prior: Encoded | None = None) -> bytes:
-    """The summary's bytes: versions in order, equal merge states stored once. `prior`: how the
-    summary these facts were read from was written; when the facts are its facts plus newer
-    versions, their rows are appended to its text (a pass between listings only adds versions)."""
-    if not _reusable(prior, facts):
-        prior = None
-    states: list[dict[str, int] | None] = list(prior.states) if prior is not None else []
-    known = len(states)
-    # Equal states are stored once: by object (decoded rows share them), and by content among the
-    # new rows and the last states of `prior` (a new version's progress is new or the latest's);
-    # an older equal state stored again costs a few bytes, never a wrong row.
-    by_obj = dict(zip(map(id, reversed(states)), range(known - 1, -1, -1)))
-    by_content: dict[Any, int] = {}
-    for i in range(max(0, known - _RECENT_STATES), known):
-        by_content.setdefault(_content(states[i]), i)
-    rows = []
-    for v in sorted(facts):
-        if prior is not None and v in prior.facts:
-            continue
-        f = facts[v]
-        i = by_obj.get(id(f.merged))
-        if i is None:
-            key = _content(f.merged)
-            i = by_content.get(key)
-            if i is None:
-                i = by_content[key] = len(states)
-                states.append(f.merged)
-            by_obj[id(f.merged)] = i
-        rows.append([v, f.size, f.mtime, f.stamp, i])
-    states_text = _append(prior.states_text if prior is not None else "[]", states[known:])
-    rows_text = _append(prior.rows_text if prior is not None else "[]", rows)
-    # The layout `json.dumps(sort_keys=True)` gives (keys in order, `versions` last), written by hand
-    # so that the reused text is not encoded again.
-    body = (f'{{"leaks_at":{_json(leaks_at)},"listed_at":{_json(listed_at)},'
-            f'"states":{states_text},"versions":{rows_text}}}')
+def encode(facts: Mapping[int, VersionFacts], listed_at: float | None = None, leaks_at: float | None = None) -> bytes:
+    """The summary's bytes: the facts as columns (`fact_table.py`), sealed. ValueError for facts
+    no summary can hold (numbers out of range: the summary is then not written)."""
+    table = facts if isinstance(facts, FactTable) else FactTable.of(facts.values())
+    body = json.dumps({"leaks_at": leaks_at, "listed_at": listed_at, "facts": table.to_json()},
+                      sort_keys=True, separators=(",", ":"))
     return sealed.seal_body(body, FORMAT)
 
 
-def _encoded(body: str, summary: Summary, states: list[dict[str, int] | None]) -> Encoded | None:
-    """The text of a decoded summary's states and rows (None: not in the layout `encode` writes)."""
-    si, vi = body.rfind('"states":'), body.rfind(',"versions":')
-    if not (0 < si < vi and body.endswith("}")):
-        return None
-    states_text, rows_text = body[si + len('"states":'):vi], body[vi + len(',"versions":'):-1]
-    if not (states_text.startswith("[") and states_text.endswith("]") and rows_text.startswith("[")
-            and rows_text.endswith("]")):
-        return None
-    return Encoded(states_text, rows_text, summary.facts, states)
-
-
-def decode(raw: bytes) -> dict[int, VersionFacts]:
+def decode(raw: bytes) -> FactTable:
     """The summary's facts; ValueError (with why) for anything but a summary this code wrote."""
     return decode_summary(raw).facts
 
 
 def decode_summary(raw: bytes) -> Summary:
     """The summary; ValueError (with why) for anything but a summary this code wrote."""
-    body = sealed.unseal_body(raw, FORMAT)
-    d = json.loads(body)
+    d = json.loads(sealed.unseal_body(raw, FORMAT))
     if not isinstance(d, dict):
         raise ValueError("not a summary")
-    times = [d.get("listed_at"), d.get("leaks_at")]  # absent in summaries written before they were kept
+    times = [d.get("listed_at"), d.get("leaks_at")]
     if not all(t is None or (isinstance(t, (int, float)) and type(t) is not bool) for t in times):
         raise ValueError("a bad listing time")
-    states = d["states"]
-    if not isinstance(states, list):
-        raise ValueError("states is not a list")
-    checked: list[dict[str, int] | None] = []
-    for s in states:
-        if s is not None and not (isinstance(s, dict) and all(
-                isinstance(k, str) and type(g) is int and g >= 0 for k, g in s.items())):
-            raise ValueError("a merge state is not a map of region to generation")
-        checked.append(s)
-    rows = d["versions"]
-    if not (isinstance(rows, list) and set(map(type, rows)) <= {list} and set(map(len, rows)) <= {5}):
-        raise ValueError("a bad version row")
-    # Checked a column at a time, in C (a summary holds a row per retained version, read every pass).
-    vs, sizes, mtimes, stamps, idx = zip(*rows) if rows else ((), (), (), (), ())
-    if not (set(map(type, vs)) <= {int} and set(map(type, sizes)) <= {int} and set(map(type, idx)) <= {int}
-            and set(map(type, mtimes)) <= _NUM_TYPES and set(map(type, stamps)) <= _STAMP_TYPES):
-        raise ValueError("a bad version row")
-    if rows and (min(vs) < 1 or min(idx) < 0 or max(idx) >= len(checked) or len(set(vs)) != len(vs)):
-        raise ValueError("a bad version row")
-    make = functools.partial(tuple.__new__, VersionFacts)
-    # A stamp stays as JSON gave it (an int compares equal to the float it stands for).
-    out = dict(zip(vs, map(make, zip(vs, sizes, map(float, mtimes), stamps, map(checked.__getitem__, idx)))))
-    summary = Summary(out, *(None if t is None else float(t) for t in times))
-    summary.text = _encoded(body, summary, checked)
-    return summary
+    return Summary(FactTable.from_json(d.get("facts")), *(None if t is None else float(t) for t in times))
 
 
-def load_summary(loc: TableLocation) -> tuple[dict[int, VersionFacts], str]:
+def load_summary(loc: TableLocation) -> tuple[FactTable, str]:
     """The summary's facts and "used"; or nothing, and why (a summary is never needed)."""
     summary, why = _load(loc)
     return summary.facts, why
@@ -313,7 +191,7 @@ def save_summary(loc: TableLocation, history: VersionHistory) -> None:
     if not history.changed:
         return
     try:
-        loc.store.put(layout.GC_VERSIONS_KEY, encode(history.facts, history.listed_at, history.leaks_at, history.text))
+        loc.store.put(layout.GC_VERSIONS_KEY, encode(history.facts, history.listed_at, history.leaks_at))
         history.changed = False
     except Exception as e:  # noqa: BLE001 - a cache
         log.warning("could not write %s: %s", layout.GC_VERSIONS_KEY, one_line(e))
@@ -340,13 +218,12 @@ def _read(loc: TableLocation, v: int, info: ObjectInfo) -> VersionFacts | None:
     return VersionFacts(v, info.size, info.mtime, table.commit_timestamp(raw), merged)
 
 
-def _another_table(loc: TableLocation, known: dict[int, VersionFacts], listed: dict[int, ObjectInfo]) -> bool:
+def _another_table(loc: TableLocation, known: FactTable, listed: dict[int, ObjectInfo]) -> bool:
     """Whether the newest listed version the summary vouches for (same size and time) has another
     commit time than recorded: the table was re-created at this URI within the store's time
     resolution. One manifest read per pass; a manifest gone meanwhile proves nothing."""
     vouched = [v for v, info in listed.items()
-               if (k := known.get(v)) is not None and k.size == info.size and k.mtime == info.mtime
-               and k.stamp is not None]
+               if (k := _vouched(known, v, info)) is not None and k.stamp is not None]
     if not vouched:
         return False
     v = max(vouched)
@@ -355,6 +232,15 @@ def _another_table(loc: TableLocation, known: dict[int, VersionFacts], listed: d
     except NotFound:
         return False
     return table.commit_timestamp(raw) != known[v].stamp
+
+
+def _vouched(known: FactTable, v: int, info: ObjectInfo) -> VersionFacts | None:
+    """The summary's facts of version `v` when they were read from that very manifest (same size
+    and modification time), else None."""
+    i = known.position(v)
+    if i is None or known.sizes[i] != info.size or known.mtimes[i] != info.mtime:
+        return None
+    return known.at(i)
 
 
 def _head_version(loc: TableLocation, v: int) -> ObjectInfo | None:
@@ -374,12 +260,12 @@ class _Mismatch(MemwalError):
         self.another_table = another_table
 
 
-def _probe(loc: TableLocation, known: dict[int, VersionFacts], checked: bool,
+def _probe(loc: TableLocation, known: FactTable, checked: bool,
            latest: int | None) -> list[tuple[int, ObjectInfo]] | None:
     """The versions committed above the newest known one (steps 1-3 of the module docstring);
     None: versions may be missing, list `_versions/`; `_Mismatch`: the newest known manifest is
     another one (nothing of the summary is used). `checked`: steps 1-2 were done in this pass."""
-    top = max(known)
+    top = known.versions[-1]
     if not checked:
         info = _head_version(loc, top)
         if info is None:
@@ -390,7 +276,7 @@ def _probe(loc: TableLocation, known: dict[int, VersionFacts], checked: bool,
         k = known[top]  # not the modification time: a HEAD may give it less precisely than a listing
         if (got.size, got.stamp, got.merged) != (k.size, k.stamp, k.merged):
             raise _Mismatch(got.stamp != k.stamp)
-        low = min(known)
+        low = known.versions[0]
         info = _head_version(loc, low)
         if info is None or info.size != known[low].size:
             return None
@@ -415,7 +301,7 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
     versions (module docstring). `latest`: a version known to exist (the one the plan opened)."""
     now = time.time() if now is None else now
     if earlier is not None:
-        base, why = Summary(earlier.facts, earlier.listed_at, earlier.leaks_at, earlier.text), earlier.summary
+        base, why = Summary(earlier.facts, earlier.listed_at, earlier.leaks_at), earlier.summary
     else:
         base, why = _load(loc) if use_summary else (Summary(), "not used")
     listed_before = earlier is not None and earlier.listed  # earlier in this pass: the leak scan takes it
@@ -430,49 +316,46 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
         why = ("ignored: it describes another table at this URI (re-created)" if recreated
                else "ignored: its newest version is not that version's manifest")
         log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY, why[len("ignored: "):])
-    out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at,
-                         text=base.text)
+    out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at)
     if probed is not None:
-        known, todo = base.facts, probed
-        out.facts = dict(known)
+        known, kept, todo = base.facts, base.facts, probed
         if listed_before:  # a version committed since is the leak scan's step 3
             out.listing = earlier.listing
     else:
-        known, todo = _listed(loc, base.facts, out, earlier is None)
+        known, kept, todo = _listed(loc, base.facts, out, earlier is None)
         out.listed_at = now
+    got: list[VersionFacts] = []
     if todo:
         with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
-            for got in pool.map(lambda vi: _read(loc, *vi), todo):
-                if got is not None:
-                    out.facts[got.version] = got
-                    out.read += 1
-    out.facts = dict(sorted(out.facts.items()))
+            got = [f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None]
+    out.facts = kept.grown(got)
+    out.read = len(got)
     # Whether the summary on the store differs from what is known now.
     out.changed = (earlier.changed if earlier is not None else why != "used") or bool(todo) \
-        or out.facts.keys() != known.keys() or out.listed
+        or out.facts.versions != known.versions or out.listed
     out.read += earlier.read if earlier is not None else 0
     out.known = max(0, len(out.facts) - out.read)
     return out
 
 
-def _listed(loc: TableLocation, known: dict[int, VersionFacts], out: VersionHistory,
-            check_table: bool) -> tuple[dict[int, VersionFacts], list[tuple[int, ObjectInfo]]]:
-    """One listing of `_versions/`: the summary's facts for the listed manifests it knows (same
-    size and time; all of them dropped when it describes another table: `check_table`), into
-    `out`, and the versions to read."""
+def _listed(loc: TableLocation, known: FactTable, out: VersionHistory,
+            check_table: bool) -> tuple[FactTable, FactTable, list[tuple[int, ObjectInfo]]]:
+    """One listing of `_versions/`, into `out`: the summary's facts (all of them dropped when it
+    describes another table: `check_table`), those of them for the listed manifests it knows
+    (same size and time), and the versions to read."""
     out.listing = list(loc.store.list(VERSIONS_DIR))
     listed = list_versions(loc, out.listing)
     if check_table and known and _another_table(loc, known, listed):
-        known, out.recreated, out.text = {}, True, None
+        known, out.recreated = FactTable.empty(), True
         out.summary = "ignored: it describes another table at this URI (re-created)"
         out.leaks_at = None
         log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY,
                     out.summary[len("ignored: "):])
-    todo = []
+    kept, todo = [], []
     for v, info in sorted(listed.items()):
-        k = known.get(v)
-        if k is not None and k.size == info.size and k.mtime == info.mtime:
-            out.facts[v] = k
+        i = known.position(v)
+        if i is not None and known.sizes[i] == info.size and known.mtimes[i] == info.mtime:
+            kept.append(i)
         else:
             todo.append((v, info))
-    return known, todo
+    return known, known.select(kept), todo

@@ -1,13 +1,21 @@
 """What the base table's retained versions still need: a reader time-travelling to version v reads
 the generations newer than v's merge progress, so GC keeps them while v is retained. A version
-whose table has no MemWAL index yet needs none."""
+whose table has no MemWAL index yet needs none.
+
+Computed over the facts' columns (`fact_table.py`): a region's lowest merge progress is a minimum
+over the distinct merge states the retained versions have, and which version has it is found by
+walking the versions from the oldest (merge progress grows with the versions, so usually the
+first one); a hold's end walks them from the newest."""
 
 from __future__ import annotations
 
-import threading
+import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Iterable
 
+from memwal_core.jobs.gc.fact_table import ABSENT, FactTable, VersionFacts
 from memwal_core.jobs.gc.history import VersionHistory, read_history
 from memwal_core.jobs.gc.holds import Bound, KeepReason
 from memwal_core.state.store import TableLocation
@@ -15,63 +23,75 @@ from memwal_core.state.store import TableLocation
 
 @dataclass
 class Retention:
-    """Per region: the lowest merged generation over retained versions, and which version."""
+    """The retained versions' facts, and per region the lowest merged generation over them."""
 
-    versions: list[int]
-    states: dict[int, dict[str, int]]  # retained versions with a MemWAL index
-    stamps: dict[int, float] = field(default_factory=dict)  # version -> commit time (epoch seconds)
+    facts: FactTable
     history: VersionHistory | None = None  # how they were learned (what `run_gc` saves)
-    _by_state: tuple[int, list[tuple[dict[str, int], int, int]]] | None = field(default=None, repr=False, compare=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _used: set[int] = field(default_factory=set, repr=False, compare=False)  # the states retained versions have
+
+    def __post_init__(self) -> None:
+        self._used = set(self.facts.state_of)
+        self._used.discard(-1)
+
+    @classmethod
+    def of(cls, facts: Iterable[VersionFacts]) -> Retention:
+        return cls(FactTable.of(facts))
+
+    @property
+    def versions(self) -> list[int]:
+        return list(self.facts.versions)
+
+    def _value(self, column, s: int) -> int:
+        """State `s`'s merged generation of the region of `column` (not named: 0)."""
+        g = ABSENT if column is None else column[s]
+        return 0 if g == ABSENT else g
+
+    def bound(self, region_id: str) -> Bound | None:
+        """The time-travel bound of a region: the lowest merge progress over the retained
+        versions, at the oldest version that has it (None: no version has a MemWAL index)."""
+        if not self._used:
+            return None
+        col = self.facts.column(region_id)
+        if col is None:
+            best = 0
+        elif len(self._used) == len(col):  # every state is retained: the minimum in C
+            best = 0 if ABSENT in col else min(col)
+        else:
+            best = min(self._value(col, s) for s in self._used)
+        for i, s in enumerate(self.facts.state_of):
+            if s >= 0 and self._value(col, s) == best:
+                return Bound(KeepReason.GENERATION_TIME_TRAVEL, best, table_version=self.facts.versions[i])
+        raise AssertionError("a retained state has no version")  # `_used` comes from the versions
 
     def held_until(self, region_id: str, generation: int, older_than: timedelta | None) -> float | None:
         """When the newest retained version still reading `generation` becomes old enough for
         the base-version cleanup (None: no cleanup configured, or no timestamp)."""
         if older_than is None:
             return None
-        newest = max((hi for m, _, hi in self._runs() if m.get(region_id, 0) < generation), default=None)
-        if newest is None or newest not in self.stamps:
-            return None
-        return self.stamps[newest] + older_than.total_seconds()
+        col = self.facts.column(region_id)
+        f = self.facts
+        for i in range(len(f) - 1, -1, -1):
+            s = f.state_of[i]
+            if s >= 0 and self._value(col, s) < generation:
+                return None if math.isnan(f.stamps[i]) else f.stamps[i] + older_than.total_seconds()
+        return None
 
-    def bound(self, region_id: str) -> Bound | None:
-        """The time-travel bound of a region: the lowest merge progress over the retained
-        versions, at the oldest version that has it (None: no version has a MemWAL index)."""
-        best, which = None, None
-        for m, oldest, _ in self._runs():
-            g = m.get(region_id, 0)
-            if best is None or g < best or (g == best and oldest < which):
-                best, which = g, oldest
-        return Bound(KeepReason.GENERATION_TIME_TRAVEL, best, table_version=which) if best is not None else None
-
-    def _runs(self) -> list[tuple[dict[str, int], int, int]]:
-        """Each distinct merge state (retained versions share few: one per merge commit) with the
-        oldest and the newest version that has it; computed once, so that a region's bound and
-        holds look at the distinct states, not at every version (the summary decodes equal states
-        as one object, so most versions cost an identity lookup). The regions are planned in
-        threads: the first to ask groups them, the others wait for it rather than group them too."""
-        with self._lock:
-            if self._by_state is None or self._by_state[0] != len(self.states):
-                self._by_state = (len(self.states), self._group_states())
-            return self._by_state[1]
-
-    def _group_states(self) -> list[tuple[dict[str, int], int, int]]:
-        vs = sorted(self.states)
-        ms = list(map(self.states.__getitem__, vs))
-        ids = list(map(id, ms))  # by object first, in C: most versions share their state object
-        objs, newest, oldest = dict(zip(ids, ms)), dict(zip(ids, vs)), dict(zip(reversed(ids), reversed(vs)))
-        by_content: dict[frozenset, list] = {}
-        for i, m in objs.items():
-            e = by_content.setdefault(frozenset(m.items()), [m, oldest[i], newest[i]])
-            e[1], e[2] = min(e[1], oldest[i]), max(e[2], newest[i])
-        return [(m, lo, hi) for m, lo, hi in by_content.values()]
+    def lowest_before(self, region_id: str, version: int) -> int | None:
+        """The lowest merged generation of a region over the retained versions below `version`
+        with a MemWAL index (None: there are none)."""
+        cut = bisect_left(self.facts.versions, version)
+        states = set(self.facts.state_of[:cut])
+        states.discard(-1)
+        col = self.facts.column(region_id)
+        return min((self._value(col, s) for s in states), default=None)
 
 
 def from_history(history: VersionHistory, gone: frozenset[int] = frozenset()) -> Retention:
     """What the listed versions need; `gone`: versions taken as removed (a dry run's cleanup)."""
-    facts = [f for v, f in history.facts.items() if v not in gone]
-    return Retention(sorted(f.version for f in facts), {f.version: f.merged for f in facts if f.merged is not None},
-                     {f.version: f.stamp for f in facts if f.stamp is not None}, history)
+    facts = history.facts
+    if gone:
+        facts = facts.select(i for i, v in enumerate(facts.versions) if v not in gone)
+    return Retention(facts, history)
 
 
 def read_retention(loc: TableLocation, gone: frozenset[int] = frozenset(), **kw) -> Retention:

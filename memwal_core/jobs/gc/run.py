@@ -5,6 +5,7 @@ execution off."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Callable
 
@@ -124,8 +125,8 @@ def _nothing_old_enough(known: history.VersionHistory, config: GcOptions) -> boo
     versions older than that), and is not run. The unreferenced files it would also remove once a
     week old are GC's leak scan's (`leaks.py`)."""
     older_than = config.base_cleanup_older_than
-    stamps = [f.stamp for f in known.facts.values()]
-    if older_than is None or not stamps or None in stamps:
+    stamps = known.facts.stamps  # NaN: a version without a commit time
+    if older_than is None or not stamps or any(map(math.isnan, stamps)):
         return False
     return min(stamps) > time.time() - older_than.total_seconds()
 
