@@ -138,7 +138,7 @@ def test_a_small_merge_runs_in_the_tick_on_the_connect_server(table_loc, tmp_pat
         w.write_round(60, overwrite=0.3, delete=0.05, puts_per_batch=10)
         with lease.hold(table_loc, "compact", LeaseOptions(), run_id="a maintenance run"):
             server_proc.send()
-            time.sleep(15)  # the tick waits: three sensor intervals (5 s), within its 20 s wait
+            time.sleep(6)  # the tick waits: longer than a sensor interval (5 s), within its 20 s wait
         res = server_proc.result()
         assert _merge_requests(res) == [] and res["merged_in_tick"], res
         assert rows(table_loc) == w.expected()
