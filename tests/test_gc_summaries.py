@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import lance
 import pytest
+from lance.mem_wal import CompactedSsTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -707,7 +708,9 @@ def test_the_version_summary_holds_exactly_the_facts_given(first, more, drop):
     history.VersionFacts(U64, 1, 1.0, None, None),          # past u64
     history.VersionFacts(1, -1, 1.0, None, None),           # a negative size
     history.VersionFacts(1, 1, 1.0, None, {"a": -1}),       # a negative generation
-    history.VersionFacts(1, 1, 1.0, None, {"a": U64 - 1}),  # the value that marks a region absent
+    history.VersionFacts(1, 1, 1.0, None, {"a": U64}),      # past u64
+    history.VersionFacts(1, 1, float("nan"), None, None),   # what `from_json` would refuse
+    history.VersionFacts(1, 1, 1.0, float("inf"), None),
 ])
 def test_facts_no_summary_can_hold_are_refused_and_the_summary_not_written(tmp_path, fact, caplog):
     with pytest.raises(ValueError):
@@ -715,6 +718,25 @@ def test_facts_no_summary_can_hold_are_refused_and_the_summary_not_written(tmp_p
     loc = open_store(str(tmp_path / "t"))
     history.save_summary(loc, history.VersionHistory(facts={fact.version: fact}, changed=True))
     assert not loc.store.exists(layout.GC_VERSIONS_KEY) and "could not write" in caplog.text
+
+
+def test_a_merged_generation_at_the_u64_limit_is_held_one_below(tmp_path):
+    """A retained version whose MemWAL index records a region merged through u64::MAX (the one
+    value a state's cell cannot hold: it marks a region the state does not name) is summarized
+    one below it, which only keeps more; GC plans and runs on such a table as on any other."""
+    loc, w = _history(tmp_path)
+    odd = "00000000-0000-4000-8000-00000000dead"
+    ds = table.open_dataset(loc)
+    empty = ds.to_table(limit=0)
+    ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all() \
+        .mark_sstables_as_compacted([CompactedSsTable(odd, U64 - 1)]).execute(empty)
+    assert table.read_memwal_state(loc).merged[odd] == U64 - 1
+    forget_process()
+    gc.run_gc(loc, KEEP)
+    newest = history.decode(loc.store.get(layout.GC_VERSIONS_KEY))[table.open_dataset(loc).version]
+    assert newest.merged[odd] == U64 - 2
+    assert_same_decision(loc, KEEP)
+    assert_same_decision(loc, COLLECT)
 
 
 def _columns(**change):
@@ -741,6 +763,7 @@ def _packed(code, values):
     {"stamps": _packed("d", [float("inf")] * 8)},
     {"sizes": "not base64!"}, {"sizes": 5}, {"states": _packed("Q", [1, 2, 3])[:-4]},
     {"regions": ["b", "a"]}, {"regions": ["a", "a"]}, {"regions": "a"},
+    {"states": _packed("Q", list(range(5)) + [10**6])},         # a state no version has
 ])
 def test_a_summary_whose_columns_do_not_add_up_is_refused(change):
     with pytest.raises(ValueError):

@@ -253,18 +253,28 @@ class FactTable(Mapping):
             raise ValueError("versions are not distinct and in order")
         if n and (min(state_of) < _NO_STATE or max(state_of) >= states):
             raise ValueError("a version's merge state is not in the table")
+        used = set(state_of)
+        used.discard(_NO_STATE)
+        if len(used) != states:  # `to_json` drops the states no version has: the matrix is bounded by the versions
+            raise ValueError("a merge state no version has")
         if any(map(math.isnan, mtimes)) or any(map(math.isinf, mtimes)) or any(map(math.isinf, stamps)):
             raise ValueError("a bad manifest or commit time")
         return cls(versions, sizes, mtimes, stamps, state_of, regions, matrix)
 
 
 def _row(merged: Mapping[str, int], regions: list[str]) -> list[int]:
-    row = [merged.get(r, ABSENT) for r in regions]
-    if any(type(g) is not int or not 0 <= g < ABSENT for g in merged.values()):
+    """A state's cells. The one u64 a state cannot hold (ABSENT marks a region it does not name)
+    is held as the one below: lower merge progress only makes GC keep more, and the probe, which
+    compares the newest manifest with its row, then reads the table again (no real table merges
+    that far)."""
+    if any(type(g) is not int or not 0 <= g < _U64 for g in merged.values()):
         raise ValueError("a merged generation out of range")
-    return row
+    return [min(merged.get(r, ABSENT), ABSENT - 1) if r in merged else ABSENT for r in regions]
 
 
 def _check(f: VersionFacts) -> None:
+    """What `from_json` accepts, checked when a fact is added (so that what is written is read)."""
     if not (type(f.version) is int and 1 <= f.version < _U64 and type(f.size) is int and 0 <= f.size < _U64):
         raise ValueError(f"version {f.version!r}: a version or size out of range")
+    if not math.isfinite(f.mtime) or (f.stamp is not None and math.isinf(f.stamp)):
+        raise ValueError(f"version {f.version!r}: a manifest or commit time that is not a time")

@@ -328,7 +328,10 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
     if todo:
         with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
             got = [f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None]
-    out.facts = kept.grown(got)
+    try:
+        out.facts = kept.grown(got)
+    except ValueError as e:  # a manifest with numbers out of any range (Lance writes none)
+        raise GcError(f"table {loc.lance_uri}: a retained version's manifest cannot be summarized: {e}") from None
     out.read = len(got)
     # Whether the summary on the store differs from what is known now.
     out.changed = (earlier.changed if earlier is not None else why != "used") or bool(todo) \

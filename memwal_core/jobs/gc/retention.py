@@ -2,10 +2,9 @@
 the generations newer than v's merge progress, so GC keeps them while v is retained. A version
 whose table has no MemWAL index yet needs none.
 
-Computed over the facts' columns (`fact_table.py`): a region's lowest merge progress is a minimum
-over the distinct merge states the retained versions have, and which version has it is found by
-walking the versions from the oldest (merge progress grows with the versions, so usually the
-first one); a hold's end walks them from the newest."""
+Computed over the facts' columns (`fact_table.py`) and the distinct merge states the retained
+versions have (with each state's oldest and newest version): a region's bound and a hold's end
+cost a look at each distinct state, not at each version."""
 
 from __future__ import annotations
 
@@ -28,10 +27,17 @@ class Retention:
     facts: FactTable
     history: VersionHistory | None = None  # how they were learned (what `run_gc` saves)
     _used: set[int] = field(default_factory=set, repr=False, compare=False)  # the states retained versions have
+    _first: dict[int, int] = field(default_factory=dict, repr=False, compare=False)  # state -> its oldest position
+    _last: dict[int, int] = field(default_factory=dict, repr=False, compare=False)  # state -> its newest position
 
     def __post_init__(self) -> None:
-        self._used = set(self.facts.state_of)
-        self._used.discard(-1)
+        n, state_of = len(self.facts), self.facts.state_of
+        # Built in C: for a state, its last position wins in `_last`, its first in `_first`.
+        self._last = dict(zip(state_of, range(n)))
+        self._first = dict(zip(reversed(state_of), range(n - 1, -1, -1)))
+        self._last.pop(-1, None)
+        self._first.pop(-1, None)
+        self._used = set(self._last)
 
     @classmethod
     def of(cls, facts: Iterable[VersionFacts]) -> Retention:
@@ -58,10 +64,8 @@ class Retention:
             best = 0 if ABSENT in col else min(col)
         else:
             best = min(self._value(col, s) for s in self._used)
-        for i, s in enumerate(self.facts.state_of):
-            if s >= 0 and self._value(col, s) == best:
-                return Bound(KeepReason.GENERATION_TIME_TRAVEL, best, table_version=self.facts.versions[i])
-        raise AssertionError("a retained state has no version")  # `_used` comes from the versions
+        i = min(self._first[s] for s in self._used if self._value(col, s) == best)
+        return Bound(KeepReason.GENERATION_TIME_TRAVEL, best, table_version=self.facts.versions[i])
 
     def held_until(self, region_id: str, generation: int, older_than: timedelta | None) -> float | None:
         """When the newest retained version still reading `generation` becomes old enough for
@@ -69,12 +73,10 @@ class Retention:
         if older_than is None:
             return None
         col = self.facts.column(region_id)
-        f = self.facts
-        for i in range(len(f) - 1, -1, -1):
-            s = f.state_of[i]
-            if s >= 0 and self._value(col, s) < generation:
-                return None if math.isnan(f.stamps[i]) else f.stamps[i] + older_than.total_seconds()
-        return None
+        i = max((self._last[s] for s in self._used if self._value(col, s) < generation), default=None)
+        if i is None or math.isnan(self.facts.stamps[i]):
+            return None
+        return self.facts.stamps[i] + older_than.total_seconds()
 
     def lowest_before(self, region_id: str, version: int) -> int | None:
         """The lowest merged generation of a region over the retained versions below `version`
