@@ -801,3 +801,208 @@ def test_a_lifecycle_record_the_store_fails_to_give_stops_every_job_instead_of_a
     assert plan.lifecycle.init == lifecycle.Initialization(init.table_version, init.initialized_at,
                                                            init.previous_version, ds.version)
     assert plan.batches and not plan.walls
+
+
+# ---------------------------------------------------------------------------------------------
+# GC's lifetime check answered from the retained versions the pass reads anyway (`run._indexed`):
+# whatever happened to the table or to the version summary, it decides what reading every
+# version it checks decides, and reads only the versions the pass did not read.
+
+KEEP_ALL = GcOptions(discard_stale_after_seconds=None)  # the shipped retention: every version kept
+CLEAN_ALL = GcOptions(discard_stale_after_seconds=None, cleanup_base_versions_older_than_seconds=0,
+                      cleanup_base_versions_floor_seconds=0, cleanup_base_versions_retain=3,
+                      manifest_min_age_seconds=0, orphan_grace_seconds=0)
+
+
+def _verdicts(lc: lifecycle.Lifecycle) -> tuple:
+    """What a lifetime check decides: the initialization and every region's verdict."""
+    i = lc.init
+    return (i.table_version, i.initialized_at, i.previous_version), \
+        {rid: v.stale_through for rid, v in lc.stale.items()}, set(lc.fresh)
+
+
+def _read_in_full(loc) -> tuple:
+    """The verdicts of a new process that reads every version its check needs (none fed)."""
+    lifecycle._SEEN.clear()
+    return _verdicts(lifecycle.assess_table(loc).lifecycle)
+
+
+@pytest.fixture
+def manifest_reads(monkeypatch) -> list[int]:
+    """The table versions whose manifests the lifetime check reads."""
+    reads: list[int] = []
+    real = lifecycle._has_index
+    monkeypatch.setattr(lifecycle, "_has_index", lambda loc, v: reads.append(v) or real(loc, v))
+    return reads
+
+
+def _gc_pass(loc, config: GcOptions = KEEP_ALL) -> gc.GcResult:
+    from support.gc_passes import forget_process
+
+    forget_process()
+    return gc.run_gc(loc, config)
+
+
+def _reopen_one(loc, w: demo.Workload) -> str:
+    """A writer re-opens one of `w`'s regions after an overwrite (its region id)."""
+    value, rid = sorted(w.regions.items())[0]
+    put(loc, rid, keys_of(w, value, 5000, 3), 8, {})
+    return rid
+
+
+def test_gc_finds_an_overwrite_from_the_versions_it_read_without_reading_them_again(table_loc, manifest_reads):
+    """The table overwritten between two passes: the second pass's history reads the new
+    versions (its summary knows the others), and the lifetime check reads no manifest at all,
+    yet finds the new lifetime and judges the old regions stale, exactly as a full read does."""
+    loc = table_loc
+    w = written_two_buckets(loc, seed=11)
+    _gc_pass(loc)  # the version summary and the lifecycle record
+    overwrite_and_reinit(loc, num_buckets=2)
+    _reopen_one(loc, w)
+    expected = _read_in_full(loc)
+    manifest_reads.clear()
+    r = _gc_pass(loc)
+    assert r.plan.history.summary == "used" and not r.plan.history.listed
+    assert _verdicts(r.plan.lifecycle) == expected
+    assert set(expected[1]) == set(w.regions.values()) and expected[0][2] is not None
+    assert manifest_reads == []
+
+
+@pytest.mark.parametrize("summary", ["garbled", "missing", "another table's"])
+def test_a_summary_gc_cannot_use_leaves_the_lifetime_check_as_a_full_read(table_loc, tmp_path, summary):
+    """A version summary that is garbled, missing, or sealed but of another table is read
+    around (`history.py`): the versions the check is fed are then the ones just read."""
+    loc = table_loc
+    w = written_two_buckets(loc, seed=12)
+    _gc_pass(loc)
+    overwrite_and_reinit(loc, num_buckets=2)
+    _reopen_one(loc, w)
+    if summary == "garbled":
+        loc.store.put(layout.GC_VERSIONS_KEY, b'{"format": 1, "body": "[]", "sha256": "0"}')
+    elif summary == "missing":
+        loc.store.delete_many([layout.GC_VERSIONS_KEY])
+    else:  # a summary GC wrote for a table with this layout of versions, but not this one
+        other = open_store(str(tmp_path / "other"))
+        written_two_buckets(other, seed=12)
+        for _ in range(3):
+            table.open_dataset(other).update_config({"k": "v"})
+        _gc_pass(other)
+        loc.store.put(layout.GC_VERSIONS_KEY, other.store.get(layout.GC_VERSIONS_KEY))
+    expected = _read_in_full(loc)
+    r = _gc_pass(loc)
+    assert r.plan.history.listed and r.plan.history.known == 0  # every version read again
+    assert _verdicts(r.plan.lifecycle) == expected and set(expected[1]) == set(w.regions.values())
+
+
+def test_versions_committed_after_the_history_was_read_are_read_by_the_check(table_loc, manifest_reads, monkeypatch):
+    """An overwrite lands between the pass's read of the versions and its opening of the table:
+    the check reads those versions' manifests (they are not in what the pass read) and finds
+    the new lifetime."""
+    import memwal_core.jobs.gc.run as gc_run
+
+    loc = table_loc
+    w = written_two_buckets(loc, seed=13)
+    _gc_pass(loc)
+    real, read = gc_run._versions, []
+
+    def then_overwritten(*a, **k):
+        h = real(*a, **k)
+        read.append(max(h.facts))
+        overwrite_and_reinit(loc, num_buckets=2)
+        return h
+
+    monkeypatch.setattr(gc_run, "_versions", then_overwritten)
+    manifest_reads.clear()
+    r = _gc_pass(loc)
+    monkeypatch.undo()
+    top = read[0]
+    assert set(manifest_reads) == {top + 1, top + 2} == set(range(top + 1, table.open_dataset(loc).version + 1))
+    loc.store.delete_many([layout.LIFECYCLE_KEY])  # what the walk finds from nothing, reading every version
+    assert _verdicts(r.plan.lifecycle) == _read_in_full(loc)
+    assert r.plan.lifecycle.init.table_version == top + 2 and set(r.plan.lifecycle.stale) == set(w.regions.values())
+
+
+@pytest.mark.parametrize("kept", [2, 4])
+def test_versions_cleaned_up_elsewhere_since_the_last_pass(table_loc, kept):
+    """Another process's cleanup removed versions GC's summary knows (with 2 kept, the
+    overwrite itself): the pass lists `_versions/`, and the check decides what reading the
+    retained versions decides (versions cleaned up answer "not retained", as ever)."""
+    loc = table_loc
+    w = written_two_buckets(loc, seed=14)
+    _gc_pass(loc)
+    overwrite_and_reinit(loc, num_buckets=2)
+    _reopen_one(loc, w)
+    table.open_dataset(loc).update_config({"k": "v"})
+    table.open_dataset(loc).cleanup_old_versions(older_than=__import__("datetime").timedelta(0),
+                                                 retain_versions=kept)
+    expected = _read_in_full(loc)
+    r = _gc_pass(loc)
+    assert r.plan.history.listed and len(r.plan.history.facts) == kept
+    assert _verdicts(r.plan.lifecycle) == expected
+
+
+def test_a_table_recreated_while_the_pass_read_its_versions_is_checked_by_reading(table_loc, monkeypatch):
+    """The table removed and created again (shorter) between the pass's read of the versions and
+    its opening of the table: what was read describes the old table, whose version 3 (an
+    overwrite) had no index where the new table's has one; the check does not use it."""
+    import memwal_core.jobs.gc.run as gc_run
+    import shutil
+
+    loc = table_loc
+    demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+    overwrite_and_reinit(loc, num_buckets=2)  # versions 3 (no index) and 4
+    for _ in range(3):
+        table.open_dataset(loc).update_config({"k": "v"})
+    _gc_pass(loc)
+    real = gc_run._versions
+
+    def then_recreated(*a, **k):
+        h = real(*a, **k)
+        for d in ("_versions", "data", "_transactions", "_deletions", "_indices"):
+            shutil.rmtree(os.path.join(loc.lance_uri, d), ignore_errors=True)
+        demo.create_table(loc, sharding="bucket", num_buckets=2, base_rows=5)
+        table.open_dataset(loc).update_config({"k": "v"})  # version 3, with the index
+        return h
+
+    monkeypatch.setattr(gc_run, "_versions", then_recreated)
+    r = _gc_pass(loc)
+    monkeypatch.undo()
+    assert table.open_dataset(loc).version == 3 and r.plan.lifecycle.init.table_version == 2
+    loc.store.delete_many([layout.LIFECYCLE_KEY])
+    assert _verdicts(r.plan.lifecycle)[0] == _read_in_full(loc)[0]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(st.sampled_from(["write", "commit", "overwrite", "reopen", "gc_keep", "gc_keep", "gc_clean",
+                                     "cleanup_elsewhere", "garble", "drop_record"]), min_size=4, max_size=9),
+       seed=st.integers(0, 1000))
+def test_the_fed_lifetime_check_decides_what_a_full_read_does(ops, seed):
+    """Property: over random histories of writes, commits, overwrites, GC passes (keeping every
+    version, or cleaning all but 3), another process's cleanup, a garbled version summary and a
+    lost lifecycle record, each GC pass judges the lifetime and the regions exactly as a new
+    process reading every version it checks judges them right before the pass."""
+    from datetime import timedelta
+
+    with tempfile.TemporaryDirectory() as d:
+        loc = open_store(os.path.join(d, "t"))
+        w = written_two_buckets(loc, seed=seed, writes=20)
+        for op in ops:
+            if op == "write":
+                w.write_round(10, puts_per_batch=5)
+            elif op == "commit":
+                table.open_dataset(loc).update_config({"k": str(seed)})
+            elif op == "overwrite":
+                overwrite_and_reinit(loc, num_buckets=2)
+            elif op == "reopen":
+                _reopen_one(loc, w)
+            elif op == "cleanup_elsewhere":
+                table.open_dataset(loc).cleanup_old_versions(older_than=timedelta(0), retain_versions=2)
+            elif op == "garble" and loc.store.exists(layout.GC_VERSIONS_KEY):
+                raw = loc.store.get(layout.GC_VERSIONS_KEY)
+                loc.store.put(layout.GC_VERSIONS_KEY, raw[: len(raw) // 2])
+            elif op == "drop_record":
+                loc.store.delete_many([layout.LIFECYCLE_KEY])
+            elif op.startswith("gc_"):
+                expected = _read_in_full(loc)
+                r = _gc_pass(loc, KEEP_ALL if op == "gc_keep" else CLEAN_ALL)
+                assert _verdicts(r.plan.lifecycle) == expected, op

@@ -54,7 +54,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
@@ -71,6 +71,9 @@ _WALK_CHUNK = 16
 # Lance URI -> the initialization this process last verified: a process that assesses often
 # without recording (the index builder, status, readers) reads only versions committed since.
 _SEEN: dict[str, "Initialization"] = {}
+# Whether a table version carries the MemWAL index, as a caller already read it (None: not
+# known to it, the manifest is read); see `find_initialization`.
+Indexed = Callable[[int], "bool | None"]
 
 
 class LifecycleError(MemwalError):
@@ -316,19 +319,36 @@ def _commit_timestamp(loc: TableLocation, key: str) -> float | None:
     return None
 
 
-def find_initialization(loc: TableLocation, current: int, known: Initialization | None = None) -> Initialization:
+def find_initialization(loc: TableLocation, current: int, known: Initialization | None = None,
+                        indexed: Indexed | None = None) -> Initialization:
     """The current lifetime's first version (see the module docstring). `known` (the record)
-    is trusted when every version committed since it was checked still carries the index."""
+    is trusted when every version committed since it was checked still carries the index.
+
+    `indexed`: whether a version carries the index, as the caller read it already (GC's pass
+    reads every retained version's manifest, or its summary of them, anyway); a version it
+    does not know is read here. Safe because a version's manifest never changes: an answer read
+    earlier is the one reading it now gives, for the very manifests the caller vouches for
+    (`jobs/gc/history.py` reads around a summary of another table at this URI). A version the
+    caller read that was cleaned up since answers what it held where a read would say "not
+    retained": the walk then finds the break a check just before the cleanup would have found
+    (the record's purpose too), never one that did not happen. Versions committed after the
+    caller read them are not known to it, so an overwrite landing meanwhile is read here. One
+    that knows the version above `current` describes a longer table than the one opened: another
+    table at this URI (versions only grow), so it is not used."""
+    if indexed is not None and indexed(current + 1) is not None:
+        log.warning("table %s: the versions read earlier in this pass go past version %d, the latest: "
+                    "re-created meanwhile? reading the versions instead", loc.lance_uri, current)
+        indexed = None
     if known is not None and known.table_version <= known.checked_version <= current:
         # A version cleaned up since (None) cannot show a break; one hidden entirely in such a gap
         # needs memwal not to have run for the whole retention period (docs: table lifecycle).
         versions = list(range(known.checked_version + 1, current + 1))
-        if all(h is not False for h in _map(loc, versions)):
+        if all(h is not False for h in _map(loc, versions, indexed)):
             return Initialization(known.table_version, known.initialized_at, known.previous_version, current)
     top = current
     while top >= 1:  # walk back in chunks, newest first, to the first version without the index
         chunk = list(range(top, max(0, top - _WALK_CHUNK), -1))
-        for v, h in zip(chunk, _map(loc, chunk)):
+        for v, h in zip(chunk, _map(loc, chunk, indexed)):
             if h is None:  # the lifetime began before the retained history: unknown
                 return Initialization(v + 1, None, None, current)
             if h is False:
@@ -362,11 +382,16 @@ def outlived(loc: TableLocation, planned_version: int, known: Initialization | N
     return now if now.table_version > planned_version else None
 
 
-def _map(loc: TableLocation, versions: list[int]) -> list[bool | None]:
-    if len(versions) <= 1:
-        return [_has_index(loc, v) for v in versions]
-    with ThreadPoolExecutor(max_workers=min(_WALK_CHUNK, len(versions))) as pool:
-        return list(pool.map(lambda v: _has_index(loc, v), versions))
+def _map(loc: TableLocation, versions: list[int], indexed: Indexed | None = None) -> list[bool | None]:
+    """`_has_index` of each version; those `indexed` knows are answered from it, not read."""
+    given = {v: h for v in versions if (h := indexed(v)) is not None} if indexed is not None else {}
+    todo = [v for v in versions if v not in given]
+    if len(todo) <= 1:
+        read = {v: _has_index(loc, v) for v in todo}
+    else:
+        with ThreadPoolExecutor(max_workers=min(_WALK_CHUNK, len(todo))) as pool:
+            read = dict(zip(todo, pool.map(lambda v: _has_index(loc, v), todo)))
+    return [given[v] if v in given else read[v] for v in versions]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,9 +434,10 @@ def classify_region(loc: TableLocation, rid: str, latest: region.RegionManifest,
 
 
 def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, current_version: int | None = None,
-           record: bool = True, now: float | None = None) -> Lifecycle:
+           record: bool = True, now: float | None = None, indexed: Indexed | None = None) -> Lifecycle:
     """Verdicts for the regions of `manifests` (their latest manifests). `record=False` for
-    readers (status, checks): they derive without writing.
+    readers (status, checks): they derive without writing. `indexed`: the versions the caller
+    read already (`find_initialization`).
 
     Raises `LifecycleUnreadable` when the store fails to give the record (absent or garbled: it
     is derived again): every job stops then (the merger's and the index builder's plans, GC's
@@ -425,7 +451,7 @@ def assess(loc: TableLocation, manifests: dict[str, region.RegionManifest], *, c
     seen = _SEEN.get(loc.lance_uri)
     start = seen if seen is not None and (known is None or seen.checked_version > known.checked_version) \
         and seen.checked_version <= current_version else known
-    init = find_initialization(loc, current_version, start)
+    init = find_initialization(loc, current_version, start, indexed)
     _SEEN[loc.lance_uri] = init
     same = rec is not None and known is not None and known.table_version == init.table_version \
         and known.initialized_at == init.initialized_at
@@ -504,12 +530,15 @@ class TableAssessment:
     lifecycle: Lifecycle
 
 
-def assess_table(loc: TableLocation, *, record: bool = False, max_workers: int = 16) -> TableAssessment:
-    """`assess` over every region of the table (what status, `regions discard` and GC use)."""
+def assess_table(loc: TableLocation, *, record: bool = False, max_workers: int = 16,
+                 indexed: Indexed | None = None) -> TableAssessment:
+    """`assess` over every region of the table (what status, `regions discard` and GC use);
+    `indexed`: the versions the caller read already (`find_initialization`)."""
     ds = table.open_dataset(loc)
     state = table.read_memwal_state(loc, ds.version)
     reads = region.load_many(loc.store, region.list_regions(loc.store).region_ids, max_workers=max_workers)
-    return TableAssessment(ds, state, reads, assess(loc, reads.manifests, current_version=ds.version, record=record))
+    return TableAssessment(ds, state, reads, assess(loc, reads.manifests, current_version=ds.version, record=record,
+                                                    indexed=indexed))
 
 
 def without_stale(m: region.RegionManifest, verdict: RegionVerdict | None) -> region.RegionManifest:

@@ -34,15 +34,21 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     execution off: the cleanup is planned instead (Lance's explanation) and GC planned as if
     those versions were gone; `result.plan` lists what would be deleted."""
     config = config or GcOptions()
+    # The retained versions first: what they say of the MemWAL index answers the lifetime check,
+    # which so reads only the versions committed since (their manifests grow with the table).
+    known = _versions(loc, config, dry_run, leaks=regions is None)
+    indexed = _indexed(known)
     # The table and its regions are read and judged once, for the three steps that need them.
-    view = lifecycle.assess_table(loc, max_workers=config.max_workers)
+    view = lifecycle.assess_table(loc, max_workers=config.max_workers, indexed=indexed)
     discarded, committed = _discard_expired(loc, config, dry_run, view)
     if committed:  # a discard commit landed (or may have): what was read is out of date
-        view = lifecycle.assess_table(loc, max_workers=config.max_workers)
-    base, base_plan, known = _clean_base(loc, config, dry_run, progress, leaks=regions is None, view=view)
+        view = lifecycle.assess_table(loc, max_workers=config.max_workers, indexed=indexed)
+    base, base_plan, known = _clean_base(loc, config, dry_run, progress, view=view, known=known)
     if base_plan is not None or (base is not None and (base.get("old_versions") or "error" in base)):
         # Lance's cleanup removed (a dry run: would remove) versions judged against the latest
         # version it saw, which may be newer than the one read above (and that one may be gone).
+        # Not fed the versions read before it: those it removed read as not retained, as ever
+        # (this process verified the lifetime up to the first read: only later versions are read).
         view = lifecycle.assess_table(loc, max_workers=config.max_workers)
     t0 = time.monotonic()
     # A dry run lists the whole table (and scans for leaked files) whenever it runs: it is asked
@@ -72,19 +78,33 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     return result
 
 
+def _indexed(known: history.VersionHistory | None) -> lifecycle.Indexed | None:
+    """Whether a version `known` holds carries the MemWAL index (its merge progress is None
+    exactly when it has none: `history.VersionFacts`); None for a version it does not hold, which
+    the lifetime check then reads. Facts `history.py` vouches for: of this table's manifests."""
+    if known is None:
+        return None
+    facts = known.facts
+
+    def indexed(version: int) -> bool | None:
+        f = facts.get(version)
+        return None if f is None else f.merged is not None
+
+    return indexed
+
+
 def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: Callable[[str], None] | None,
-                leaks: bool, view: lifecycle.TableAssessment
+                view: lifecycle.TableAssessment, known: history.VersionHistory | None
                 ) -> tuple[dict[str, Any] | None, BaseCleanupPlan | None, history.VersionHistory | None]:
     """The base-version cleanup (a dry run: its plan, for GC to plan as if it had run): what it
     did for the result (None: not configured, or skipped; `error`: it failed, and GC plans on
-    every version as retained, which stays safe), and the retained versions when they were read
-    to find that no version is old enough for it (Lance's cleanup reads every manifest)."""
+    every version as retained, which stays safe), and `known`, the retained versions read earlier
+    in the pass, marked to be listed again when the cleanup removed some; they also tell that no
+    version is old enough for it (Lance's cleanup reads every manifest)."""
     if not (config.base_cleanup and (dry_run or _record_stale(loc, view.lifecycle))):
-        return None, None, None
+        return None, None, known
     base_plan: BaseCleanupPlan | None = None
-    known: history.VersionHistory | None = None
     try:
-        known = _versions(loc, config, dry_run, leaks)
         if not dry_run and known is not None and _nothing_old_enough(known, config):
             log.info("base-version cleanup not run: no retained version is older than %s",
                      config.base_cleanup_older_than)
@@ -109,13 +129,14 @@ def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: 
 
 def _versions(loc: TableLocation, config: GcOptions, dry_run: bool, leaks: bool) -> history.VersionHistory | None:
     """The retained versions (`history.py`; listed as the plan would list them), or None when
-    they cannot be read (the cleanup runs)."""
+    they cannot be read (the lifetime check reads the manifests, the cleanup runs, the plan
+    reads the versions again)."""
     try:
         return history.read_history(loc, max_workers=config.max_workers,
                                     interval=0.0 if dry_run else config.full_scan_interval_seconds,
                                     for_leaks=leaks and config.collect_leaked_files)
     except Exception as e:  # noqa: BLE001 - only an optimization; planning reads them again
-        log.info("retained versions not read before the base-version cleanup: %s", one_line(e))
+        log.info("retained versions not read at the start of the pass: %s", one_line(e))
         return None
 
 
