@@ -913,3 +913,20 @@ def test_bounds_over_distinct_states_as_over_every_version(rows, gen, gone, befo
         assert r.held_until(rid, gen, timedelta(seconds=5)) == until
         older = [m.get(rid, 0) for v, m in states.items() if v < before]
         assert r.lowest_before(rid, before) == (min(older) if older else None)
+
+
+def test_the_table_is_opened_at_the_newest_known_version_only_while_it_is_the_latest(tmp_path):
+    """GC opens the table by the version its probe found newest (one manifest read, where
+    opening the latest lists `_versions/`); a version committed since, or a hint no version
+    answers (a table re-created shorter), opens the latest as before."""
+    loc, w = _history(tmp_path, cycles=1)
+    latest = table.open_dataset(loc).version
+    assert table.open_latest(loc, latest).version == latest
+    assert table.open_latest(loc, None).version == latest
+    assert table.open_latest(loc, latest - 1).version == latest  # a version landed above the hint
+    assert table.open_latest(loc, latest + 5).version == latest  # no such version (re-created shorter)
+    w.write_round(12, puts_per_batch=50)
+    mark_merged(loc, w.regions.values())
+    forget_process()
+    res = gc.run_gc(loc, KEEP)
+    assert res.plan.table_version == latest + 1 and res.plan.history.summary == "used"

@@ -531,10 +531,11 @@ class TableAssessment:
 
 
 def assess_table(loc: TableLocation, *, record: bool = False, max_workers: int = 16,
-                 indexed: Indexed | None = None) -> TableAssessment:
+                 indexed: Indexed | None = None, newest_known: int | None = None) -> TableAssessment:
     """`assess` over every region of the table (what status, `regions discard` and GC use);
-    `indexed`: the versions the caller read already (`find_initialization`)."""
-    ds = table.open_dataset(loc)
+    `indexed`: the versions the caller read already (`find_initialization`); `newest_known`: the
+    latest version as the caller found it (`table.open_latest`)."""
+    ds = table.open_latest(loc, newest_known)
     state = table.read_memwal_state(loc, ds.version)
     reads = region.load_many(loc.store, region.list_regions(loc.store).region_ids, max_workers=max_workers)
     return TableAssessment(ds, state, reads, assess(loc, reads.manifests, current_version=ds.version, record=record,

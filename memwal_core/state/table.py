@@ -136,6 +136,18 @@ def open_dataset(loc: TableLocation, version: int | None = None, commit_lock=Non
         raise TableError(f"cannot open Lance table {loc.lance_uri}: {one_line}") from None
 
 
+def open_latest(loc: TableLocation, newest_known: int | None = None) -> lance.LanceDataset:
+    """The table at its latest version. `newest_known`: a version the caller found to be the
+    newest moments ago (GC probes for it): when it exists and no version above it does, it is
+    opened by number, which reads one manifest, where opening the latest makes Lance list
+    `_versions/`, a listing that grows with the retained history. A commit landing right after
+    the check is the race a listing has too: the caller reads a version that was the latest."""
+    if newest_known is not None and not any(map(loc.store.exists, manifest_keys(newest_known + 1))) \
+            and any(map(loc.store.exists, manifest_keys(newest_known))):
+        return open_dataset(loc, version=newest_known)
+    return open_dataset(loc)
+
+
 def primary_key(ds: lance.LanceDataset) -> list[str]:
     """Primary key columns in key order: the one place memwal learns the key.
 

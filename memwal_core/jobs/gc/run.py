@@ -38,8 +38,10 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     # which so reads only the versions committed since (their manifests grow with the table).
     known = _versions(loc, config, dry_run, leaks=regions is None)
     indexed = _indexed(known)
-    # The table and its regions are read and judged once, for the three steps that need them.
-    view = lifecycle.assess_table(loc, max_workers=config.max_workers, indexed=indexed)
+    # The table and its regions are read and judged once, for the three steps that need them
+    # (the table opened at the newest version the history found, when it is still the newest).
+    newest = known.facts.versions[-1] if known is not None and len(known.facts) else None
+    view = lifecycle.assess_table(loc, max_workers=config.max_workers, indexed=indexed, newest_known=newest)
     discarded, committed = _discard_expired(loc, config, dry_run, view)
     if committed:  # a discard commit landed (or may have): what was read is out of date
         view = lifecycle.assess_table(loc, max_workers=config.max_workers, indexed=indexed)
