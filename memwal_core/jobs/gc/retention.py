@@ -29,6 +29,8 @@ class Retention:
     _used: set[int] = field(default_factory=set, repr=False, compare=False)  # the states retained versions have
     _first: dict[int, int] = field(default_factory=dict, repr=False, compare=False)  # state -> its oldest position
     _last: dict[int, int] = field(default_factory=dict, repr=False, compare=False)  # state -> its newest position
+    _by_first: list[int] = field(default_factory=list, repr=False, compare=False)
+    _by_last: list[int] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n, state_of = len(self.facts), self.facts.state_of
@@ -38,6 +40,10 @@ class Retention:
         self._last.pop(-1, None)
         self._first.pop(-1, None)
         self._used = set(self._last)
+        # The states by their oldest and by their newest version: the version a bound names and
+        # a hold's end are then usually the first state looked at (progress grows with versions).
+        self._by_first = sorted(self._first, key=self._first.__getitem__)
+        self._by_last = sorted(self._last, key=self._last.__getitem__, reverse=True)
 
     @classmethod
     def of(cls, facts: Iterable[VersionFacts]) -> Retention:
@@ -64,8 +70,8 @@ class Retention:
             best = 0 if ABSENT in col else min(col)
         else:
             best = min(self._value(col, s) for s in self._used)
-        i = min(self._first[s] for s in self._used if self._value(col, s) == best)
-        return Bound(KeepReason.GENERATION_TIME_TRAVEL, best, table_version=self.facts.versions[i])
+        s = next(s for s in self._by_first if self._value(col, s) == best)
+        return Bound(KeepReason.GENERATION_TIME_TRAVEL, best, table_version=self.facts.versions[self._first[s]])
 
     def held_until(self, region_id: str, generation: int, older_than: timedelta | None) -> float | None:
         """When the newest retained version still reading `generation` becomes old enough for
@@ -73,10 +79,10 @@ class Retention:
         if older_than is None:
             return None
         col = self.facts.column(region_id)
-        i = max((self._last[s] for s in self._used if self._value(col, s) < generation), default=None)
-        if i is None or math.isnan(self.facts.stamps[i]):
+        s = next((s for s in self._by_last if self._value(col, s) < generation), None)
+        if s is None or math.isnan(self.facts.stamps[self._last[s]]):
             return None
-        return self.facts.stamps[i] + older_than.total_seconds()
+        return self.facts.stamps[self._last[s]] + older_than.total_seconds()
 
     def lowest_before(self, region_id: str, version: int) -> int | None:
         """The lowest merged generation of a region over the retained versions below `version`
