@@ -308,9 +308,10 @@ class GcOptions(_Checked):
     # file is a leak only once no commit can still be in flight for it. A week, as Lance's own
     # cleanup of unreferenced files; never below the retention floor (`leaked_grace`).
     leaked_file_grace_seconds: Duration = _duration(7 * 86400.0)
-    # How often a pass lists the whole base table (`_versions/`, and the leak scan's directories);
-    # in between it only probes for new versions and skips the leak scan (`jobs/gc/history.py`),
-    # so a leaked file is collected within `leaked_grace` plus this.
+    # How often a pass lists the whole base table (`_versions/`, and the leak scan's directories)
+    # and each region's directory (the orphan sweep); in between it only probes for new versions
+    # and skips both (`jobs/gc/history.py`, `region_cache.py`), so a leaked file is collected
+    # within `leaked_grace` plus this, an orphan within `orphan_grace_seconds` plus this.
     full_scan_interval_seconds: Duration = _duration(3600.0)
 
     def __post_init__(self) -> None:

@@ -301,7 +301,8 @@ def test_orphans_grace_and_flush_in_progress(merged_template, tmp_path):
     stale = orphan("0000000b_gen_1", old)
     flushing = orphan(f"0000000c_gen_{m.current_generation}", old)  # a flush in progress
     bogus = orphan(f"tmp_gen_{m.current_generation - 1}", old)  # any *_gen_* name counts
-    cfg = gc.GcOptions(manifest_min_age_seconds=10**9, orphan_grace_seconds=3600)  # (the default grace is 24 h)
+    # (the default grace is 24 h); every pass sweeps (by default, once per full scan interval)
+    cfg = gc.GcOptions(manifest_min_age_seconds=10**9, orphan_grace_seconds=3600, full_scan_interval_seconds=0)
     plan = gc.plan_gc(loc, cfg)
     orphans = {i.path for i in plan.items if i.kind == gc.ORPHAN}
     assert orphans == {stale, bogus}
@@ -435,10 +436,11 @@ def test_crash_between_manifest_commit_and_delete(merged_template, tmp_path):
     assert leftovers  # unlisted, not deleted: the crash window
     assert lsm_rows(loc) == model  # the table reads correctly right after the crash
     assert_listed_exist(loc)
-    # With the default grace the leftovers are young orphans and stay; with grace 0 they go.
+    # With the default grace the leftovers are young orphans and stay; with grace 0 they go (at
+    # the next sweep: here at once, every pass sweeping).
     res = gc.run_gc(loc, replace(FAST, orphan_grace_seconds=3600))
     assert not {(i.region_id, i.path) for i in res.deleted} & leftovers
-    res = gc.run_gc(loc, FAST)
+    res = gc.run_gc(loc, replace(FAST, full_scan_interval_seconds=0))
     assert {(i.region_id, i.path) for i in res.deleted if i.kind == gc.ORPHAN} >= leftovers
     assert not any(os.path.isdir(os.path.join(loc.store.root, path)) for _, path in expected_gone)
     assert lsm_rows(loc) == model
@@ -561,16 +563,17 @@ def test_manifest_retention_and_version_hint(table_loc):
     # directory is listed below that hole only after a delete that did not finish).
     loc.store.stats.clear()
     assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_seconds=0)).items
-    # regions, the region directory (orphans), GC's intent markers, the markers of unverified
-    # merge commits; the retained base versions are probed (jobs/gc/history.py), not listed, and
-    # the leaked-file scan is not due (the run above scanned)
-    assert loc.store.stats["list"] == 4
-    # A full scan: the retained base versions (_versions/, which the leaked-file scan starts
-    # from); and the leaked-file scan (jobs/gc/leaks.py): _versions/ again (versions committed
-    # meanwhile), data/, _deletions/, _transactions/, _indices/
+    # regions, GC's intent markers, the markers of unverified merge commits; the retained base
+    # versions are probed (jobs/gc/history.py), not listed, and neither the leaked-file scan nor
+    # the orphan sweep (the region directory) is due (the run above did both)
+    assert loc.store.stats["list"] == 3
+    # A full scan: the region directory (the orphan sweep), the retained base versions
+    # (_versions/, which the leaked-file scan starts from); and the leaked-file scan
+    # (jobs/gc/leaks.py): _versions/ again (versions committed meanwhile), data/, _deletions/,
+    # _transactions/, _indices/
     loc.store.stats.clear()
     assert not gc.plan_gc(loc, replace(cfg, manifest_min_age_seconds=0), full_scan=True).items
-    assert loc.store.stats["list"] == 4 + 1 + 5
+    assert loc.store.stats["list"] == 3 + 1 + 1 + 5
     # Without the hint: memwal lists, pylance still opens, writes and flushes.
     os.unlink(os.path.join(loc.store.root, layout.version_hint_key(rid)))
     assert region.load_latest(loc.store, rid).version == latest

@@ -202,7 +202,7 @@ def decode_manifest(region_id: str, version: int, raw: bytes) -> RegionManifest:
     if msg.region_id.uuid != uuid.UUID(region_id).bytes:
         raise CorruptManifest(region_id, f"manifest {key} (version {version}) belongs to region "
                                          f"{_uuid_str(msg.region_id.uuid)}")
-    check_fields(region_id, key, msg)
+    check_fields(region_id, key, msg, raw)
     return RegionManifest(region_id, version, msg, raw)
 
 
@@ -213,12 +213,14 @@ def _manifest_key_or_raise(region_id: str, version: int) -> str:
     return layout.manifest_key(region_id, version)
 
 
-def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
+def check_fields(region_id: str, key: str, msg: pb.RegionManifest, raw: bytes | None = None) -> None:
     """Refuse a manifest whose fields memwal cannot do arithmetic on, or does not know.
 
     Each failure is a `FieldOutOfRange` naming the region, the file, the field and its value,
     so the region is refused (walled, skipped by GC, its previous snapshot row kept) instead of
-    failing later with a bare `ValueError` deep inside a job.
+    failing later with a bare `ValueError` deep inside a job. `raw`: the bytes `msg` was decoded
+    from, when known: the generations' sizes are then read only if the bytes could hold a value
+    past 2^63-1 (`_may_exceed_counter`).
     """
     def bad(name: str, value: object, why: str) -> FieldOutOfRange:
         return FieldOutOfRange(region_id, key, name, value, why)
@@ -242,7 +244,7 @@ def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
     # Checked a field at a time (a region may list thousands of generations, read on every pass);
     # when one is out of range, one entry at a time, to name the first offending one.
     numbers = list(map(_by_generation, fg))
-    if numbers and (min(numbers) < 1 or max(numbers) > cur or any(
+    if numbers and (min(numbers) < 1 or max(numbers) > cur or _may_exceed_counter(raw) and any(
             max(map(operator.attrgetter(name), fg)) > MAX_COUNTER for name in _GEN_SIZES)):
         for i, g in enumerate(fg):
             if not 1 <= g.generation <= cur:
@@ -252,6 +254,18 @@ def check_fields(region_id: str, key: str, msg: pb.RegionManifest) -> None:
                 v = getattr(g, name)
                 if v > MAX_COUNTER:
                     raise bad(f"flushed_generations[{i}].{name}", v, "at most 2^63-1")
+
+
+# A varint of 2^63 or more has at least 64 significant bits, so at least ten bytes, the first nine
+# with the continuation bit set; bytes without nine such in a row hold no such value in any field.
+_CONTINUATION = bytes(0x80 if b & 0x80 else 0 for b in range(256))  # translate: a byte's continuation bit
+
+
+def _may_exceed_counter(raw: bytes | None) -> bool:
+    """Whether a field in `raw` may hold a varint past `MAX_COUNTER` (unknown bytes: yes). A
+    region manifest lists thousands of generations on every read; one scan of its bytes spares
+    reading three sizes of each."""
+    return raw is None or b"\x80" * 9 in raw.translate(_CONTINUATION)
 
 
 def check_spec(m: RegionManifest, spec_ids: Iterable[int]) -> None:

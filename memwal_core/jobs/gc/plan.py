@@ -1,11 +1,12 @@
 """Planning (`plan_gc`): what GC would delete, and why, from committed state only; reads only.
 
 Every region is planned in parallel (`_plan_region`): its manifest is validated first (a corrupt
-one deletes nothing and is reported), a stale region keeps everything, then come its generations
-(`_plan_generations`, the holds on the others), WAL entries (`wal.py`), old manifest versions
-(`manifests.py`) and orphan directories (`_plan_orphans`). The table's leaked files (`leaks.py`)
-come last, when the plan covers every region and a full scan is due (`GcOptions.full_scan_interval_seconds`:
-between, the retained versions are probed, `history.py`, and the leak scan skipped)."""
+one deletes nothing and is reported; `listed.py`), a stale region keeps everything, then come its
+generations (`_plan_generations`, the holds on the others), WAL entries (`wal.py`), old manifest
+versions (`manifests.py`) and orphan directories (`_plan_orphans`, when a full scan is due). The
+table's leaked files (`leaks.py`) come last, when the plan covers every region and a full scan is
+due (`GcOptions.full_scan_interval_seconds`: between, the retained versions are probed,
+`history.py`, and the leak scan and the orphan sweeps skipped)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,11 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
-from memwal_core.jobs.gc import leak_refs, leaks, region_cache
+from memwal_core.jobs.gc import leak_refs, leaks, listed as listing, region_cache
 from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan
 from memwal_core.jobs.gc.history import VersionHistory, due
 from memwal_core.jobs.gc.holds import Bound, GcHold, Hold, KeepReason, readable, summarize_holds
@@ -60,6 +61,7 @@ class RegionGcPlan:
     # as it will be after this plan's deletes; written by execution.
     cache: region_cache.RegionCache | None = None
     cache_changed: bool = False
+    orphans_swept: bool = False  # the orphan sweep ran (else it was not due: `_sweep_due`)
 
     @property
     def error(self) -> str | None:
@@ -162,6 +164,7 @@ class _Context:
     # the markers could not be read, so every region is held that way (at 0).
     unverified: dict[str, int] | None = field(default_factory=dict)
     use_cache: bool = True  # what earlier passes learned of the regions (`region_cache.py`)
+    sweep_interval: float = 0.0  # a region's orphan sweep runs once per this (0: every pass)
 
 
 def _stale_limit(ctx: _Context, rid: str) -> int:
@@ -228,9 +231,13 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     """One region's plan, by the rules of the package docstring in their order."""
     rp = RegionGcPlan(rid, m.version, m.writer_epoch, m.current_generation,
                       m.message.replay_after_wal_entry_position, leftover_scan=rid in ctx.pending)
+    # What earlier passes learned of its WAL entries, manifest versions and generation list (not
+    # while a delete may have failed part-way: then the region is read in full, below its holes too).
+    cache = region_cache.Checked(ctx.loc.store, None if rp.leftover_scan or not ctx.use_cache
+                                 else region_cache.load(ctx.loc.store, rid))
     # Validate every listed path before anything else: a corrupt manifest deletes nothing.
     try:
-        listed = [(g, layout.generation_dir(rid, g.path, g.generation)) for g in m.generations]
+        listed = listing.listed(m, cache.gens())
     except layout.UnsafePath as e:
         rp.failure = _corrupt(m, str(e).removeprefix(f"region {rid}: "))  # layout names the region already
         return rp
@@ -240,11 +247,12 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
         return rp
     if verdict is not None and ctx.stale.blocks(rid, ctx.merged.get(rid, 0)):
         # Stale and not discarded: the merger refuses it; its files are the evidence of the verdict.
-        _hold_stale(rp, [g for g, _ in listed])
+        _hold_stale(rp, [g for g, _ in listed.each()])
         return rp
     try:  # what the merger refuses, GC leaves alone: progress says nothing true about it
         region.check_spec(m, ctx.spec_ids)
-        region.pending_generations(m, ctx.merged.get(rid, 0))
+        if not _mergeable_run(m, listed.run, ctx.merged.get(rid, 0)):
+            region.pending_generations(m, ctx.merged.get(rid, 0))
     except region.CorruptManifest as e:
         rp.failure = _corrupt(m, e.detail)
         return rp
@@ -253,12 +261,7 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
 
     # 1. generations
     _plan_generations(ctx, rp, m, listed, bounds, verdict)
-    kept_listed = {g.generation for g, _ in listed} - {g for g, _ in rp.trim}
-
-    # What earlier passes learned of its WAL entries and manifest versions (not while a delete
-    # may have failed part-way: then the region is read in full, below its holes too).
-    cache = region_cache.Checked(ctx.loc.store, None if rp.leftover_scan or not ctx.use_cache
-                                 else region_cache.load(ctx.loc.store, rid))
+    kept_listed = _kept_listed(listed, rp.trim)
 
     # 2. WAL entries
     wal_plan = plan_wal(ctx.loc, m, rp.limit, kept_listed, keep_current_epoch=ctx.config.keep_current_epoch_wal,
@@ -272,14 +275,41 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     rp.hint, rp.lowest_kept_version = manifest_plan.hint, manifest_plan.lowest_kept_version
     rp.items += manifest_plan.items
     rp.kept.update(manifest_plan.kept)
+    # 4. orphan directories
+    rp.orphans_swept = _sweep_due(ctx, cache)
+    if rp.orphans_swept:
+        _plan_orphans(ctx, rp, m, listed.names())
+
     rp.cache = region_cache.after_pass(cache, rid, wal_plan.metas, {i.number for i in wal_plan.items},
                                        manifest_plan.kept_low, {i.number for i in manifest_plan.items},
-                                       wal_plan.settled)
+                                       wal_plan.settled, listed.chunks,
+                                       ctx.now if rp.orphans_swept else cache.orphans_at())
     rp.cache_changed = rp.cache != cache.cache
-
-    # 4. orphan directories
-    _plan_orphans(ctx, rp, m, {g.path for g, _ in listed})
     return rp
+
+
+def _mergeable_run(m: region.RegionManifest, run: range | None, merged: int) -> bool:
+    """Whether consecutive generations `run` pass `region.pending_generations` (no number
+    twice, those above `merged` from `merged + 1` on, below `current_generation`, progress below
+    it), told from the run's ends; False: let it check them one by one (and say why)."""
+    if run is None:
+        return False
+    if merged and merged >= m.current_generation:
+        return False
+    return not run or run[-1] <= merged or (run[0] <= merged + 1 and run[-1] < m.current_generation)
+
+
+def _kept_listed(listed: listing.Listed, trim: list[tuple[int, str]]) -> Sequence[int]:
+    """The listed generations not trimmed (a trim is a prefix of a run: the rest stays a range)."""
+    run = listed.run
+    if run is not None and [g for g, _ in trim] == list(run[:len(trim)]):
+        return run[len(trim):]
+    return set(listed.numbers) - {g for g, _ in trim}
+
+
+def _sweep_due(ctx: _Context, cache: region_cache.Checked) -> bool:
+    """Whether the region's orphan sweep runs this pass: once per `sweep_interval` (`due`)."""
+    return due(cache.orphans_at(), ctx.now, ctx.sweep_interval)
 
 
 def _hold_stale(rp: RegionGcPlan, generations: list[region.Generation]) -> None:
@@ -293,7 +323,7 @@ def _hold_stale(rp: RegionGcPlan, generations: list[region.Generation]) -> None:
 
 
 def _plan_generations(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
-                      listed: list[tuple[region.Generation, str]], bounds: list[Bound],
+                      listed: listing.Listed, bounds: list[Bound],
                       verdict: lifecycle.RegionVerdict | None) -> None:
     """The generations to delete (and unlist: `rp.trim`), and a hold per bound on the others.
     A generation above a bound is held by the first one it exceeds. Generations only are bound
@@ -304,7 +334,7 @@ def _plan_generations(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
     stale_limit = _stale_limit(ctx, rid) if verdict is not None else 0
     holds: dict[Bound, Hold] = {}
     if m.sealed or verdict is not None:
-        _classify_each(ctx, rp, m, listed, gen_bounds, gen_limit, verdict, stale_limit, holds)
+        _classify_each(ctx, rp, m, listed.each(), gen_bounds, gen_limit, verdict, stale_limit, holds)
     else:
         _classify_runs(ctx, rp, m, listed, gen_bounds, gen_limit, holds)
     for h in holds.values():  # the highest generation a retained version reads decides until when
@@ -347,18 +377,19 @@ def _collect(ctx: _Context, rp: RegionGcPlan, g: region.Generation, gdir: str, w
 
 
 def _classify_runs(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
-                   listed: list[tuple[region.Generation, str]], gen_bounds: list[Bound], gen_limit: int,
+                   listed: listing.Listed, gen_bounds: list[Bound], gen_limit: int,
                    holds: dict[Bound, Hold]) -> None:
     """`_plan_generations` by runs (the generations are in ascending order): the collectable ones
     are a prefix, and the bound holding a generation changes only where it crosses a bound, so
     the held ones are counted a run between two bounds at a time (a region whose retained
-    versions hold every generation lists them all, on every pass)."""
-    gens = [g.generation for g, _ in listed]
-    if any(a >= b for a, b in zip(gens, gens[1:])):  # not strictly ascending: one at a time
-        _classify_each(ctx, rp, m, listed, gen_bounds, gen_limit, None, 0, holds)
+    versions hold every generation lists them all, on every pass: `listed` sums their sizes by
+    chunk)."""
+    gens = listed.numbers
+    if listed.run is None and any(a >= b for a, b in zip(gens, gens[1:])):  # not strictly ascending
+        _classify_each(ctx, rp, m, listed.each(), gen_bounds, gen_limit, None, 0, holds)
         return
     collectable = bisect.bisect_right(gens, min(gen_limit, m.current_generation - 1))
-    for g, gdir in listed[:collectable]:
+    for g, gdir in listed.take(0, collectable):
         _collect(ctx, rp, g, gdir, f"generation {g.generation} <= merged and caught-up limit {gen_limit}")
     cuts = sorted({b.generation for b in gen_bounds} | {m.current_generation - 1})
     i = collectable
@@ -369,7 +400,7 @@ def _classify_runs(ctx: _Context, rp: RegionGcPlan, m: region.RegionManifest,
         bound = _holding(gen_bounds, gens[i], m)
         hold = holds.setdefault(bound, Hold(rp.region_id, bound))
         hold.generations += j - i
-        hold.bytes += sum(int(g.in_memory_bytes or 0) for g, _ in listed[i:j])
+        hold.bytes += listed.mem(i, j)
         hold.highest = max(hold.highest, gens[j - 1])
         rp.kept[bound.reason] += j - i
         i = j
@@ -449,7 +480,8 @@ def plan_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: lis
     ctx = _Context(loc, config, now, state.merged, state.catchup, gating, retention, _pending(loc),
                    unrecorded_regions(loc, state, loaded.manifests, view.lifecycle.init),
                    [s.spec_id for s in state.details.region_specs], view.lifecycle,
-                   _unverified(loc), use_cache=use_summary and not _recreated(retention.history))
+                   _unverified(loc), use_cache=use_summary and not _recreated(retention.history),
+                   sweep_interval=interval)
     plans = _plan_regions(ctx, loaded)
     failures = [rp.failure for rp in plans.values() if rp.failure is not None]
     plan = GcPlan(loc.lance_uri, ds.version, config, now, retention.versions, gating, plans, failures, base_cleanup,

@@ -1,4 +1,5 @@
-"""What GC learned of one region's WAL entries and old manifest versions, kept for the next pass.
+"""What GC learned of one region's WAL entries, old manifest versions and listed generations, and
+when it last swept the region for orphans, kept for the next pass.
 
 A GC pass walks a region's WAL down from the covered position, reading every entry's metadata,
 and probes its manifest versions down from the retention cut, until the first missing one. While
@@ -38,6 +39,16 @@ Kept as aggregates, so that a pass costs the same however much history the reten
   looked up (the walk re-classifies the run; the bisection for the current epoch starts above a
   run whose epochs are all older); the rows that join a settled run are appended to that text.
   Rows that turn out not to be the ones recorded make the pass know nothing of the WAL.
+
+Two more parts, each safe on its own terms:
+- `gens`: the chunks of the region manifest's generation list already validated (`listed.py`).
+  They are content-addressed (a digest of the manifest's bytes), so no anchor is needed: a
+  chunk whose bytes are not in the manifest any more matches nothing, and its records are
+  validated again;
+- `orphans_at`: when the last pass planned the region's orphan sweep. The next sweep is due a
+  `full_scan_interval_seconds` later (a clock that went back, or no cache: at once). A sweep only
+  ever takes an orphan older than `orphan_grace_seconds`, so a time that is wrong, or a sweep
+  that did not finish, only keeps an orphan up to an interval longer.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ import logging
 from dataclasses import dataclass
 
 from memwal_core.errors import one_line
+from memwal_core.jobs.gc.listed import CHUNK, Chunk
 from memwal_core.state import layout, sealed, wal
 from memwal_core.state.store import NotFound, ObjectInfo, ObjectStore
 
@@ -105,6 +117,8 @@ class RegionCache:
         self._cold: str | None = None  # the text, while not decoded into `_rows`
         self._cold_n = 0  # how many rows the text holds
         self._cold_below = 0  # every row of the text is at or below it; those that join are above
+        self.gens: dict[int, Chunk] = {}  # first generation -> chunk of the checked list (`listed.py`)
+        self.orphans_at: float | None = None  # when the last orphan sweep was planned
 
     @property
     def rows(self) -> dict[int, tuple]:
@@ -140,8 +154,10 @@ class RegionCache:
         the one it read to know whether to write it)."""
         if not isinstance(other, RegionCache):
             return NotImplemented
-        same = (self.region_id, self.missing, self.wal_anchor, self.manifests, self.settled, self.cold_top) == \
-            (other.region_id, other.missing, other.wal_anchor, other.manifests, other.settled, other.cold_top)
+        same = (self.region_id, self.missing, self.wal_anchor, self.manifests, self.settled, self.cold_top,
+                self.gens, self.orphans_at) == \
+            (other.region_id, other.missing, other.wal_anchor, other.manifests, other.settled, other.cold_top,
+             other.gens, other.orphans_at)
         if not same:
             return False
         if self._cold is not None and other._cold is not None and self._cold_below == other._cold_below:
@@ -165,6 +181,8 @@ class RegionCache:
             "settled": self.settled.to_list() if self.settled is not None else None,
             "cold": [self.cold_top, n, cold] if self.cold_top else None,
             "wal": [list(self._rows[p]) for p in sorted(self._rows) if p > self.cold_top],
+            "gens": [CHUNK, [c.to_list() for _, c in sorted(self.gens.items())]],
+            "orphans_at": self.orphans_at,
         }, FORMAT)
 
     @staticmethod
@@ -208,7 +226,23 @@ class RegionCache:
             out.settled = Settled.from_list(st)
             if not (out.settled.top in out._rows or out.settled.top <= out.cold_top):
                 raise ValueError("a settled run above the known entries")
+        out.gens, out.orphans_at = _decode_gens(d.get("gens")), d.get("orphans_at")
+        if out.orphans_at is not None and type(out.orphans_at) not in (int, float):
+            raise ValueError("a bad orphan sweep time")
         return out
+
+
+def _decode_gens(gens: object) -> dict[int, Chunk]:
+    """The checked chunks (none when absent, or chunked by another size); ValueError for a bad one."""
+    if gens is None:
+        return {}
+    size, chunks = gens
+    if size != CHUNK:
+        return {}
+    out = {c.first: c for c in map(Chunk.from_list, chunks)}
+    if len(out) != len(chunks):
+        raise ValueError("a generation chunk twice")
+    return out
 
 
 def _append(text: str, rows: list[list]) -> str:
@@ -306,6 +340,13 @@ class Checked:
         c = self.cache
         return c.settled if c is not None and c.settled is not None and self.wal_ok() else None
 
+    def gens(self) -> dict[int, Chunk]:
+        """The checked chunks of the generation list (content-addressed: no anchor to check)."""
+        return self.cache.gens if self.cache is not None else {}
+
+    def orphans_at(self) -> float | None:
+        return self.cache.orphans_at if self.cache is not None else None
+
     def manifest_low(self) -> tuple[int, ObjectInfo] | None:
         """The lowest manifest version the cache knows, as a HEAD shows it now, when that is the
         object it recorded (None: not known, or another object: walk the versions down)."""
@@ -323,11 +364,13 @@ def _same(info: ObjectInfo | None, size: int, mtime: float) -> bool:
 
 def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMeta | None], wal_deleted: set[int],
                manifests: dict[int, ObjectInfo], manifests_deleted: set[int],
-               settled: Settled | None = None) -> RegionCache:
+               settled: Settled | None = None, gens: dict[int, Chunk] | None = None,
+               orphans_at: float | None = None) -> RegionCache:
     """The cache as the region will be once this pass's deletes went: the entries known to exist
     (the old cache's, when its anchor holds, and those read) minus the deleted, the positions
     known missing, the manifest versions given (the lowest at or below the cut that stays)
-    minus the deleted, and the walk's settled run (`settled`, of entries none of which is deleted).
+    minus the deleted, the walk's settled run (`settled`, of entries none of which is deleted),
+    the checked chunks of the generation list (`gens`) and the last orphan sweep (`orphans_at`).
     The old cache's text of settled rows is carried over as it is when none of them was looked
     up (then none changed: a row is looked up before it is deleted or found missing)."""
     old = checked.cache
@@ -372,4 +415,5 @@ def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMe
         out.settled = settled
         out.cold_top = max(out.cold_top, settled.top)
     out.manifests = {v: (i.size, i.mtime) for v, i in manifests.items() if v not in manifests_deleted}
+    out.gens, out.orphans_at = dict(gens or {}), orphans_at
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 from dataclasses import dataclass, field
+from typing import Collection
 
 from memwal_core.jobs.gc import region_cache
 from memwal_core.jobs.gc.holds import KeepReason
@@ -98,7 +99,7 @@ def _tail(store: ObjectStore, m: region.RegionManifest) -> int:
 class _Scan:
     """Classifies one region's WAL entries below the cut into `out` (entry metadata read once)."""
 
-    def __init__(self, loc: TableLocation, m: region.RegionManifest, limit: int, kept_listed: set[int],
+    def __init__(self, loc: TableLocation, m: region.RegionManifest, limit: int, kept_listed: Collection[int],
                  keep_current_epoch: bool, out: WalPlan, cache: region_cache.Checked | None = None):
         self.loc, self.store, self.m, self.rid, self.out = loc, loc.store, m, m.region_id, out
         self.cache = cache
@@ -107,7 +108,7 @@ class _Scan:
         # Entries without a `generation` in their metadata (Lance 13, LanceDB 0.40) are decided
         # by position: those at or below `nogen_cut` went into generations that are all
         # collectable now (<= limit, < current_generation) and none of which is still listed as kept.
-        self.nogen_bound = min([limit, m.current_generation - 1] + [g - 1 for g in kept_listed])
+        self.nogen_bound = min([limit, m.current_generation - 1] + ([min(kept_listed) - 1] if kept_listed else []))
         self._nogen_cut: int | None = None  # found once, on the first such entry: pylance 14 tables never need it
         self._metas = out.metas
 
@@ -242,7 +243,7 @@ class _Scan:
         self.out.items.append(GcItem(WAL, self.rid, key, e.size, reason, (key,), p))
 
 
-def plan_wal(loc: TableLocation, m: region.RegionManifest, limit: int, kept_listed: set[int], *,
+def plan_wal(loc: TableLocation, m: region.RegionManifest, limit: int, kept_listed: Collection[int], *,
              keep_current_epoch: bool, leftover_scan: bool, cache: region_cache.Checked | None = None) -> WalPlan:
     """The WAL entries of region `m.region_id` GC deletes: covered (at or below
     `replay_after_wal_entry_position`, below the tail) entries of generations <= `limit` that are
