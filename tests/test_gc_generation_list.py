@@ -179,6 +179,28 @@ def test_a_chunk_that_lies_is_not_trusted(tmp_path, lie):
     assert all(s.chunk is None for s in listing._walk(rid, m.raw, cache.gens)[:c.count])
 
 
+def test_a_forged_chunk_cannot_make_a_pass_delete_another_generation(manifest):
+    """A chunk forged with a digest computed over records out of order (1, 3, 2, 4), saying they
+    are 1..4: the run's ends match, but taking the first two to delete finds 3 where 2 was planned,
+    and the region is refused instead."""
+    msg = pb.RegionManifest()
+    msg.CopyFrom(manifest.message)
+    del msg.flushed_generations[:]
+    for g in (1, 3, 2, 4):
+        msg.flushed_generations.add(generation=g, path=f"0000000a_gen_{g}", in_memory_bytes=g)
+    msg.current_generation = 5
+    raw = msg.SerializeToString()
+    m = region.RegionManifest(manifest.region_id, msg.version, msg, raw)
+    start = raw.index(bytes(msg.flushed_generations[0].SerializeToString()[:2])) - 2
+    end = start + sum(len(r.SerializeToString()) + 2 for r in msg.flushed_generations)
+    forged = {1: listing.Chunk(1, 4, end - start, listing._digest(1, 4, 10, raw[start:end]), 10)}
+    got = listing.listed(m, forged)
+    assert got.run == range(1, 5)  # the forgery is believed this far
+    assert got.take(0, 1)[0][0].generation == 1
+    with pytest.raises(region.CorruptManifest, match="generation 3 listed where the checked list has 2"):
+        got.take(0, 2)
+
+
 @pytest.mark.parametrize("how", ["garbled", "other_chunking", "absent"])
 def test_a_garbled_or_foreign_generation_list_is_read_around(tmp_path, how):
     loc, w = _history(tmp_path, cycles=3)

@@ -25,8 +25,11 @@ they are skipped as a whole. Any other record is decoded and its path validated 
   path as listed and names the first invalid one;
 - only a list of consecutive ascending generations is planned from chunks (`Listed.run`), as
   every writer lists them; anything else is planned one generation at a time;
-- a generation to be deleted has its path validated again where its directory is named.
-A wrong cache can only make a pass validate more.
+- a generation to be deleted has its path validated again where its directory is named, and its
+  number compared with the run's (`take`), as are the run's ends with the first and last record.
+A wrong cache can only make a pass validate more. A cache forged by someone who computes the
+digests (not one garbled, stale or of another region) is trusted as the WAL rows are: the checks
+above keep it from making a pass delete a generation whose number or path is not the one planned.
 """
 
 from __future__ import annotations
@@ -195,8 +198,11 @@ class Listed:
         self.m, self.rdir, self.chunks = m, layout.region_dir(m.region_id), chunks
         self._segs = segs
         self.run: range | None = None
+        fg = m.message.flushed_generations
         if segs and all(b.first == a.first + a.count for a, b in zip(segs, segs[1:])):
-            self.run = range(segs[0].first, segs[-1].first + segs[-1].count)
+            run = range(segs[0].first, segs[-1].first + segs[-1].count)
+            if fg[0].generation == run[0] and fg[-1].generation == run[-1]:
+                self.run = run
         self._each: list[tuple[region.Generation, str]] | None = None
 
     @property
@@ -215,10 +221,14 @@ class Listed:
         """The `i`-th to `j - 1`-th generations (ascending) with their directories."""
         if self.run is None:
             return self.each()[i:j]
-        rid = self.m.region_id
-        return [(region.Generation(r.generation, r.path, r.in_memory_bytes, r.physical_rows),
-                 layout.generation_dir(rid, r.path, r.generation))
-                for r in self.m.message.flushed_generations[i:j]]
+        rid, out = self.m.region_id, []
+        for want, r in zip(self.run[i:j], self.m.message.flushed_generations[i:j]):
+            if r.generation != want:  # chunks that said otherwise: nothing planned from them
+                raise region.CorruptManifest(rid, f"generation {r.generation} listed where the checked list "
+                                                  f"has {want}")
+            out.append((region.Generation(r.generation, r.path, r.in_memory_bytes, r.physical_rows),
+                        layout.generation_dir(rid, r.path, r.generation)))
+        return out
 
     def mem(self, i: int, j: int) -> int:
         """`in_memory_bytes` of the `i`-th to `j - 1`-th generations, summed (by chunk)."""
