@@ -179,26 +179,59 @@ def test_a_chunk_that_lies_is_not_trusted(tmp_path, lie):
     assert all(s.chunk is None for s in listing._walk(rid, m.raw, cache.gens)[:c.count])
 
 
-def test_a_forged_chunk_cannot_make_a_pass_delete_another_generation(manifest):
-    """A chunk forged with a digest computed over records out of order (1, 3, 2, 4), saying they
-    are 1..4: the run's ends match, but taking the first two to delete finds 3 where 2 was planned,
-    and the region is refused instead."""
+@pytest.mark.parametrize("order", [(1, 3, 2, 4), (1, 2, 3, 2, 5)])
+def test_a_forged_chunk_does_not_stand_in_for_the_numbers(manifest, order):
+    """A chunk forged with a digest computed over records out of order, or listing a generation
+    twice, saying they are consecutive: the run is not used (the decoded numbers are not it), so
+    the region is classified one generation at a time and the merge-order check refuses what it
+    refuses on a full read."""
     msg = pb.RegionManifest()
     msg.CopyFrom(manifest.message)
     del msg.flushed_generations[:]
-    for g in (1, 3, 2, 4):
-        msg.flushed_generations.add(generation=g, path=f"0000000a_gen_{g}", in_memory_bytes=g)
-    msg.current_generation = 5
+    for i, g in enumerate(order):
+        msg.flushed_generations.add(generation=g, path=f"{10 + i:08x}_gen_{g}", in_memory_bytes=g)
+    msg.current_generation = max(order) + 1
     raw = msg.SerializeToString()
     m = region.RegionManifest(manifest.region_id, msg.version, msg, raw)
     start = raw.index(bytes(msg.flushed_generations[0].SerializeToString()[:2])) - 2
     end = start + sum(len(r.SerializeToString()) + 2 for r in msg.flushed_generations)
-    forged = {1: listing.Chunk(1, 4, end - start, listing._digest(1, 4, 10, raw[start:end]), 10)}
+    n, mem = len(order), sum(order)
+    forged = {1: listing.Chunk(1, n, end - start, listing._digest(1, n, mem, raw[start:end]), mem)}
+    assert [s.chunk for s in listing._walk(m.region_id, raw, forged)] == [forged[1]]  # the digest matches
     got = listing.listed(m, forged)
-    assert got.run == range(1, 5)  # the forgery is believed this far
-    assert got.take(0, 1)[0][0].generation == 1
-    with pytest.raises(region.CorruptManifest, match="generation 3 listed where the checked list has 2"):
-        got.take(0, 2)
+    assert got.run is None and list(got.numbers) == sorted(order)
+    if len(set(order)) < len(order):
+        with pytest.raises(region.CorruptManifest, match="more than once"):
+            region.pending_generations(m, 3)
+
+
+def test_a_sweep_whose_deletes_failed_is_due_again(tmp_path, monkeypatch):
+    """The orphan sweep counts as done only once its deletes went: when they fail (after the WAL
+    entries and manifest versions of the region were deleted, and its cache saved), the next
+    sweep is due an interval after the last sweep whose deletes went, not after the failed one."""
+    from memwal_core.jobs.gc import execute
+
+    loc, w = _history(tmp_path, cycles=4)
+    rid = sorted(w.regions.values())[0]
+    before = region_cache.load(loc.store, rid).orphans_at
+    crashed = _orphan(loc, rid, "0000abcd_gen_1", age=600)
+    forget_process()
+    plan = gc.plan_gc(loc, COLLECT, full_scan=True)
+    rp = plan.regions[rid]
+    assert rp.orphans_swept and [i.path for i in rp.items if i.kind == gc.ORPHAN] == [crashed]
+    assert [i for i in rp.items if i.kind in (gc.WAL, gc.MANIFEST)], "the region deletes more than orphans"
+
+    def fail(*a, **k):
+        raise OSError("the store refused the delete")
+
+    monkeypatch.setattr(execute, "_delete_orphans", fail)
+    res = execute.execute_gc(loc, plan)
+    assert rid in {f.region_id for f in res.failures}
+    assert region_cache.load(loc.store, rid).orphans_at == before
+    monkeypatch.undo()
+    forget_process()
+    plan = gc.plan_gc(loc, COLLECT, now=before + COLLECT.full_scan_interval_seconds)
+    assert plan.regions[rid].orphans_swept and crashed in [i.path for i in plan.items if i.kind == gc.ORPHAN]
 
 
 @pytest.mark.parametrize("how", ["garbled", "other_chunking", "absent"])

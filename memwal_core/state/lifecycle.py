@@ -552,7 +552,7 @@ def without_stale(m: region.RegionManifest, verdict: RegionVerdict | None) -> re
     for i in reversed(range(len(msg.flushed_generations))):
         if verdict.is_stale(msg.flushed_generations[i].generation):
             del msg.flushed_generations[i]
-    return region.RegionManifest(m.region_id, m.version, msg, m.raw)
+    return region.RegionManifest(m.region_id, m.version, msg)  # not `m.raw`: those bytes are not this message
 
 
 # ---------------------------------------------------------------------------------------------

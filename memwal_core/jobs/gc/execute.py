@@ -10,6 +10,7 @@ against its kind before it is deleted (`_check_item`), and every delete is fence
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -116,9 +117,14 @@ def _delete_listed(loc: TableLocation, rp: RegionGcPlan, out: _RegionOutcome) ->
     if wal_items or manifests:
         store.put(marker, f"GC of region {rid} deleting WAL entries / manifest versions\n".encode())
         # The cache as it will be after the deletes: while the marker stands, nothing reads it.
+        # Not the orphan sweep yet: it counts as done once its deletes went (`_execute_region`).
         if rp.cache is not None:
-            region_cache.save(store, rp.cache)
-            rp.cache_changed = False
+            early = rp.cache
+            if rp.by_kind(ORPHAN):
+                early = copy.copy(rp.cache)
+                early.orphans_at = rp.orphans_before
+            region_cache.save(store, early)
+            rp.cache_changed = early is not rp.cache
     _delete(loc, rp.by_kind(GENERATION) + wal_items, out)
     if manifests:
         latest = region.probe_latest_version(store, rid, rp.manifest_version)

@@ -27,9 +27,14 @@ they are skipped as a whole. Any other record is decoded and its path validated 
   every writer lists them; anything else is planned one generation at a time;
 - a generation to be deleted has its path validated again where its directory is named, and its
   number compared with the run's (`take`), as are the run's ends with the first and last record.
-A wrong cache can only make a pass validate more. A cache forged by someone who computes the
-digests (not one garbled, stale or of another region) is trusted as the WAL rows are: the checks
-above keep it from making a pass delete a generation whose number or path is not the one planned.
+A wrong cache can only make a pass validate more. The generation numbers are never taken from
+the cache: a run is used only when the decoded numbers are exactly it. What a cache forged by
+someone who computes the digests (not one garbled, stale or of another region) can do is hide an
+unsafe *path* inside a chunk from the check that refuses the region: whoever can write `_memwal/`
+is trusted as a writer of the region's manifests is, as with the WAL rows. Even then no delete goes
+through such a path: a generation taken to delete has its path validated again (`take`), and the
+orphan sweep deletes only directories it listed inside the region. The digest's domain names
+this version of the path rules (`_PERSON`): other rules must change it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ CHUNK = 32  # generations per chunk: a pass decodes at most this many below the 
 _RECORD = (8 << 3) | 2  # RegionManifest.flushed_generations, length-delimited
 _GENERATION = (1 << 3) | 0  # FlushedGeneration.generation, a varint
 _PERSON = b"memwal-gens-1"  # the digest's domain: no other digest of the project matches one
+_number = operator.attrgetter("generation")
 
 
 @dataclass(frozen=True)
@@ -201,7 +207,9 @@ class Listed:
         fg = m.message.flushed_generations
         if segs and all(b.first == a.first + a.count for a, b in zip(segs, segs[1:])):
             run = range(segs[0].first, segs[-1].first + segs[-1].count)
-            if fg[0].generation == run[0] and fg[-1].generation == run[-1]:
+            # The decoded numbers themselves, compared in C: chunks (even forged ones, digests and
+            # all) never stand in for the numbers the merge-order check and the kept set rely on.
+            if list(map(_number, fg)) == list(run):
                 self.run = run
         self._each: list[tuple[region.Generation, str]] | None = None
 

@@ -62,6 +62,7 @@ class RegionGcPlan:
     cache: region_cache.RegionCache | None = None
     cache_changed: bool = False
     orphans_swept: bool = False  # the orphan sweep ran (else it was not due: `_sweep_due`)
+    orphans_before: float | None = None  # when the sweep before it ran (kept until its deletes went)
 
     @property
     def error(self) -> str | None:
@@ -276,7 +277,7 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     rp.items += manifest_plan.items
     rp.kept.update(manifest_plan.kept)
     # 4. orphan directories
-    rp.orphans_swept = _sweep_due(ctx, cache)
+    rp.orphans_swept, rp.orphans_before = _sweep_due(ctx, cache), cache.orphans_at()
     if rp.orphans_swept:
         _plan_orphans(ctx, rp, m, listed.names())
 
