@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support.gc_passes import forget_process
-from test_gc_summaries import COLLECT, KEEP, _history, assert_same_decision, decision
+from support.gc_passes import COLLECT, KEEP, assert_same_decision, decision, forget_process
+from support.gc_passes import history_table as _history
 
 from memwal_core.jobs import gc
 from memwal_core.jobs.gc import listed as listing, region_cache

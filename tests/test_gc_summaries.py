@@ -20,7 +20,8 @@ from lance.mem_wal import CompactedSsTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support.gc_passes import forget_process, mark_merged
+from support.gc_passes import (COLLECT, KEEP, KEEP_SCANNING, assert_keeps_more, assert_same_decision, decision,
+                               forget_process, history_table as _history, mark_merged, new_table)
 
 from memwal_core.jobs import gc
 from memwal_core.jobs.gc import fact_table, history, leak_refs, listed as listing, plan, region_cache, retention
@@ -30,60 +31,7 @@ from memwal_core.state import layout, region, sealed, table, wal
 from memwal_core.state.store import open_store
 from memwal_core.tools import demo
 
-# GC that collects: every base version but the newest few cleaned up, manifests and leaks at any age.
-COLLECT = gc.GcOptions(cleanup_base_versions_older_than_seconds=0, cleanup_base_versions_floor_seconds=0,
-                       cleanup_base_versions_retain=3, manifest_retention=2, manifest_min_age_seconds=0,
-                       orphan_grace_seconds=0, leaked_file_grace_seconds=0)
-KEEP = gc.GcOptions()  # the shipped retention: nothing is old enough, every version holds its generations
-KEEP_SCANNING = gc.GcOptions(full_scan_interval_seconds=0)  # and every pass a full scan
 SUMMARIES = (layout.GC_VERSIONS_KEY, layout.GC_REFS_KEY)
-
-
-def new_table(path: str, regions: int = 2):
-    loc = open_store(path)
-    demo.create_table(loc, sharding="bucket", num_buckets=regions, base_rows=20)
-    return loc, demo.Workload(loc, seed=5, key_space=10**6, max_memtable_rows=1000)
-
-
-def decision(plan: gc.GcPlan) -> dict:
-    return {"items": sorted(json.dumps(i.to_dict(), sort_keys=True) for i in plan.items),
-            "kept": dict(plan.kept), "limits": {r: p.limit for r, p in plan.regions.items()},
-            "retained": plan.retained_versions, "holds": plan.holds, "errors": plan.region_errors}
-
-
-def assert_same_decision(loc, config: gc.GcOptions) -> gc.GcPlan:
-    """The plan with what earlier passes learned equals the plan that reads everything again, when
-    it lists the table (a full scan: `full_scan_interval_seconds` passed); between full scans
-    (versions probed, no leak scan) it deletes no more (`assert_keeps_more`)."""
-    now = time.time()
-    forget_process()
-    between = gc.plan_gc(loc, config, now=now)
-    forget_process()
-    cached = gc.plan_gc(loc, config, now=now, full_scan=True)
-    forget_process()
-    full = gc.plan_gc(loc, config, now=now, use_summary=False)
-    assert decision(cached) == decision(full)
-    assert_keeps_more(between, full)
-    return cached
-
-
-def assert_keeps_more(between: gc.GcPlan, full: gc.GcPlan) -> None:
-    """A plan made between full scans keeps at least what a full read keeps: every version the
-    full read retains, limits no higher, a subset of its items (no leaked file without a scan);
-    with the same versions, the same decision on the regions."""
-    assert set(between.retained_versions) >= set(full.retained_versions)
-    assert all(between.regions[r].limit <= p.limit for r, p in full.regions.items() if not p.error)
-    # Orphans only where the sweep was due (once per interval, as the leak scan).
-    unswept = {r for r, p in between.regions.items() if not p.orphans_swept}
-    regional = lambda plan: {json.dumps(i.to_dict(), sort_keys=True) for i in plan.items  # noqa: E731
-                             if i.kind != "leaked" and not (i.kind == gc.ORPHAN and i.region_id in unswept)}
-    assert regional(between) <= regional(full)
-    assert not any(i.kind == gc.ORPHAN and i.region_id in unswept for i in between.items)
-    assert {i.path for i in between.leaked} <= {i.path for i in full.leaked}
-    if between.retained_versions == full.retained_versions:
-        assert regional(between) == regional(full) and between.holds == full.holds
-    if between.leak_scan.get("skipped"):
-        assert not between.leaked
 
 
 def overwrite(loc) -> None:
@@ -151,17 +99,6 @@ def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which
 
 # ------------------------------------------------------------------------------------------------
 # Each invalidation on its own.
-
-
-def _history(tmp_path, cycles: int = 3, merge: bool = True):
-    loc, w = new_table(str(tmp_path / "t"))
-    for _ in range(cycles):
-        w.write_round(12, puts_per_batch=50)
-        if merge:
-            mark_merged(loc, w.regions.values())
-    forget_process()
-    gc.run_gc(loc, KEEP)  # writes the summaries
-    return loc, w
 
 
 def test_a_pass_reads_only_what_it_does_not_know(tmp_path):
