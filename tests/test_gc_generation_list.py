@@ -344,3 +344,28 @@ def test_check_fields_with_the_bytes_refuses_what_it_refuses_without(sizes):
 
     assert verdict(raw) == verdict(None)
     assert (verdict(raw) is None) == all(max(s) < 2**63 for s in sizes)
+
+
+def test_a_dry_run_says_when_a_real_run_takes_the_orphans_it_lists(tmp_path):
+    """A dry run sweeps every region; a real run sweeps a region once per interval. So the dry
+    run lists an orphan the next real run leaves, and says so, with when its sweep is due."""
+    from memwal_core.steps import adapt
+
+    loc, w = _history(tmp_path, cycles=2)
+    rid = sorted(w.regions.values())[0]
+    swept = region_cache.load(loc.store, rid).orphans_at
+    crashed = _orphan(loc, rid, "0000abcd_gen_1", age=600)
+    cfg = gc.GcOptions(orphan_grace_seconds=60)
+    forget_process()
+    dry = gc.run_gc(loc, cfg, dry_run=True)
+    assert crashed in [i.path for i in dry.plan.items if i.kind == gc.ORPHAN]
+    due = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(swept + cfg.full_scan_interval_seconds))
+    assert [n for n in adapt.gc_notes(dry) if "orphan" in n] == [
+        f"region {rid}: 1 orphan directories are taken by its next sweep, due at {due} (a run sweeps a region "
+        "once per gc.full_scan_interval_seconds; a run before then leaves them)"]
+    forget_process()
+    real = gc.run_gc(loc, cfg)
+    assert crashed not in [i.path for i in real.deleted] and loc.store.exists(f"{crashed}/data/a.lance")
+    region_cache.save(loc.store, region_cache.RegionCache(rid))  # no sweep recorded: the next run sweeps
+    forget_process()
+    assert not [n for n in adapt.gc_notes(gc.run_gc(loc, cfg, dry_run=True)) if "orphan" in n]

@@ -8,10 +8,12 @@ one is a change here, never in the CLI.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+from memwal_core.jobs.gc import history
 from memwal_core.steps.outcome import StepOutcome, StepStatus
 from memwal_core.units import size
 
@@ -198,11 +200,27 @@ def gc_notes(r: gc.GcResult) -> list[str]:
     for rid, through in sorted(r.stale_discarded.items()):
         notes.append(f"region {rid}: generations through {through}, written before the MemWAL initialization, "
                      "discarded after the grace (gc.discard_stale_after_seconds)")
+    if r.dry_run and r.plan is not None:
+        notes += _orphans_not_due(r.plan)
     if r.plan is not None and not r.plan.config.base_cleanup and any(h.reason == "time_travel" for h in r.holds):
         notes.append(f"no base-version cleanup is configured: {r.retained_versions} retained base-table versions "
                      "keep merged generations forever, and every GC pass reads all of them (set "
                      "gc.cleanup_base_versions_older_than_seconds or gc.cleanup_base_versions_retain)")
     return notes
+
+
+def _orphans_not_due(plan: gc.GcPlan) -> list[str]:
+    """A dry run sweeps every region for orphan directories; a real run sweeps a region once per
+    `gc.full_scan_interval_seconds`, so one made before a region's next sweep leaves its orphans."""
+    interval = plan.config.full_scan_interval_seconds
+    out = []
+    for rid, rp in sorted(plan.regions.items()):
+        n = sum(1 for i in rp.items if i.kind == gc.ORPHAN)
+        if n and not history.due(rp.orphans_before, plan.planned_at, interval):
+            at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(rp.orphans_before + interval))
+            out.append(f"region {rid}: {n} orphan directories are taken by its next sweep, due at {at} "
+                       "(a run sweeps a region once per gc.full_scan_interval_seconds; a run before then leaves them)")
+    return out
 
 
 def gc_outcome(r: gc.GcResult) -> StepOutcome:
