@@ -173,8 +173,8 @@ def _stale_limit(ctx: _Context, rid: str) -> int:
     discard) and what versions from before the initialization still read. This lifetime's
     versions, gating indexes and region values never depended on them (they were never merged)."""
     init = ctx.stale.init.table_version if ctx.stale and ctx.stale.init else 0
-    older = ctx.retention.lowest_before(rid, init)
-    return min(ctx.merged.get(rid, 0), older if older is not None else ctx.merged.get(rid, 0))
+    merged, older = ctx.merged.get(rid, 0), ctx.retention.lowest_before(rid, init)
+    return merged if older is None else min(merged, older)
 
 
 def _bounds(ctx: _Context, rid: str) -> list[Bound]:
