@@ -21,7 +21,7 @@ from memwal_core.errors import MemwalError
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.state import exclusive_commit
 from memwal_core.state.exclusive_commit import manifest_keys  # noqa: F401 - where callers look for it
-from memwal_core.state.store import TableLocation
+from memwal_core.state.store import ObjectInfo, TableLocation
 
 log = logging.getLogger("memwal.table")
 
@@ -142,10 +142,19 @@ def open_latest(loc: TableLocation, newest_known: int | None = None) -> lance.La
     opened by number, which reads one manifest, where opening the latest makes Lance list
     `_versions/`, a listing that grows with the retained history. A commit landing right after
     the check is the race a listing has too: the caller reads a version that was the latest."""
-    if newest_known is not None and not any(map(loc.store.exists, manifest_keys(newest_known + 1))) \
-            and any(map(loc.store.exists, manifest_keys(newest_known))):
+    if newest_known is not None and head_manifest(loc, newest_known + 1) is None \
+            and head_manifest(loc, newest_known) is not None:
         return open_dataset(loc, version=newest_known)
     return open_dataset(loc)
+
+
+def head_manifest(loc: TableLocation, version: int) -> ObjectInfo | None:
+    """The manifest of table `version` (Lance's V2 naming first), or None."""
+    for key in manifest_keys(version):
+        info = loc.store.head(key)
+        if info is not None:
+            return info
+    return None
 
 
 def primary_key(ds: lance.LanceDataset) -> list[str]:

@@ -243,15 +243,6 @@ def _vouched(known: FactTable, v: int, info: ObjectInfo) -> VersionFacts | None:
     return known.at(i)
 
 
-def _head_version(loc: TableLocation, v: int) -> ObjectInfo | None:
-    """The manifest of version `v` (Lance's V2 naming first), or None."""
-    for key in table.manifest_keys(v):
-        info = loc.store.head(key)
-        if info is not None:
-            return info
-    return None
-
-
 class _Mismatch(MemwalError):
     """The newest known version's manifest is not the one the summary describes."""
 
@@ -267,7 +258,7 @@ def _probe(loc: TableLocation, known: FactTable, checked: bool,
     another one (nothing of the summary is used). `checked`: steps 1-2 were done in this pass."""
     top = known.versions[-1]
     if not checked:
-        info = _head_version(loc, top)
+        info = table.head_manifest(loc, top)
         if info is None:
             return None
         got = _read(loc, top, info)
@@ -277,12 +268,12 @@ def _probe(loc: TableLocation, known: FactTable, checked: bool,
         if (got.size, got.stamp, got.merged) != (k.size, k.stamp, k.merged):
             raise _Mismatch(got.stamp != k.stamp)
         low = known.versions[0]
-        info = _head_version(loc, low)
+        info = table.head_manifest(loc, low)
         if info is None or info.size != known[low].size:
             return None
     new = []
     v = top + 1
-    while (info := _head_version(loc, v)) is not None:
+    while (info := table.head_manifest(loc, v)) is not None:
         new.append((v, info))
         v += 1
     if latest is not None and v <= latest:  # a version below the latest is missing: list
