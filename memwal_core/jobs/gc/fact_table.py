@@ -201,14 +201,10 @@ class FactTable(Mapping):
     def to_json(self) -> dict[str, Any]:
         """The columns as JSON-able text (base64 of little-endian arrays), unused states dropped."""
         used = sorted(set(self.state_of) - {_NO_STATE})
-        table = self if used == list(range(self._state_count())) else self._compacted(used)
+        table = self if used == list(range(self._state_count())) else self.select(range(len(self)))
         return {"count": len(table), "versions": _pack(table.versions), "sizes": _pack(table.sizes),
                 "mtimes": _pack(table.mtimes), "stamps": _pack(table.stamps), "state_of": _pack(table.state_of),
                 "regions": table.regions, "states": _pack(table.matrix)}
-
-    def _compacted(self, used: list[int]) -> FactTable:
-        """The table without the states no version has."""
-        return self.select(range(len(self)))
 
     def select(self, positions: Iterable[int]) -> FactTable:
         """The versions at `positions` (increasing), with only the states they have."""

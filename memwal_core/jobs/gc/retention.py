@@ -12,9 +12,8 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Iterable
 
-from memwal_core.jobs.gc.fact_table import ABSENT, FactTable, VersionFacts
+from memwal_core.jobs.gc.fact_table import ABSENT, FactTable
 from memwal_core.jobs.gc.history import VersionHistory, read_history
 from memwal_core.jobs.gc.holds import Bound, KeepReason
 from memwal_core.state.store import TableLocation
@@ -44,10 +43,6 @@ class Retention:
         # a hold's end are then usually the first state looked at (progress grows with versions).
         self._by_first = sorted(self._first, key=self._first.__getitem__)
         self._by_last = sorted(self._last, key=self._last.__getitem__, reverse=True)
-
-    @classmethod
-    def of(cls, facts: Iterable[VersionFacts]) -> Retention:
-        return cls(FactTable.of(facts))
 
     @property
     def versions(self) -> list[int]:
