@@ -47,7 +47,8 @@ from memwal_core.tools import demo  # noqa: E402
 def forget_store(loc) -> None:
     """What GC keeps on the store between passes (the full-read baseline starts without it)."""
     loc.store.delete_many([layout.GC_VERSIONS_KEY, layout.GC_REFS_KEY]
-                          + [o.key for o in loc.store.list(layout.GC_REGIONS_DIR)])
+                          + [o.key for d in (layout.GC_REGIONS_DIR, f"{layout.MEMWAL_DIR}/gc_versions")
+                             for o in loc.store.list(d)])
 
 
 # A pass that lists the whole table with what the summaries know (once per interval in a deployment).

@@ -239,12 +239,12 @@ def test_a_garbled_or_foreign_generation_list_is_read_around(tmp_path, how):
     loc, w = _history(tmp_path, cycles=3)
     rid = sorted(w.regions.values())[0]
     key = layout.gc_region_cache_key(rid)
-    doc = sealed.unseal(loc.store.get(key), region_cache.FORMAT) if how != "garbled" else None
+    doc, blob = sealed.unseal_blob(loc.store.get(key), region_cache.FORMAT) if how != "garbled" else (None, b"")
     if how == "garbled":
         loc.store.put(key, loc.store.get(key).replace(b"gens", b"gen5"))
     else:
         doc["gens"] = [listing.CHUNK * 2, doc["gens"][1]] if how == "other_chunking" else None
-        loc.store.put(key, sealed.seal(doc, region_cache.FORMAT))
+        loc.store.put(key, sealed.seal_blob(doc, bytes(blob), region_cache.FORMAT))
     w.write_round(12, puts_per_batch=50)
     assert_same_decision(loc, KEEP)
     assert_same_decision(loc, COLLECT)

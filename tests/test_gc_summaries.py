@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -24,7 +25,7 @@ from support.gc_passes import (COLLECT, KEEP, KEEP_SCANNING, assert_keeps_more, 
                                forget_process, history_table as _history, mark_merged, new_table)
 
 from memwal_core.jobs import gc
-from memwal_core.jobs.gc import fact_table, history, leak_refs, listed as listing, plan, region_cache, retention
+from memwal_core.jobs.gc import fact_segments, fact_table, history, leak_refs, listed as listing, plan, region_cache, retention
 from memwal_core.proto import memwal_pb2 as pb
 from memwal_core.jobs.gc.holds import Bound, KeepReason
 from memwal_core.state import layout, region, sealed, table, wal
@@ -46,23 +47,31 @@ def garble(loc, key: str, how: str) -> None:
         loc.store.put(key, raw[: len(raw) // 2])
     elif how == "bytes":
         loc.store.put(key, b"\x00\xff not json")
-    else:  # valid JSON, a body changed without its checksum: a lower merge progress, a forged run
+    elif raw.find(b"\n") < 0:  # valid JSON, a body changed without its checksum: a lower merge progress, a forged run
         doc = json.loads(raw)
         doc["body"] = doc["body"].replace("1", "2", 1)
         loc.store.put(key, json.dumps(doc).encode())
+    else:  # the same in a record with raw bytes (`sealed.seal_blob`): a byte after its header line
+        end = raw.find(b"\n") + 1
+        loc.store.put(key, raw[:end] + raw[end:].replace(b"1", b"2", 1))
 
 
 # ------------------------------------------------------------------------------------------------
 # The property: random histories, GC passes among them, the cached plan always equals a full read.
 
 OPS = st.lists(st.sampled_from(["write", "write", "merge", "config", "gc_collect", "gc_keep", "cleanup_elsewhere",
-                                "garble", "drop_summaries", "overwrite", "recreate"]), min_size=4, max_size=9)
+                                "garble", "drop_summaries", "drop_sealed", "overwrite", "recreate"]),
+               min_size=4, max_size=9)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
-@given(ops=OPS, garbling=st.sampled_from(["truncate", "bytes", "body"]), which=st.integers(0, 2))
-def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which):
+@settings(max_examples=16, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=OPS, garbling=st.sampled_from(["truncate", "bytes", "body"]), which=st.integers(0, 3),
+       tail=st.sampled_from([(fact_segments.TAIL_MAX, fact_segments.TAIL_KEEP), (4, 2), (3, 1)]))
+def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which, tail):
+    """(With a short summary tail, the older versions sealed every few passes.)"""
     root = tempfile.mkdtemp(prefix="memwal-gc-summaries-")
+    shipped = fact_segments.TAIL_MAX, fact_segments.TAIL_KEEP
+    fact_segments.TAIL_MAX, fact_segments.TAIL_KEEP = tail
     try:
         loc, w = new_table(os.path.join(root, "t"))
         for op in ops:
@@ -79,12 +88,14 @@ def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which
                 table.open_dataset(loc).cleanup_old_versions(older_than=timedelta(0), retain_versions=2,
                                                              error_if_tagged_old_versions=False)
             elif op == "garble":
-                keys = [k for k in SUMMARIES + tuple(o.key for o in loc.store.list(layout.GC_REGIONS_DIR))
-                        if loc.store.exists(k)]
+                keys = [k for k in SUMMARIES + tuple(o.key for d in (layout.GC_REGIONS_DIR, fact_segments.DIR)
+                                                     for o in loc.store.list(d)) if loc.store.exists(k)]
                 if keys:
                     garble(loc, keys[which % len(keys)], garbling)
             elif op == "drop_summaries":
                 loc.store.delete_many(list(SUMMARIES))
+            elif op == "drop_sealed":  # the summary names a sealed object that is gone
+                loc.store.delete_many([o.key for o in loc.store.list(fact_segments.DIR)])
             elif op == "overwrite":  # a new lifetime: the MemWAL index dropped, initialized again
                 overwrite(loc)
             elif op == "recreate":  # the table removed and created again at the same URI, _memwal/ left
@@ -94,6 +105,7 @@ def test_cached_plan_equals_full_read_over_random_histories(ops, garbling, which
             for config in (KEEP, COLLECT):
                 assert_same_decision(loc, config)
     finally:
+        fact_segments.TAIL_MAX, fact_segments.TAIL_KEEP = shipped
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -264,7 +276,10 @@ def test_a_corrupt_summary_is_read_around_and_written_again(tmp_path, key, how):
     forget_process()
     gc.run_gc(loc, KEEP_SCANNING)  # the leak references are read (and written) only by a leak scan
     good = loc.store.get(key)
-    json.loads(json.loads(good)["body"])  # written again, whole
+    if key == layout.GC_REFS_KEY:  # written again, whole
+        json.loads(json.loads(good)["body"])
+    else:
+        sealed.unseal_blob(good, history.FORMAT if key == layout.GC_VERSIONS_KEY else region_cache.FORMAT)
     if key == layout.GC_VERSIONS_KEY:
         assert history.decode(good)
     elif key == layout.GC_REFS_KEY:
@@ -657,7 +672,7 @@ def test_facts_no_summary_can_hold_are_refused_and_the_summary_not_written(tmp_p
     with pytest.raises(ValueError):
         history.encode({fact.version: fact})
     loc = open_store(str(tmp_path / "t"))
-    history.save_summary(loc, history.VersionHistory(facts={fact.version: fact}, changed=True))
+    history.save_summary(loc, history.VersionHistory(tail={fact.version: fact}, changed=True))
     assert not loc.store.exists(layout.GC_VERSIONS_KEY) and "could not write" in caplog.text
 
 
@@ -680,21 +695,36 @@ def test_a_merged_generation_at_the_u64_limit_is_held_one_below(tmp_path):
     assert_same_decision(loc, COLLECT)
 
 
+_COLUMNS = ("versions", "sizes", "mtimes", "stamps", "state_of", "matrix")
+
+
 def _columns(**change):
+    """A summary of 8 versions (5 merge states over region "a") with `change` made to its map
+    (count, regions, states) or to its columns' bytes (by name), its checksum made anew."""
     facts = [history.VersionFacts(v, 600 + v, 1.7e9 + v, 1.7e9 + v, {"a": v // 2}) for v in range(1, 9)]
-    d = json.loads(sealed.unseal_body(history.encode(fact_table.FactTable.of(facts)), history.FORMAT))
-    d["facts"].update(change)
-    return sealed.seal_body(json.dumps(d), history.FORMAT)
+    d, blob = sealed.unseal_blob(history.encode(fact_table.FactTable.of(facts)), history.FORMAT)
+    blob = bytes(blob)
+    cols = dict(zip(_COLUMNS, [blob[i * 64:(i + 1) * 64] for i in range(5)] + [blob[320:]]))
+    for k, v in change.items():
+        if k in cols:
+            cols[k] = v
+        else:
+            d["facts"][k] = v
+    return sealed.seal_blob(d, b"".join(cols[k] for k in _COLUMNS), history.FORMAT)
 
 
 def _packed(code, values):
     from array import array
-    import base64
-    return base64.b64encode(array(code, values).tobytes()).decode()
+    return array(code, values).tobytes() if sys.byteorder == "little" else _swapped(array(code, values))
+
+
+def _swapped(a):
+    a.byteswap()
+    return a.tobytes()
 
 
 @pytest.mark.parametrize("change", [
-    {"count": 9}, {"count": -1}, {"count": "8"},
+    {"count": 9}, {"count": -1}, {"count": "8"}, {"states": 3}, {"states": -1}, {"regions": ["a", "b"]},
     {"versions": _packed("Q", [1, 2, 3, 4, 5, 6, 8, 7])},       # out of order
     {"versions": _packed("Q", [1, 2, 3, 4, 5, 6, 7, 7])},       # twice
     {"versions": _packed("Q", [0, 2, 3, 4, 5, 6, 7, 8])},       # version 0
@@ -702,9 +732,9 @@ def _packed(code, values):
     {"state_of": _packed("q", [0, 0, 1, 1, 2, 2, 3, -2])},
     {"mtimes": _packed("d", [float("nan")] * 8)},
     {"stamps": _packed("d", [float("inf")] * 8)},
-    {"sizes": "not base64!"}, {"sizes": 5}, {"states": _packed("Q", [1, 2, 3])[:-4]},
+    {"sizes": b"short"}, {"sizes": _packed("Q", range(9))}, {"matrix": _packed("Q", [1, 2, 3])[:-4]},
     {"regions": ["b", "a"]}, {"regions": ["a", "a"]}, {"regions": "a"},
-    {"states": _packed("Q", list(range(5)) + [10**6])},         # a state no version has
+    {"state_of": _packed("q", [0, 0, 1, 1, 2, 2, 3, 3])},       # a state no version has (the fifth)
 ])
 def test_a_summary_whose_columns_do_not_add_up_is_refused(change):
     with pytest.raises(ValueError):
@@ -712,16 +742,20 @@ def test_a_summary_whose_columns_do_not_add_up_is_refused(change):
     assert len(history.decode(_columns())) == 8
 
 
-def test_a_summary_of_the_earlier_format_is_read_around_and_written_again(tmp_path):
-    """A summary written as rows of JSON numbers (the earlier format) is no summary: every
-    retained manifest is read once, and the summary is written again as columns."""
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_a_summary_of_an_earlier_format_is_read_around_and_written_again(tmp_path, fmt):
+    """A summary written as rows of JSON numbers (format 1) or as base64 columns inside the JSON
+    (format 2) is no summary: every retained manifest is read once, and the summary is written
+    again as raw columns."""
     loc, w = _history(tmp_path)
     facts, _ = history.load_summary(loc)
     rows = [[v, f.size, f.mtime, f.stamp, 0] for v, f in facts.items()]
+    body = ({"states": [{}], "versions": rows} if fmt == 1
+            else {"facts": {"count": len(rows), "regions": [], "versions": "AA==", "states": ""}})
     loc.store.put(layout.GC_VERSIONS_KEY, sealed.seal_body(json.dumps(
-        {"leaks_at": None, "listed_at": None, "states": [{}], "versions": rows}), 1))
+        {"leaks_at": None, "listed_at": None, **body}), fmt))
     plan = assert_same_decision(loc, KEEP)
-    assert plan.history.summary.startswith("ignored: format 1") and plan.history.read == len(facts)
+    assert plan.history.summary.startswith(f"ignored: format {fmt}") and plan.history.read == len(facts)
     forget_process()
     gc.run_gc(loc, KEEP)
     assert history.decode(loc.store.get(layout.GC_VERSIONS_KEY)) == facts
@@ -774,12 +808,14 @@ def test_settled_rows_that_are_not_the_recorded_ones_drop_the_cache(tmp_path):
     good = region_cache.load(loc.store, rid)
     assert good.cold_top and good._cold_n
     key = layout.gc_region_cache_key(rid)
-    d = sealed.unseal(loc.store.get(key), region_cache.FORMAT)
-    top, n, text = d["cold"]
+    d, blob = sealed.unseal_blob(loc.store.get(key), region_cache.FORMAT)
+    top, n, _ = d["cold"]
+    text = bytes(blob).decode()
     rows = json.loads(text)
     swapped = json.dumps([[top + 50] + rows[0][1:]] + rows[1:], separators=(",", ":"))  # passes the cheap checks
     for cold in ([top, n + 1, text], [top - 1, n, text], [top, n, swapped]):
-        loc.store.put(key, sealed.seal(d | {"cold": cold}, region_cache.FORMAT))
+        loc.store.put(key, sealed.seal_blob(d | {"cold": [*cold[:2], len(cold[2])]}, cold[2].encode(),
+                                            region_cache.FORMAT))
         c = region_cache.load(loc.store, rid)
         if c is not None:  # found only once decoded: then the WAL part is not used
             assert cold[2] == swapped
@@ -831,35 +867,62 @@ def test_generations_counted_by_runs_as_one_at_a_time(tmp_path_factory, gens, bo
     assert out[0] == out[1] == out[2]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(rows=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.booleans(), st.booleans()),
                      min_size=1, max_size=30),
-       gen=st.integers(0, 7), gone=st.sets(st.integers(1, 30)), before=st.integers(1, 32))
-def test_bounds_over_distinct_states_as_over_every_version(rows, gen, gone, before):
+       gen=st.integers(0, 7), gone=st.sets(st.integers(1, 30)), before=st.integers(1, 32), split=st.integers(0, 30))
+def test_bounds_over_distinct_states_as_over_every_version(rows, gen, gone, before, split):
     """A region's time-travel bound (value and version), `held_until` and the lowest progress
     below a version equal the per-version definitions, over the columns of a table (a state
-    shared or repeated, versions without an index or a commit time, versions left out)."""
+    shared or repeated, versions without an index or a commit time, versions left out), and
+    with the oldest `split` versions sealed (counted by their aggregates, read when needed)."""
     facts = []
     for v, (a, b, indexed, stamped) in enumerate(rows, start=1):
         m = ({"r": a, "s": b} if a else {"s": b}) if indexed else None
         facts.append(history.VersionFacts(v, 1, 1.0, 1000.0 + v if stamped else None, m))
-    hist = history.VersionHistory(facts=fact_table.FactTable.of(facts))
-    r = retention.from_history(hist, frozenset(gone))
-    states = {f.version: f.merged for f in facts if f.merged is not None and f.version not in gone}
-    stamps = {f.version: f.stamp for f in facts}
-    assert r.versions == [f.version for f in facts if f.version not in gone]
-    for rid in ("r", "s", "t"):
-        if not states:
-            assert r.bound(rid) is None
-            continue
-        lowest = min(m.get(rid, 0) for m in states.values())
-        assert r.bound(rid) == Bound(KeepReason.GENERATION_TIME_TRAVEL, lowest,
-                                     table_version=min(v for v, m in states.items() if m.get(rid, 0) == lowest))
-        needing = [v for v, m in states.items() if m.get(rid, 0) < gen]
-        until = stamps[max(needing)] + 5 if needing and stamps[max(needing)] is not None else None
-        assert r.held_until(rid, gen, timedelta(seconds=5)) == until
-        older = [m.get(rid, 0) for v, m in states.items() if v < before]
-        assert r.lowest_before(rid, before) == (min(older) if older else None)
+    every = fact_table.FactTable.of(facts)
+    with tempfile.TemporaryDirectory() as d:
+        hist = history.VersionHistory(tail=every)
+        if 0 < split < len(every):
+            loc = open_store(d)
+            part, raw = fact_segments.seal(every.select(range(split)))
+            loc.store.put(part.key, raw)
+            hist = history.VersionHistory(tail=every.select(range(split, len(every))), sealed=part, loc=loc)
+        for h in (hist, _sealed_with_gaps(d, every, split, gone)):
+            for v in range(len(facts) + 2):  # what the lifetime check asks (aggregates, else facts)
+                f = h.get(v) if h is not None else None
+                if h is not None:
+                    assert h.indexed(v) == (None if f is None else f.merged is not None)
+                    assert f is None or f == every[v]
+        r = retention.from_history(hist, frozenset(gone))
+        states = {f.version: f.merged for f in facts if f.merged is not None and f.version not in gone}
+        stamps = {f.version: f.stamp for f in facts}
+        assert r.versions == [f.version for f in facts if f.version not in gone]
+        assert len(r.versions) == len(facts) - len(gone & set(range(1, len(facts) + 1)))
+        for rid in ("r", "s", "t"):
+            if not states:
+                assert r.bound(rid) is None
+                continue
+            lowest = min(m.get(rid, 0) for m in states.values())
+            assert r.bound(rid) == Bound(KeepReason.GENERATION_TIME_TRAVEL, lowest,
+                                         table_version=min(v for v, m in states.items() if m.get(rid, 0) == lowest))
+            needing = [v for v, m in states.items() if m.get(rid, 0) < gen]
+            until = stamps[max(needing)] + 5 if needing and stamps[max(needing)] is not None else None
+            assert r.held_until(rid, gen, timedelta(seconds=5)) == until
+            older = [m.get(rid, 0) for v, m in states.items() if v < before]
+            assert r.lowest_before(rid, before) == (min(older) if older else None)
+
+
+def _sealed_with_gaps(d, every, split, gone):
+    """A history whose first `split` versions, less `gone`, are sealed (None: nothing to seal)."""
+    older = every.select(i for i in range(min(split, len(every) - 1)) if every.versions[i] not in gone)
+    if not len(older):
+        return None
+    loc = open_store(os.path.join(d, "gaps"))
+    part, raw = fact_segments.seal(older)
+    loc.store.put(part.key, raw)
+    return history.VersionHistory(tail=every.select(range(min(split, len(every) - 1), len(every))), sealed=part,
+                                  loc=loc)
 
 
 def test_the_table_is_opened_at_the_newest_known_version_only_while_it_is_the_latest(tmp_path):
@@ -877,3 +940,76 @@ def test_the_table_is_opened_at_the_newest_known_version_only_while_it_is_the_la
     forget_process()
     res = gc.run_gc(loc, KEEP)
     assert res.plan.table_version == latest + 1 and res.plan.history.summary == "used"
+
+
+# ------------------------------------------------------------------------------------------------
+# The older versions sealed apart from the summary's tail.
+
+
+def _sealed_objects(loc) -> list[str]:
+    return [o.key for o in loc.store.list(fact_segments.DIR)]
+
+
+def test_older_versions_are_sealed_and_read_only_when_asked(tmp_path, monkeypatch):
+    """Past `TAIL_MAX` versions the summary keeps its newest `TAIL_KEEP` as columns and seals the
+    older ones in an object of their own; a pass between listings plans from the summary's tail
+    and the sealed part's aggregates without reading that object, and decides as a full read
+    does. Sealing again replaces the object (the earlier one is removed)."""
+    monkeypatch.setattr(fact_segments, "TAIL_MAX", 4)
+    monkeypatch.setattr(fact_segments, "TAIL_KEEP", 2)
+    loc, w = _history(tmp_path, cycles=4)
+    forget_process()
+    gc.run_gc(loc, KEEP)
+    first = _sealed_objects(loc)
+    summary = history.decode_summary(loc.store.get(layout.GC_VERSIONS_KEY))
+    assert len(first) == 1 and summary.sealed is not None and summary.sealed.key == first[0]
+    assert len(summary.facts) == 2 and summary.sealed.count + 2 == len(table.open_dataset(loc).versions())
+    reads = []
+    monkeypatch.setattr(fact_segments, "unseal", lambda part, raw, f=fact_segments.unseal: reads.append(part) or f(part, raw))
+    quiet = 0
+    for _ in range(4):
+        w.write_round(12, puts_per_batch=50)
+        mark_merged(loc, sorted(w.regions.values()))
+        forget_process()
+        before, n = _sealed_objects(loc), len(reads)
+        r = gc.run_gc(loc, KEEP)
+        assert not r.plan.history.listed and r.plan.history.read >= 1
+        if _sealed_objects(loc) == before:  # not sealed again: the sealed versions were not read
+            assert len(reads) == n, "a pass between listings read the sealed versions"
+            quiet += 1
+    assert 0 < quiet < 4 and reads  # sealing again reads them once
+    assert len(r.plan.retained_versions) == len(table.open_dataset(loc).versions())
+    assert _sealed_objects(loc) != first and len(_sealed_objects(loc)) == 1  # sealed again; the earlier one gone
+    assert_same_decision(loc, KEEP)
+    assert_same_decision(loc, COLLECT)
+    assert reads  # the full-scan plans read them
+
+
+@pytest.mark.parametrize("damage", ["gone", "garbled", "another"])
+def test_a_sealed_object_that_cannot_be_read_is_read_around(tmp_path, monkeypatch, damage, caplog):
+    """A sealed object that is gone, garbled, or not the one the summary names (its bytes are not
+    its name's) is read around: the versions it held are read from their manifests, the decision
+    is a full read's, and the next pass seals them again."""
+    monkeypatch.setattr(fact_segments, "TAIL_MAX", 4)
+    monkeypatch.setattr(fact_segments, "TAIL_KEEP", 2)
+    loc, w = _history(tmp_path, cycles=4)
+    forget_process()
+    gc.run_gc(loc, KEEP)
+    key = _sealed_objects(loc)[0]
+    if damage == "gone":
+        loc.store.delete_many([key])
+    elif damage == "garbled":
+        garble(loc, key, "body")
+    else:  # another table's sealed facts under this name
+        other, _ = _history(tmp_path / "other", cycles=4)
+        forget_process()
+        gc.run_gc(other, KEEP)
+        loc.store.put(key, other.store.get(_sealed_objects(other)[0]))
+    assert_same_decision(loc, KEEP)
+    assert "could not be used" in caplog.text
+    forget_process()
+    gc.run_gc(loc, KEEP_SCANNING)  # a listing pass: the versions read again, sealed again
+    assert len(_sealed_objects(loc)) == 1
+    part = history.decode_summary(loc.store.get(layout.GC_VERSIONS_KEY)).sealed
+    assert fact_segments.unseal(part, loc.store.get(part.key))
+    assert_same_decision(loc, COLLECT)

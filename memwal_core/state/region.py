@@ -100,6 +100,7 @@ class RegionManifest:
     message: pb.RegionManifest  # never changed in place (a commit changes a copy)
     raw: bytes = b""
     _generations: tuple[Generation, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _numbers: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def writer_epoch(self) -> int:
@@ -117,7 +118,15 @@ class RegionManifest:
     @property
     def top_generation(self) -> int:
         """The newest flushed generation the manifest lists (0: none)."""
-        return max((g.generation for g in self.message.flushed_generations), default=0)
+        return max(self.numbers, default=0)
+
+    @property
+    def numbers(self) -> list[int]:
+        """The listed generations' numbers, in the file's order. Read once per manifest (each
+        is an object built from the message): the field checks and GC's checked list share it."""
+        if self._numbers is None:
+            self._numbers = list(map(_by_generation, self.message.flushed_generations))
+        return self._numbers
 
     @property
     def generations(self) -> list[Generation]:
@@ -202,8 +211,9 @@ def decode_manifest(region_id: str, version: int, raw: bytes) -> RegionManifest:
     if msg.region_id.uuid != uuid.UUID(region_id).bytes:
         raise CorruptManifest(region_id, f"manifest {key} (version {version}) belongs to region "
                                          f"{_uuid_str(msg.region_id.uuid)}")
-    check_fields(region_id, key, msg, raw)
-    return RegionManifest(region_id, version, msg, raw)
+    out = RegionManifest(region_id, version, msg, raw)
+    check_fields(region_id, key, msg, raw, out.numbers)
+    return out
 
 
 def _manifest_key_or_raise(region_id: str, version: int) -> str:
@@ -213,14 +223,16 @@ def _manifest_key_or_raise(region_id: str, version: int) -> str:
     return layout.manifest_key(region_id, version)
 
 
-def check_fields(region_id: str, key: str, msg: pb.RegionManifest, raw: bytes | None = None) -> None:
+def check_fields(region_id: str, key: str, msg: pb.RegionManifest, raw: bytes | None = None,
+                 numbers: list[int] | None = None) -> None:
     """Refuse a manifest whose fields memwal cannot do arithmetic on, or does not know.
 
     Each failure is a `FieldOutOfRange` naming the region, the file, the field and its value,
     so the region is refused (walled, skipped by GC, its previous snapshot row kept) instead of
     failing later with a bare `ValueError` deep inside a job. `raw`: the bytes `msg` was decoded
     from, when known: the generations' sizes are then read only if the bytes could hold a value
-    past 2^63-1 (`_may_exceed_counter`).
+    past 2^63-1 (`_may_exceed_counter`). `numbers`: the generations' numbers as listed, when
+    already read (`RegionManifest.numbers`).
     """
     def bad(name: str, value: object, why: str) -> FieldOutOfRange:
         return FieldOutOfRange(region_id, key, name, value, why)
@@ -243,7 +255,8 @@ def check_fields(region_id: str, key: str, msg: pb.RegionManifest, raw: bytes | 
     fg = msg.flushed_generations
     # Checked a field at a time (a region may list thousands of generations, read on every pass);
     # when one is out of range, one entry at a time, to name the first offending one.
-    numbers = list(map(_by_generation, fg))
+    if numbers is None:
+        numbers = list(map(_by_generation, fg))
     if numbers and (min(numbers) < 1 or max(numbers) > cur or _may_exceed_counter(raw) and any(
             max(map(operator.attrgetter(name), fg)) > MAX_COUNTER for name in _GEN_SIZES)):
         for i, g in enumerate(fg):

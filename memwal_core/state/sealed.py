@@ -1,7 +1,12 @@
 """The envelope of memwal's own records under `_memwal/` (GC's summaries `jobs/gc/history.py`,
 `leak_refs.py`, `region_cache.py`; the region value records `state/value_records.py`): a format
 number and a checksum around a JSON body, so that a record torn by a crash, garbled on the
-store or written by another format is recognised and read around, never used."""
+store or written by another format is recognised and read around, never used.
+
+Two layouts. `seal`: one JSON document whose body is the content's JSON text (readable with any
+JSON tool; the value records). `seal_blob`, for GC's caches, which hold thousands of rows read on
+every pass: a JSON header line (format, checksum, the body's length), the content's JSON, a
+newline, and raw bytes (typed columns, row text) that neither side escapes, encodes or parses."""
 
 from __future__ import annotations
 
@@ -22,6 +27,38 @@ def seal(content: Any, fmt: int) -> bytes:
 def seal_body(body: str, fmt: int) -> bytes:
     """`body` (the JSON text of the content) as the bytes of a summary of format `fmt`."""
     return json.dumps({"format": fmt, "sha256": _checksum(body), "body": body}).encode()
+
+
+def seal_blob(content: Any, blob: bytes, fmt: int) -> bytes:
+    """`content` (JSON-able) and `blob` (raw bytes) as the bytes of a record of format `fmt`."""
+    body = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    payload = b"".join((body, b"\n", blob))
+    head = json.dumps({"format": fmt, "sha256": hashlib.sha256(payload).hexdigest(), "body": len(body)})
+    return b"".join((head.encode(), b"\n", payload))
+
+
+def unseal_blob(raw: bytes, fmt: int) -> tuple[Any, memoryview]:
+    """The content and the raw bytes of a record `seal_blob` wrote with format `fmt`, checked;
+    ValueError (saying why) for anything else."""
+    end = raw.find(b"\n")
+    try:
+        head = json.loads(raw[:end] if end >= 0 else raw)  # no newline: a record `seal` wrote (its format told)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"not a sealed record ({e})") from None
+    if not isinstance(head, dict) or head.get("format") != fmt:
+        raise ValueError(f"format {head.get('format') if isinstance(head, dict) else None!r}, expected {fmt}")
+    if end < 0:
+        raise ValueError("not a record with raw bytes")
+    payload = memoryview(raw)[end + 1:]
+    n = head.get("body")
+    if head.get("sha256") != hashlib.sha256(payload).hexdigest():
+        raise ValueError("checksum mismatch")
+    if type(n) is not int or not 0 < n < len(payload) or payload[n] != 0x0A:
+        raise ValueError("a bad body length")
+    try:
+        return json.loads(bytes(payload[:n])), payload[n + 1:]
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"a body that is not JSON ({e})") from None
 
 
 def unseal(raw: bytes, fmt: int) -> Any:

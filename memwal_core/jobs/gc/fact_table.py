@@ -4,7 +4,8 @@ kept as typed arrays, not as an object per version.
 A pass reads the version summary (`history.py`) on every run, and the summary has a row per
 retained version: a week of versions is thousands. Decoding thousands of JSON rows into
 thousands of tuples, and grouping their merge states again, grew the pass with the history. As
-columns the summary decodes in C (`array.frombytes`), a version's facts are built only when
+columns the summary is the arrays' raw bytes (`sealed.seal_blob`: nothing escaped or encoded),
+copied into arrays and checked a column at a time in C, a version's facts are built only when
 asked for (`get`), and what the retention needs of all of them (`retention.py`) is computed over
 the columns and the distinct merge states: a merge state is stored once per content, as a row of
 a matrix over the regions it names.
@@ -14,13 +15,14 @@ in version order, equal to any mapping with the same facts."""
 
 from __future__ import annotations
 
-import base64
 import math
 import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
+
+import numpy as np
 
 ABSENT = 2**64 - 1  # a region the merge state does not name (the highest u64: never a generation merged)
 _NO_STATE = -1  # a version without a MemWAL index
@@ -38,28 +40,10 @@ class VersionFacts(NamedTuple):
     merged: dict[str, int] | None
 
 
-def _pack(a: array) -> str:
-    b = a if sys.byteorder == "little" else _swapped(a)
-    return base64.b64encode(b.tobytes()).decode("ascii")
-
-
 def _swapped(a: array) -> array:
     c = array(a.typecode, a)
     c.byteswap()
     return c
-
-
-def _unpack(typecode: str, text: Any, n: int) -> array:
-    """An array of `n` items from `_pack`'s text; ValueError for anything else."""
-    if not isinstance(text, str):
-        raise ValueError("a column is not text")
-    a = array(typecode)
-    a.frombytes(base64.b64decode(text.encode("ascii"), validate=True))
-    if len(a) != n:
-        raise ValueError(f"a column has {len(a)} items, expected {n}")
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a
 
 
 class FactTable(Mapping):
@@ -196,15 +180,15 @@ class FactTable(Mapping):
         j = self._index.get(region_id)
         return None if j is None else self.matrix[j::len(self.regions)]
 
-    # -- the summary's text ---------------------------------------------------------------------
+    # -- the summary's bytes --------------------------------------------------------------------
 
-    def to_json(self) -> dict[str, Any]:
-        """The columns as JSON-able text (base64 of little-endian arrays), unused states dropped."""
-        used = sorted(set(self.state_of) - {_NO_STATE})
-        table = self if used == list(range(self._state_count())) else self.select(range(len(self)))
-        return {"count": len(table), "versions": _pack(table.versions), "sizes": _pack(table.sizes),
-                "mtimes": _pack(table.mtimes), "stamps": _pack(table.stamps), "state_of": _pack(table.state_of),
-                "regions": table.regions, "states": _pack(table.matrix)}
+    def to_parts(self) -> tuple[dict[str, Any], bytes]:
+        """The columns as a small JSON-able map (counts, regions) and their raw little-endian
+        bytes (`sealed.seal_blob`), unused states dropped."""
+        table = self if _all_used(self.state_of, self._state_count()) else self.select(range(len(self)))
+        cols = (table.versions, table.sizes, table.mtimes, table.stamps, table.state_of, table.matrix)
+        blob = b"".join((a if sys.byteorder == "little" else _swapped(a)).tobytes() for a in cols)
+        return {"count": len(table), "regions": table.regions, "states": table._state_count()}, blob
 
     def select(self, positions: Iterable[int]) -> FactTable:
         """The versions at `positions` (increasing), with only the states they have."""
@@ -225,37 +209,48 @@ class FactTable(Mapping):
         return out
 
     @classmethod
-    def from_json(cls, d: Any) -> FactTable:
-        """The table `to_json` wrote; ValueError (with why) for anything else."""
-        if not isinstance(d, dict):
+    def from_parts(cls, meta: Any, blob: memoryview | bytes) -> FactTable:
+        """The table `to_parts` wrote; ValueError (with why) for anything else. Checked a column
+        at a time, in C (numpy over the arrays' buffers)."""
+        if not isinstance(meta, dict):
             raise ValueError("the version columns are not a map")
-        n, regions = d.get("count"), d.get("regions")
-        if type(n) is not int or n < 0:
-            raise ValueError("a bad version count")
+        n, regions, k = meta.get("count"), meta.get("regions"), meta.get("states")
+        if type(n) is not int or n < 0 or type(k) is not int or k < 0:
+            raise ValueError("a bad version or state count")
         if not (isinstance(regions, list) and all(isinstance(r, str) for r in regions)
                 and regions == sorted(set(regions))):
             raise ValueError("a bad region list")
-        versions, sizes = _unpack("Q", d.get("versions"), n), _unpack("Q", d.get("sizes"), n)
-        mtimes, stamps = _unpack("d", d.get("mtimes"), n), _unpack("d", d.get("stamps"), n)
-        state_of = _unpack("q", d.get("state_of"), n)
-        text = d.get("states")
-        raw = base64.b64decode(text.encode("ascii"), validate=True) if isinstance(text, str) else None
-        if raw is None or (regions and len(raw) % (8 * len(regions))) or (not regions and raw):
-            raise ValueError("a bad state matrix")
-        matrix = _unpack("Q", text, len(raw) // 8)
-        states = len(matrix) // len(regions) if regions else max(state_of, default=-1) + 1
-        # Checked a column at a time, in C.
-        if n and (min(versions) < 1 or list(versions) != sorted(set(versions))):
+        blob = memoryview(blob).cast("B")
+        if len(blob) != 8 * (5 * n + k * len(regions)):
+            raise ValueError(f"columns of {len(blob)} bytes, expected {8 * (5 * n + k * len(regions))}")
+        cols = [_column(tc, blob[8 * n * i:8 * n * (i + 1)]) for i, tc in enumerate("QQddq")]
+        versions, sizes, mtimes, stamps, state_of = cols
+        matrix = _column("Q", blob[40 * n:])
+        v, so = np.frombuffer(versions, dtype=np.uint64), np.frombuffer(state_of, dtype=np.int64)
+        if n and (v[0] < 1 or not (v[1:] > v[:-1]).all()):
             raise ValueError("versions are not distinct and in order")
-        if n and (min(state_of) < _NO_STATE or max(state_of) >= states):
+        if n and (so.min() < _NO_STATE or so.max() >= k):
             raise ValueError("a version's merge state is not in the table")
-        used = set(state_of)
-        used.discard(_NO_STATE)
-        if len(used) != states:  # `to_json` drops the states no version has: the matrix is bounded by the versions
+        if not _all_used(state_of, k):  # `to_parts` drops the states no version has
             raise ValueError("a merge state no version has")
-        if any(map(math.isnan, mtimes)) or any(map(math.isinf, mtimes)) or any(map(math.isinf, stamps)):
+        if not (np.isfinite(np.frombuffer(mtimes, dtype=np.float64)).all()
+                and not np.isinf(np.frombuffer(stamps, dtype=np.float64)).any()):
             raise ValueError("a bad manifest or commit time")
-        return cls(versions, sizes, mtimes, stamps, state_of, regions, matrix)
+        return cls(versions, sizes, mtimes, stamps, state_of, regions, matrix)  # k states: all used, as checked
+
+
+def _all_used(state_of: array, k: int) -> bool:
+    """Whether every one of `k` states is some version's (`state_of` within -1 .. k-1)."""
+    so = np.frombuffer(state_of, dtype=np.int64)
+    return bool(np.count_nonzero(np.bincount(so[so >= 0], minlength=k)) == k) if k else True
+
+
+def _column(typecode: str, raw: memoryview) -> array:
+    a = array(typecode)
+    a.frombytes(raw)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a
 
 
 def _row(merged: Mapping[str, int], regions: list[str]) -> list[int]:

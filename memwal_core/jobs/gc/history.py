@@ -66,6 +66,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from memwal_core.errors import MemwalError, one_line
+from memwal_core.jobs.gc import fact_segments
+from memwal_core.jobs.gc.fact_segments import SealedPart
 from memwal_core.jobs.gc.fact_table import FactTable, VersionFacts
 from memwal_core.jobs.gc.items import GcError
 from memwal_core.state import layout, sealed, table
@@ -74,15 +76,19 @@ from memwal_core.state.store import NotFound, ObjectInfo, TableLocation
 log = logging.getLogger("memwal.gc")
 
 VERSIONS_DIR = "_versions"
-FORMAT = 2  # 1: rows of JSON numbers (read as no summary: every manifest is read once, and it is written again)
+FORMAT = 3  # 1: rows of JSON numbers; 2: columns in base64 (each read as no summary: every manifest is read once, and it is written again)
 _U64_MAX = 2**64 - 1
 
 
 @dataclass
 class VersionHistory:
-    """The listed versions' facts, and how they were learned this pass."""
+    """The listed versions' facts, and how they were learned this pass: the newest as columns
+    (`tail`), the older ones sealed (`sealed`: described by aggregates, their facts read only
+    when asked for, `full`)."""
 
-    facts: FactTable = field(default_factory=FactTable.empty)
+    tail: FactTable = field(default_factory=FactTable.empty)
+    sealed: SealedPart | None = None
+    loc: TableLocation | None = field(default=None, repr=False)  # where the sealed facts are read from
     read: int = 0  # manifests read this pass
     known: int = 0  # facts taken from the summary
     summary: str = "missing"  # used, missing, or why it was ignored
@@ -92,23 +98,78 @@ class VersionHistory:
     listed_at: float | None = None  # when `_versions/` was last listed (now, when this pass did)
     leaks_at: float | None = None  # when the leak scan last completed (`leaks.py`)
     must_list: bool = False  # a later read in this pass lists (a base-version cleanup ran in between)
+    read_part: str | None = None  # the sealed object the summary named when read (`save_summary` removes others)
+    _full: FactTable | None = field(default=None, repr=False, compare=False)
 
     @property
     def listed(self) -> bool:
         return self.listing is not None
 
+    @property
+    def count(self) -> int:
+        """How many versions (without reading the sealed ones)."""
+        return len(self.tail) + (self.sealed.count if self.sealed is not None else 0)
+
+    @property
+    def facts(self) -> FactTable:
+        """Every version's facts (the sealed ones read once, when first asked for)."""
+        return self.full()
+
+    def full(self) -> FactTable:
+        if self.sealed is None:
+            return self.tail
+        if self._full is None:
+            self._full = _sealed_facts(self.loc, self.sealed).grown(self.tail.values())
+        return self._full
+
+    def get(self, version: int) -> VersionFacts | None:
+        """One version's facts (a sealed one's read with all of them)."""
+        if self.sealed is None or version > self.sealed.last:
+            return self.tail.get(version)
+        return self.full().get(version)
+
+    def indexed(self, version: int) -> bool | None:
+        """Whether `version` carries the MemWAL index (None: not a version it holds). A sealed
+        version is answered from the aggregates when they tell, else from its facts."""
+        if self.sealed is not None and version <= self.sealed.last:
+            if version < self.sealed.first:
+                return None
+            told = self.sealed.indexed(version)
+            if told is not None:
+                return told
+        f = self.get(version)
+        return None if f is None else f.merged is not None
+
+    def newest(self) -> int | None:
+        return self.tail.versions[-1] if len(self.tail) else None
+
+    def oldest(self) -> tuple[int, int] | None:
+        """(version, manifest size) of the oldest version."""
+        if self.sealed is not None:
+            return self.sealed.first, self.sealed.first_size
+        return (self.tail.versions[0], self.tail.sizes[0]) if len(self.tail) else None
+
+    def versions(self) -> fact_segments.VersionList:
+        return fact_segments.VersionList(self.count, self.full)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"versions": len(self.facts), "manifests_read": self.read, "from_summary": self.known,
+        return {"versions": self.count, "manifests_read": self.read, "from_summary": self.known,
                 "summary": self.summary, "listed": self.listed}
 
 
 @dataclass
 class Summary:
-    """What `_memwal/gc_versions.json` holds: the facts, and when the table was last listed in full."""
+    """What `_memwal/gc_versions.json` holds: the newest versions' facts, the older ones' sealed
+    part, and when the table was last listed in full."""
 
-    facts: FactTable = field(default_factory=FactTable.empty)
+    facts: FactTable = field(default_factory=FactTable.empty)  # the tail
     listed_at: float | None = None
     leaks_at: float | None = None
+    sealed: SealedPart | None = None
+
+    def history(self, loc: TableLocation) -> VersionHistory:
+        """The versions as a history (the sealed ones read when asked for)."""
+        return VersionHistory(tail=self.facts, sealed=self.sealed, loc=loc)
 
 
 def due(at: float | None, now: float, interval: float) -> bool:
@@ -139,35 +200,60 @@ def list_versions(loc: TableLocation, listing: list[ObjectInfo] | None = None) -
     return out
 
 
-def encode(facts: Mapping[int, VersionFacts], listed_at: float | None = None, leaks_at: float | None = None) -> bytes:
-    """The summary's bytes: the facts as columns (`fact_table.py`), sealed. ValueError for facts
-    no summary can hold (numbers out of range: the summary is then not written)."""
+def encode(facts: Mapping[int, VersionFacts], listed_at: float | None = None, leaks_at: float | None = None,
+           part: SealedPart | None = None) -> bytes:
+    """The summary's bytes: the tail's facts as columns (`fact_table.py`) and the sealed part's
+    description, sealed. ValueError for facts no summary can hold (numbers out of range: the
+    summary is then not written)."""
     table = facts if isinstance(facts, FactTable) else FactTable.of(facts.values())
-    body = json.dumps({"leaks_at": leaks_at, "listed_at": listed_at, "facts": table.to_json()},
-                      sort_keys=True, separators=(",", ":"))
-    return sealed.seal_body(body, FORMAT)
+    meta, blob = table.to_parts()
+    return sealed.seal_blob({"leaks_at": leaks_at, "listed_at": listed_at, "facts": meta,
+                             "sealed": part.to_json() if part is not None else None}, blob, FORMAT)
 
 
 def decode(raw: bytes) -> FactTable:
-    """The summary's facts; ValueError (with why) for anything but a summary this code wrote."""
+    """The summary's tail (every version when none is sealed); ValueError (with why) for
+    anything but a summary this code wrote."""
     return decode_summary(raw).facts
 
 
 def decode_summary(raw: bytes) -> Summary:
     """The summary; ValueError (with why) for anything but a summary this code wrote."""
-    d = json.loads(sealed.unseal_body(raw, FORMAT))
+    d, blob = sealed.unseal_blob(raw, FORMAT)
     if not isinstance(d, dict):
         raise ValueError("not a summary")
     times = [d.get("listed_at"), d.get("leaks_at")]
     if not all(t is None or (isinstance(t, (int, float)) and type(t) is not bool) for t in times):
         raise ValueError("a bad listing time")
-    return Summary(FactTable.from_json(d.get("facts")), *(None if t is None else float(t) for t in times))
+    tail = FactTable.from_parts(d.get("facts"), blob)
+    part = None if d.get("sealed") is None else SealedPart.from_json(d["sealed"])
+    if part is not None and not (len(tail) and tail.versions[0] > part.last):
+        raise ValueError("a tail that is not above its sealed part")
+    return Summary(tail, *(None if t is None else float(t) for t in times), part)
 
 
 def load_summary(loc: TableLocation) -> tuple[FactTable, str]:
-    """The summary's facts and "used"; or nothing, and why (a summary is never needed)."""
+    """Every version's facts the summary holds and "used"; or nothing, and why (a summary is
+    never needed)."""
     summary, why = _load(loc)
-    return summary.facts, why
+    return summary.history(loc).full(), why
+
+
+def _sealed_facts(loc: TableLocation | None, part: SealedPart) -> FactTable:
+    """The sealed part's facts; when its object cannot be read (gone, garbled), the versions it
+    held that are still listed, read from their manifests (the summary is then written again)."""
+    try:
+        if loc is None:
+            raise ValueError("no table to read it from")
+        return fact_segments.unseal(part, loc.store.get(part.key))
+    except Exception as e:  # noqa: BLE001 - a cache: the manifests say the same
+        log.warning("%s could not be used (%s); reading the versions %d-%d from their manifests",
+                    part.key, one_line(e), part.first, part.last)
+    if loc is None:
+        raise GcError(f"the sealed versions {part.first}-{part.last} cannot be read")
+    todo = [(v, info) for v, info in sorted(list_versions(loc).items()) if part.first <= v <= part.last]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
+        return FactTable.of(f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None)
 
 
 def _load(loc: TableLocation) -> tuple[Summary, str]:
@@ -187,14 +273,40 @@ def _load(loc: TableLocation) -> tuple[Summary, str]:
 
 
 def save_summary(loc: TableLocation, history: VersionHistory) -> None:
-    """Write what `history` knows (when it learned something); failing only costs reads later."""
+    """Write what `history` knows (when it learned something); failing only costs reads later.
+    A tail longer than `fact_segments.TAIL_MAX` is sealed first (all but its newest
+    `TAIL_KEEP`, with the versions sealed before): the new object is written before the summary
+    that names it, and the objects no summary names any more are removed after."""
     if not history.changed:
         return
     try:
-        loc.store.put(layout.GC_VERSIONS_KEY, encode(history.facts, history.listed_at, history.leaks_at))
+        tail, part = history.tail, history.sealed
+        if not isinstance(tail, FactTable):
+            tail = FactTable.of(tail.values())
+        new_object = len(tail) > fact_segments.TAIL_MAX
+        if new_object:
+            full = history.full()
+            cut = len(full) - fact_segments.TAIL_KEEP
+            part, raw = fact_segments.seal(full.select(range(cut)))
+            tail = full.select(range(cut, len(full)))
+            loc.store.put(part.key, raw)
+        loc.store.put(layout.GC_VERSIONS_KEY, encode(tail, history.listed_at, history.leaks_at, part))
         history.changed = False
+        if (part.key if part is not None else None) != history.read_part:
+            _drop_unnamed(loc, part)
+            history.read_part = part.key if part is not None else None
     except Exception as e:  # noqa: BLE001 - a cache
         log.warning("could not write %s: %s", layout.GC_VERSIONS_KEY, one_line(e))
+
+
+def _drop_unnamed(loc: TableLocation, part: SealedPart | None) -> None:
+    """Remove the sealed objects other than `part`'s (those of earlier summaries)."""
+    try:
+        old = [o.key for o in loc.store.list(fact_segments.DIR) if part is None or o.key != part.key]
+        if old:
+            loc.store.delete_many(old)
+    except Exception as e:  # noqa: BLE001 - left for the next pass that seals
+        log.info("earlier sealed version facts not removed: %s", one_line(e))
 
 
 def _read(loc: TableLocation, v: int, info: ObjectInfo) -> VersionFacts | None:
@@ -251,11 +363,12 @@ class _Mismatch(MemwalError):
         self.another_table = another_table
 
 
-def _probe(loc: TableLocation, known: FactTable, checked: bool,
+def _probe(loc: TableLocation, base: VersionHistory, checked: bool,
            latest: int | None) -> list[tuple[int, ObjectInfo]] | None:
     """The versions committed above the newest known one (steps 1-3 of the module docstring);
     None: versions may be missing, list `_versions/`; `_Mismatch`: the newest known manifest is
     another one (nothing of the summary is used). `checked`: steps 1-2 were done in this pass."""
+    known = base.tail
     top = known.versions[-1]
     if not checked:
         info = table.head_manifest(loc, top)
@@ -267,9 +380,9 @@ def _probe(loc: TableLocation, known: FactTable, checked: bool,
         k = known[top]  # not the modification time: a HEAD may give it less precisely than a listing
         if (got.size, got.stamp, got.merged) != (k.size, k.stamp, k.merged):
             raise _Mismatch(got.stamp != k.stamp)
-        low = known.versions[0]
+        low, size = base.oldest()
         info = table.head_manifest(loc, low)
-        if info is None or info.size != known[low].size:
+        if info is None or info.size != size:
             return None
     new = []
     v = top + 1
@@ -292,43 +405,51 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
     versions (module docstring). `latest`: a version known to exist (the one the plan opened)."""
     now = time.time() if now is None else now
     if earlier is not None:
-        base, why = Summary(earlier.facts, earlier.listed_at, earlier.leaks_at), earlier.summary
+        base, why = Summary(earlier.tail, earlier.listed_at, earlier.leaks_at, earlier.sealed), earlier.summary
     else:
         base, why = _load(loc) if use_summary else (Summary(), "not used")
+    known = base.history(loc)
+    if earlier is not None:
+        known._full = earlier._full
     listed_before = earlier is not None and earlier.listed  # earlier in this pass: the leak scan takes it
-    must_list = (why != "used" or not base.facts or (earlier is not None and earlier.must_list)
+    must_list = (why != "used" or not len(base.facts) or (earlier is not None and earlier.must_list)
                  or due(base.listed_at, now, interval)
                  or (for_leaks and not listed_before and due(base.leaks_at, now, interval)))
     recreated = earlier.recreated if earlier is not None else False
     try:
-        probed = None if must_list else _probe(loc, base.facts, earlier is not None, latest)
+        probed = None if must_list else _probe(loc, known, earlier is not None, latest)
     except _Mismatch as e:
         probed, base, recreated = None, Summary(), e.another_table
+        known = base.history(loc)
         why = ("ignored: it describes another table at this URI (re-created)" if recreated
                else "ignored: its newest version is not that version's manifest")
         log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY, why[len("ignored: "):])
-    out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at)
+    out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at, loc=loc,
+                         read_part=earlier.read_part if earlier is not None
+                         else base.sealed.key if base.sealed is not None else None)
     if probed is not None:
-        known, kept, todo = base.facts, base.facts, probed
+        kept, todo = known.tail, probed
+        out.sealed, out._full = known.sealed, known._full
         if listed_before:  # a version committed since is the leak scan's step 3
             out.listing = earlier.listing
     else:
-        known, kept, todo = _listed(loc, base.facts, out, earlier is None)
+        _, kept, todo = _listed(loc, known.full() if len(base.facts) else FactTable.empty(), out, earlier is None)
         out.listed_at = now
     got: list[VersionFacts] = []
     if todo:
         with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
             got = [f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None]
     try:
-        out.facts = kept.grown(got)
+        out.tail = kept.grown(got)
+        if out._full is not None:
+            out._full = out._full.grown(got)
     except ValueError as e:  # a manifest with numbers out of any range (Lance writes none)
         raise GcError(f"table {loc.lance_uri}: a retained version's manifest cannot be summarized: {e}") from None
     out.read = len(got)
-    # Whether the summary on the store differs from what is known now.
-    out.changed = (earlier.changed if earlier is not None else why != "used") or bool(todo) \
-        or out.facts.versions != known.versions or out.listed
+    # Whether the summary on the store differs from what is known now (a listing pass writes its time).
+    out.changed = (earlier.changed if earlier is not None else why != "used") or bool(todo) or out.listed
     out.read += earlier.read if earlier is not None else 0
-    out.known = max(0, len(out.facts) - out.read)
+    out.known = max(0, out.count - out.read)
     return out
 
 

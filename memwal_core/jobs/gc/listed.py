@@ -53,7 +53,6 @@ CHUNK = 32  # generations per chunk: a pass decodes at most this many below the 
 _RECORD = (8 << 3) | 2  # RegionManifest.flushed_generations, length-delimited
 _GENERATION = (1 << 3) | 0  # FlushedGeneration.generation, a varint
 _PERSON = b"memwal-gens-1"  # the digest's domain: no other digest of the project matches one
-_number = operator.attrgetter("generation")
 
 
 @dataclass(frozen=True)
@@ -204,12 +203,11 @@ class Listed:
         self.m, self.rdir, self.chunks = m, layout.region_dir(m.region_id), chunks
         self._segs = segs
         self.run: range | None = None
-        fg = m.message.flushed_generations
         if segs and all(b.first == a.first + a.count for a, b in zip(segs, segs[1:])):
             run = range(segs[0].first, segs[-1].first + segs[-1].count)
             # The decoded numbers themselves, compared in C: chunks (even forged ones, digests and
             # all) never stand in for the numbers the merge-order check and the kept set rely on.
-            if list(map(_number, fg)) == list(run):
+            if m.numbers == list(run):
                 self.run = run
         self._each: list[tuple[region.Generation, str]] | None = None
 

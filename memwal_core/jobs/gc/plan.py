@@ -80,7 +80,7 @@ class GcPlan:
     table_version: int
     config: GcOptions
     planned_at: float
-    retained_versions: list[int]
+    retained_versions: Sequence[int]  # counted without reading the sealed ones (`fact_segments.VersionList`)
     gating_indexes: list[str]
     regions: dict[str, RegionGcPlan]
     # Regions skipped (nothing collected in them), and a failed leak scan under `LEAKS_KEY`.
@@ -134,7 +134,7 @@ class GcPlan:
         cfg = asdict(self.config)
         return {
             "table": self.table_uri, "table_version": self.table_version, "config": cfg,
-            "retained_versions": self.retained_versions, "gating_indexes": self.gating_indexes,
+            "retained_versions": list(self.retained_versions), "gating_indexes": self.gating_indexes,
             "items": [i.to_dict() for i in self.items], "counts": self.counts(),
             "objects": self.objects, "bytes": self.bytes, "kept": readable(self.kept),
             "limits": {rid: r.limit for rid, r in sorted(self.regions.items()) if not r.error},
@@ -284,7 +284,7 @@ def _plan_region(ctx: _Context, rid: str, m: region.RegionManifest) -> RegionGcP
     rp.cache = region_cache.after_pass(cache, rid, wal_plan.metas, {i.number for i in wal_plan.items},
                                        manifest_plan.kept_low, {i.number for i in manifest_plan.items},
                                        wal_plan.settled, listed.chunks,
-                                       ctx.now if rp.orphans_swept else cache.orphans_at())
+                                       ctx.now if rp.orphans_swept else cache.orphans_at(), wal_plan.epoch_run)
     rp.cache_changed = rp.cache != cache.cache
     return rp
 

@@ -40,6 +40,13 @@ Kept as aggregates, so that a pass costs the same however much history the reten
   run whose epochs are all older); the rows that join a settled run are appended to that text.
   Rows that turn out not to be the ones recorded make the pass know nothing of the WAL.
 
+- `epoch_run`: the first position of the current writer epoch's run, as the last pass found it
+  (by bisection), with that epoch. GC keeps the current epoch's entries (by default), and a
+  long-lived writer's run grows with every flush: the run's entries above its first are not
+  remembered (each would be a row read on every pass), and the next pass takes the run from its
+  first position while the cache holds that entry with that epoch and the writer's epoch is
+  still it (epochs never go back along the WAL: every entry from there to the cut is of it).
+
 Two more parts, each safe on its own terms:
 - `gens`: the chunks of the region manifest's generation list already validated (`listed.py`).
   They are content-addressed (a digest of the manifest's bytes), so no anchor is needed: a
@@ -64,7 +71,7 @@ from memwal_core.state.store import NotFound, ObjectInfo, ObjectStore
 
 log = logging.getLogger("memwal.gc")
 
-FORMAT = 1
+FORMAT = 2  # 1: the settled rows' text inside the JSON (escaped again on every write)
 MAX_MISSING = 1000  # deleted positions remembered (older ones are probed again: one read each)
 
 
@@ -119,6 +126,7 @@ class RegionCache:
         self._cold_below = 0  # every row of the text is at or below it; those that join are above
         self.gens: dict[int, Chunk] = {}  # first generation -> chunk of the checked list (`listed.py`)
         self.orphans_at: float | None = None  # when the last orphan sweep was planned
+        self.epoch_run: tuple[int, int] | None = None  # (first position, epoch) of the current epoch's run
 
     @property
     def rows(self) -> dict[int, tuple]:
@@ -155,9 +163,9 @@ class RegionCache:
         if not isinstance(other, RegionCache):
             return NotImplemented
         same = (self.region_id, self.missing, self.wal_anchor, self.manifests, self.settled, self.cold_top,
-                self.gens, self.orphans_at) == \
+                self.gens, self.orphans_at, self.epoch_run) == \
             (other.region_id, other.missing, other.wal_anchor, other.manifests, other.settled, other.cold_top,
-             other.gens, other.orphans_at)
+             other.gens, other.orphans_at, other.epoch_run)
         if not same:
             return False
         if self._cold is not None and other._cold is not None and self._cold_below == other._cold_below:
@@ -174,30 +182,36 @@ class RegionCache:
             n = self._cold_n + len(joined)
         else:
             cold, n = json.dumps([list(self._rows[p]) for p in joined], separators=(",", ":")), len(joined)
-        return sealed.seal({
+        return sealed.seal_blob({
             "region": self.region_id, "missing": sorted(self.missing),
             "wal_anchor": list(self.wal_anchor) if self.wal_anchor else None,
             "manifests": [[v, s, t] for v, (s, t) in sorted(self.manifests.items())],
             "settled": self.settled.to_list() if self.settled is not None else None,
-            "cold": [self.cold_top, n, cold] if self.cold_top else None,
+            "cold": [self.cold_top, n, len(cold)] if self.cold_top else None,  # the text: the blob
             "wal": [list(self._rows[p]) for p in sorted(self._rows) if p > self.cold_top],
             "gens": [CHUNK, [c.to_list() for _, c in sorted(self.gens.items())]],
             "orphans_at": self.orphans_at,
-        }, FORMAT)
+            "epoch_run": list(self.epoch_run) if self.epoch_run is not None else None,
+        }, cold.encode("ascii") if self.cold_top else b"", FORMAT)
 
     @staticmethod
     def decode(raw: bytes, region_id: str) -> "RegionCache":
-        d = sealed.unseal(raw, FORMAT)
+        d, blob = sealed.unseal_blob(raw, FORMAT)
         if not isinstance(d, dict):
             raise ValueError("not a region cache")
         if d["region"] != region_id:
             raise ValueError(f"written for region {d['region']!r}")
         out = RegionCache(region_id)
         out._rows = _decode_rows(d["wal"])
-        cold = d.get("cold")  # absent in caches written before it was kept
+        cold = d["cold"]
+        if cold is None and len(blob):
+            raise ValueError("bytes after the cache")
         if cold is not None:
-            top, n, text = cold
-            if not (_nat(top) and _nat(n, 0) and isinstance(text, str) and text.startswith("[")
+            top, n, length = cold
+            if not (_nat(length, 2) and len(blob) == length):
+                raise ValueError("bad settled rows")
+            text = bytes(blob).decode("ascii")
+            if not (_nat(top) and _nat(n, 0) and text.startswith("[")
                     and text.endswith("]") and all(p > top for p in out._rows)):
                 raise ValueError("bad settled rows")
             # Checked without decoding them: as many rows as recorded (rows hold no list), the
@@ -221,14 +235,20 @@ class RegionCache:
             if not (_nat(v) and _nat(size, 0) and isinstance(mtime, (int, float))):
                 raise ValueError("a bad manifest row")
             out.manifests[v] = (size, float(mtime))
-        st = d.get("settled")  # absent in caches written before it was kept
+        st = d["settled"]
         if st is not None:
             out.settled = Settled.from_list(st)
             if not (out.settled.top in out._rows or out.settled.top <= out.cold_top):
                 raise ValueError("a settled run above the known entries")
-        out.gens, out.orphans_at = _decode_gens(d.get("gens")), d.get("orphans_at")
+        out.gens, out.orphans_at = _decode_gens(d["gens"]), d["orphans_at"]
         if out.orphans_at is not None and type(out.orphans_at) not in (int, float):
             raise ValueError("a bad orphan sweep time")
+        run = d["epoch_run"]
+        if run is not None:
+            if not (isinstance(run, list) and len(run) == 2 and _nat(run[0]) and _nat(run[1], 0)
+                    and run[0] in out._rows and out._rows[run[0]][1] == run[1]):
+                raise ValueError("a bad current epoch run")
+            out.epoch_run = (run[0], run[1])
         return out
 
 
@@ -347,6 +367,15 @@ class Checked:
     def orphans_at(self) -> float | None:
         return self.cache.orphans_at if self.cache is not None else None
 
+    def epoch_run(self, epoch: int) -> int | None:
+        """The first position of writer epoch `epoch`'s run, as the last pass found it, when
+        the WAL part holds and the cache holds that entry with that epoch (None: not known)."""
+        c = self.cache
+        if c is None or c.epoch_run is None or c.epoch_run[1] != epoch or not self.wal_ok():
+            return None
+        row = c._rows.get(c.epoch_run[0])
+        return c.epoch_run[0] if row is not None and row[1] == epoch else None
+
     def manifest_low(self) -> tuple[int, ObjectInfo] | None:
         """The lowest manifest version the cache knows, as a HEAD shows it now, when that is the
         object it recorded (None: not known, or another object: walk the versions down)."""
@@ -365,12 +394,13 @@ def _same(info: ObjectInfo | None, size: int, mtime: float) -> bool:
 def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMeta | None], wal_deleted: set[int],
                manifests: dict[int, ObjectInfo], manifests_deleted: set[int],
                settled: Settled | None = None, gens: dict[int, Chunk] | None = None,
-               orphans_at: float | None = None) -> RegionCache:
+               orphans_at: float | None = None, epoch_run: tuple[int, int] | None = None) -> RegionCache:
     """The cache as the region will be once this pass's deletes went: the entries known to exist
     (the old cache's, when its anchor holds, and those read) minus the deleted, the positions
     known missing, the manifest versions given (the lowest at or below the cut that stays)
     minus the deleted, the walk's settled run (`settled`, of entries none of which is deleted),
-    the checked chunks of the generation list (`gens`) and the last orphan sweep (`orphans_at`).
+    the checked chunks of the generation list (`gens`), the last orphan sweep (`orphans_at`) and
+    the current epoch's run (`epoch_run`: its entries above its first are dropped).
     The old cache's text of settled rows is carried over as it is when none of them was looked
     up (then none changed: a row is looked up before it is deleted or found missing)."""
     old = checked.cache
@@ -393,6 +423,9 @@ def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMe
     for p in wal_deleted:
         known.pop(p, None)
         missing.add(p)
+    if epoch_run is not None:  # the run is taken from its first entry (module docstring)
+        first, epoch = epoch_run
+        known = {p: r for p, r in known.items() if p <= first or r[1] != epoch}
     missing = {p for p in missing if p not in known}
     out._rows, out.missing = known, set(sorted(missing)[-MAX_MISSING:])
     if keep_old:
@@ -416,4 +449,6 @@ def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMe
         out.cold_top = max(out.cold_top, settled.top)
     out.manifests = {v: (i.size, i.mtime) for v, i in manifests.items() if v not in manifests_deleted}
     out.gens, out.orphans_at = dict(gens or {}), orphans_at
+    if epoch_run is not None and out._rows.get(epoch_run[0], (0, -1))[1] == epoch_run[1]:
+        out.epoch_run = epoch_run
     return out

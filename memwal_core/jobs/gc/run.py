@@ -5,9 +5,10 @@ execution off."""
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any, Callable
+
+import numpy as np
 
 from memwal_core.errors import one_line
 from memwal_core.jobs.gc.base_cleanup import BaseCleanupPlan, cleanup_base_versions, plan_base_cleanup
@@ -40,7 +41,7 @@ def run_gc(loc: TableLocation, config: GcOptions | None = None, *, regions: list
     indexed = _indexed(known)
     # The table and its regions are read and judged once, for the three steps that need them
     # (the table opened at the newest version the history found, when it is still the newest).
-    newest = known.facts.versions[-1] if known is not None and len(known.facts) else None
+    newest = known.newest() if known is not None else None
     view = lifecycle.assess_table(loc, max_workers=config.max_workers, indexed=indexed, newest_known=newest)
     discarded, committed = _discard_expired(loc, config, dry_run, view)
     if committed:  # a discard commit landed (or may have): what was read is out of date
@@ -84,15 +85,7 @@ def _indexed(known: history.VersionHistory | None) -> lifecycle.Indexed | None:
     """Whether a version `known` holds carries the MemWAL index (its merge progress is None
     exactly when it has none: `history.VersionFacts`); None for a version it does not hold, which
     the lifetime check then reads. Facts `history.py` vouches for: of this table's manifests."""
-    if known is None:
-        return None
-    facts = known.facts
-
-    def indexed(version: int) -> bool | None:
-        f = facts.get(version)
-        return None if f is None else f.merged is not None
-
-    return indexed
+    return None if known is None else known.indexed
 
 
 def _clean_base(loc: TableLocation, config: GcOptions, dry_run: bool, progress: Callable[[str], None] | None,
@@ -148,10 +141,13 @@ def _nothing_old_enough(known: history.VersionHistory, config: GcOptions) -> boo
     versions older than that), and is not run. The unreferenced files it would also remove once a
     week old are GC's leak scan's (`leaks.py`)."""
     older_than = config.base_cleanup_older_than
-    stamps = known.facts.stamps  # NaN: a version without a commit time
-    if older_than is None or not stamps or any(map(math.isnan, stamps)):
+    stamps = np.frombuffer(known.tail.stamps, dtype=np.float64)  # NaN: a version without a commit time
+    part = known.sealed  # the older versions: their oldest commit time, and whether one has none
+    if older_than is None or not len(stamps) or np.isnan(stamps).any() or (part is not None and (
+            part.no_stamp or part.min_stamp is None)):
         return False
-    return min(stamps) > time.time() - older_than.total_seconds()
+    oldest = stamps.min() if part is None else min(stamps.min(), part.min_stamp)
+    return bool(oldest > time.time() - older_than.total_seconds())
 
 
 def _record_stale(loc: TableLocation, lc: lifecycle.Lifecycle) -> bool:

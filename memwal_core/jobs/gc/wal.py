@@ -32,6 +32,7 @@ class WalPlan:
     kept: collections.Counter[KeepReason] = field(default_factory=collections.Counter)
     metas: dict[int, wal.WalEntryMeta | None] = field(default_factory=dict)  # what the scan knew (None: missing)
     settled: region_cache.Settled | None = None  # the run the walk kept whole (`region_cache.py`)
+    epoch_run: tuple[int, int] | None = None  # (first position, epoch) of the current epoch's run skipped
 
 
 def covered_position(store, rid: str, m: region.RegionManifest, bound: int) -> tuple[int, int | None]:
@@ -144,20 +145,28 @@ class _Scan:
         if top is None or top.writer_epoch != self.m.writer_epoch:
             return cut
         # Positions from the current epoch's sentinel up to the cut are all this epoch's
-        # (epochs do not decrease along the WAL): find the first by bisection, above the last
-        # walk's settled run when its epochs are all older (its entries are not looked up).
-        # The bisection rests on that order, as the walk without a settled run does: a writer
-        # fenced by a higher epoch cannot append, so a WAL never holds a lower epoch above a higher.
-        run = self.cache.settled() if self.cache is not None else None
-        lo, hi = (run.top + 1 if run is not None and run.max_epoch < self.m.writer_epoch and run.top < cut
-                  else 1), cut
-        while lo < hi:
-            mid = (lo + hi) // 2
-            e = self.meta(mid)
-            if e is not None and e.writer_epoch == self.m.writer_epoch:
-                hi = mid
-            else:
-                lo = mid + 1
+        # (epochs do not decrease along the WAL). Its first position is the one the last pass
+        # found, when the cache vouches for it (that entry is of this epoch: the run still starts
+        # there, and every entry from it to the cut is of this epoch); else it is found by
+        # bisection, above the last walk's settled run when its epochs are all older (its entries
+        # are not looked up). The bisection rests on that order, as the walk without a settled
+        # run does: a writer fenced by a higher epoch cannot append, so a WAL never holds a lower
+        # epoch above a higher.
+        known = self.cache.epoch_run(self.m.writer_epoch) if self.cache is not None else None
+        if known is not None and known <= cut:
+            lo = known
+        else:
+            run = self.cache.settled() if self.cache is not None else None
+            lo, hi = (run.top + 1 if run is not None and run.max_epoch < self.m.writer_epoch and run.top < cut
+                      else 1), cut
+            while lo < hi:
+                mid = (lo + hi) // 2
+                e = self.meta(mid)
+                if e is not None and e.writer_epoch == self.m.writer_epoch:
+                    hi = mid
+                else:
+                    lo = mid + 1
+        self.out.epoch_run = (lo, self.m.writer_epoch)
         self.out.kept[KeepReason.WAL_CURRENT_EPOCH] += cut - lo + 1
         return lo - 1
 
