@@ -1013,3 +1013,36 @@ def test_a_sealed_object_that_cannot_be_read_is_read_around(tmp_path, monkeypatc
     part = history.decode_summary(loc.store.get(layout.GC_VERSIONS_KEY)).sealed
     assert fact_segments.unseal(part, loc.store.get(part.key))
     assert_same_decision(loc, COLLECT)
+
+
+def test_a_long_lived_writers_run_is_taken_from_its_first_entry(tmp_path, monkeypatch):
+    """GC keeps the current writer epoch's entries; a long-lived writer's run grows with every
+    flush. The next pass takes the run from the first position the last one found (no
+    bisection), the region cache keeps no row per entry of the run, and the decision is a full
+    read's. Once another writer fences it, the run is classified like any other."""
+    loc, w = _history(tmp_path, cycles=2)
+    value, rid = sorted(w.regions.items(), key=lambda x: x[1])[0]
+    keys = [k for k, v in zip(range(5000, 8000), w.region_value(list(range(5000, 8000)))) if v == value]
+    told = []
+    monkeypatch.setattr(region_cache.Checked, "epoch_run",
+                        lambda self, epoch, f=region_cache.Checked.epoch_run: told.append(f(self, epoch)) or told[-1])
+    with table.open_dataset(loc).mem_wal_writer(rid, max_memtable_rows=8) as writer:
+        for i in range(6):
+            for j in range(3):
+                writer.put(demo.rows_table([demo.row(k, 100 + i) for k in keys[(3 * i + j) * 4:(3 * i + j + 1) * 4]]))
+            forget_process()
+            gc.run_gc(loc, KEEP)
+            epoch = region.load_latest(loc.store, rid).writer_epoch
+            c = region_cache.load(loc.store, rid)
+            if c.epoch_run is not None:
+                assert c.epoch_run[1] == epoch
+                assert not [p for p, r in c.rows.items() if r[1] == epoch and p > c.epoch_run[0]]
+            assert_same_decision(loc, KEEP)
+    assert any(p is not None for p in told), "no pass took the run from the cache"
+    assert len(region_cache.load(loc.store, rid).rows) < 8
+    w.write_round(12, puts_per_batch=50)  # a new writer: the run is of an older epoch now
+    mark_merged(loc, sorted(w.regions.values()))
+    forget_process()
+    gc.run_gc(loc, KEEP)
+    assert_same_decision(loc, KEEP)
+    assert_same_decision(loc, COLLECT)
