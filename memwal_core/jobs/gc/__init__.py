@@ -77,7 +77,8 @@ markers (one per table), the WAL and manifest directories of marked regions, and
 table's `_versions/`.
 
 What a pass learns is kept for the next one, since every run is a new process: the retained
-versions' merge progress and commit times (`history.py`, `_memwal/gc_versions.json`), the files
+versions' merge progress and commit times (`history.py`, `_memwal/gc_versions.json`, the older
+versions sealed under `_memwal/gc_versions/` by `fact_segments.py`), the files
 they reference (`leak_refs.py`, `_memwal/gc_refs.json`), and per region the WAL entries and
 manifest versions that stay (`region_cache.py`, `_memwal/gc_regions/`). Each is a pure cache,
 checked against what it describes (manifest sizes and times, anchors, GC's intent markers) and
@@ -86,8 +87,10 @@ ignored when missing or garbled, so a pass decides exactly what reading everythi
 same however long the retained history: a region's WAL entries kept whole by its last walk are a
 settled run, counted without classifying each while the limit stays below them
 (`region_cache.py`); the generations held are counted by runs between bounds (`plan.py`); the
-retained versions' facts are columns (`fact_table.py`), decoded in C and grouped by distinct
-merge state (`retention.py`). Lance's own version cleanup, which
+retained versions' facts are columns (`fact_table.py`), checked in C and grouped by distinct
+merge state (`retention.py`), the older ones counted by their aggregates (`fact_segments.py`);
+a long-lived writer's run of WAL entries is skipped from its first position (`wal.py`). Lance's
+own version cleanup, which
 reads every manifest, is not run while no retained version is old enough for it.
 
 What GC keeps is typed (`holds.py`): every `kept` counter is keyed by a `KeepReason`
@@ -99,7 +102,8 @@ The package: `plan.py` (`plan_gc`, `GcPlan`, per-region planning: generations an
 `wal.py` and `manifests.py` (their rules), `retention.py` (what retained base-table versions
 read), `leaks.py` (leaked files), `base_cleanup.py` (Lance's version cleanup), `execute.py`
 (`execute_gc`), `result.py` (`GcResult`), `run.py` (`run_gc`), `items.py` (`GcItem`, kinds),
-`listing.py` (safe listings inside a region directory), `history.py` (with `fact_table.py`),
+`listing.py` (safe listings inside a region directory), `history.py` (with `fact_table.py` and
+`fact_segments.py`),
 `leak_refs.py` and `region_cache.py` (what earlier passes learned).
 """
 

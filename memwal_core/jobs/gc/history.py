@@ -48,8 +48,11 @@ When `_versions/` is listed (at least once per interval):
   keep less than reading every manifest again would (the property tests compare the two).
 The facts are kept as columns (`fact_table.py`): the summary is read and written as typed
 arrays, a version's facts are built only when asked for, and the retention is computed over the
-columns and the distinct merge states (`retention.py`), so a pass costs little per retained
-version.
+columns and the distinct merge states (`retention.py`). The summary holds the newest versions
+(its tail); the older ones are sealed in an object of their own, described in the summary by
+the aggregates a pass needs (`fact_segments.py`), so a pass reads and writes about as much
+however long the retention, and reads the sealed facts only when asked what the aggregates do
+not tell, or when it lists.
 The summary also records when the leak scan last completed (`leaks.py`: it runs once per
 interval). A process that reads it without writing (`plan_gc` from `memwal status`, a dry run)
 only saves the reads it can.
