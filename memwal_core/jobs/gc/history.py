@@ -103,6 +103,7 @@ class VersionHistory:
     must_list: bool = False  # a later read in this pass lists (a base-version cleanup ran in between)
     read_part: str | None = None  # the sealed object the summary named when read (`save_summary` removes others)
     _full: FactTable | None = field(default=None, repr=False, compare=False)
+    _unreadable: bool = field(default=False, repr=False, compare=False)  # the sealed object was read around
 
     @property
     def listed(self) -> bool:
@@ -122,7 +123,9 @@ class VersionHistory:
         if self.sealed is None:
             return self.tail
         if self._full is None:
-            self._full = _sealed_facts(self.loc, self.sealed).grown(self.tail.values())
+            older, self._unreadable = _sealed_facts(self.loc, self.sealed)
+            self._full = older.grown(self.tail.values())
+            self.changed = self.changed or self._unreadable  # sealed again when saved
         return self._full
 
     def get(self, version: int) -> VersionFacts | None:
@@ -242,13 +245,14 @@ def load_summary(loc: TableLocation) -> tuple[FactTable, str]:
     return summary.history(loc).full(), why
 
 
-def _sealed_facts(loc: TableLocation | None, part: SealedPart) -> FactTable:
-    """The sealed part's facts; when its object cannot be read (gone, garbled), the versions it
-    held that are still listed, read from their manifests (the summary is then written again)."""
+def _sealed_facts(loc: TableLocation | None, part: SealedPart) -> tuple[FactTable, bool]:
+    """The sealed part's facts, and False; when its object cannot be read (gone, garbled), the
+    versions it held that are still listed, read from their manifests, and True (the pass then
+    seals them again)."""
     try:
         if loc is None:
             raise ValueError("no table to read it from")
-        return fact_segments.unseal(part, loc.store.get(part.key))
+        return fact_segments.unseal(part, loc.store.get(part.key)), False
     except Exception as e:  # noqa: BLE001 - a cache: the manifests say the same
         log.warning("%s could not be used (%s); reading the versions %d-%d from their manifests",
                     part.key, one_line(e), part.first, part.last)
@@ -256,7 +260,7 @@ def _sealed_facts(loc: TableLocation | None, part: SealedPart) -> FactTable:
         raise GcError(f"the sealed versions {part.first}-{part.last} cannot be read")
     todo = [(v, info) for v, info in sorted(list_versions(loc).items()) if part.first <= v <= part.last]
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
-        return FactTable.of(f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None)
+        return FactTable.of(f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None), True
 
 
 def _load(loc: TableLocation) -> tuple[Summary, str]:
@@ -286,15 +290,16 @@ def save_summary(loc: TableLocation, history: VersionHistory) -> None:
         tail, part = history.tail, history.sealed
         if not isinstance(tail, FactTable):
             tail = FactTable.of(tail.values())
-        new_object = len(tail) > fact_segments.TAIL_MAX
-        if new_object:
+        if len(tail) > fact_segments.TAIL_MAX or history._unreadable:
             full = history.full()
             cut = len(full) - fact_segments.TAIL_KEEP
-            part, raw = fact_segments.seal(full.select(range(cut)))
-            tail = full.select(range(cut, len(full)))
-            loc.store.put(part.key, raw)
+            part, tail = None, full
+            if cut > 0:
+                part, raw = fact_segments.seal(full.select(range(cut)))
+                tail = full.select(range(cut, len(full)))
+                loc.store.put(part.key, raw)
         loc.store.put(layout.GC_VERSIONS_KEY, encode(tail, history.listed_at, history.leaks_at, part))
-        history.changed = False
+        history.changed, history.tail, history.sealed, history._unreadable = False, tail, part, False
         if (part.key if part is not None else None) != history.read_part:
             _drop_unnamed(loc, part)
             history.read_part = part.key if part is not None else None
@@ -411,9 +416,11 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
         base, why = Summary(earlier.tail, earlier.listed_at, earlier.leaks_at, earlier.sealed), earlier.summary
     else:
         base, why = _load(loc) if use_summary else (Summary(), "not used")
+    # The sealed object the summary on the store names (removed once a summary names another).
+    read_part = earlier.read_part if earlier is not None else base.sealed.key if base.sealed is not None else None
     known = base.history(loc)
     if earlier is not None:
-        known._full = earlier._full
+        known._full, known._unreadable = earlier._full, earlier._unreadable
     listed_before = earlier is not None and earlier.listed  # earlier in this pass: the leak scan takes it
     must_list = (why != "used" or not len(base.facts) or (earlier is not None and earlier.must_list)
                  or due(base.listed_at, now, interval)
@@ -428,11 +435,10 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
                else "ignored: its newest version is not that version's manifest")
         log.warning("%s %s; reading every retained manifest", layout.GC_VERSIONS_KEY, why[len("ignored: "):])
     out = VersionHistory(summary=why, recreated=recreated, listed_at=base.listed_at, leaks_at=base.leaks_at, loc=loc,
-                         read_part=earlier.read_part if earlier is not None
-                         else base.sealed.key if base.sealed is not None else None)
+                         read_part=read_part)
     if probed is not None:
         kept, todo = known.tail, probed
-        out.sealed, out._full = known.sealed, known._full
+        out.sealed, out._full, out._unreadable = known.sealed, known._full, known._unreadable
         if listed_before:  # a version committed since is the leak scan's step 3
             out.listing = earlier.listing
     else:
@@ -450,7 +456,8 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
         raise GcError(f"table {loc.lance_uri}: a retained version's manifest cannot be summarized: {e}") from None
     out.read = len(got)
     # Whether the summary on the store differs from what is known now (a listing pass writes its time).
-    out.changed = (earlier.changed if earlier is not None else why != "used") or bool(todo) or out.listed
+    out.changed = (earlier.changed if earlier is not None else why != "used") or bool(todo) or out.listed \
+        or out._unreadable
     out.read += earlier.read if earlier is not None else 0
     out.known = max(0, out.count - out.read)
     return out
