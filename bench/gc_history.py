@@ -10,8 +10,8 @@ generation: nothing is collected, and each pass sees all of the history.
 
 Every GC run is a new process in a deployment (CLI, Dagster run), so before each timed pass the
 in-process caches are emptied (`leaks._REFS`, the lifecycle's `_SEEN`); what carries over from one
-pass to the next is only what GC keeps on the store (`_memwal/gc_versions.json`,
-`_memwal/gc_refs.json`, `_memwal/gc_regions/`).
+pass to the next is only what GC keeps on the store (`_memwal/gc_versions.json` and the sealed
+older versions under `_memwal/gc_versions/`, `_memwal/gc_refs.json`, `_memwal/gc_regions/`).
 
 Measured: the pass time (`run_gc`), median (and mean, max) of the first and of the last `--window`
 cycles, and the CPU time of the same passes (the process's, all threads: steadier than wall time
@@ -39,6 +39,7 @@ from common import median, print_machine, ratio, result, say, workdir  # noqa: E
 from support.gc_passes import forget_process, mark_merged  # noqa: E402
 
 from memwal_core.jobs import gc  # noqa: E402
+from memwal_core.jobs.gc import fact_segments  # noqa: E402
 from memwal_core.state import layout, table  # noqa: E402
 from memwal_core.state.store import open_store  # noqa: E402
 from memwal_core.tools import demo  # noqa: E402
@@ -47,7 +48,7 @@ from memwal_core.tools import demo  # noqa: E402
 def forget_store(loc) -> None:
     """What GC keeps on the store between passes (the full-read baseline starts without it)."""
     loc.store.delete_many([layout.GC_VERSIONS_KEY, layout.GC_REFS_KEY]
-                          + [o.key for d in (layout.GC_REGIONS_DIR, f"{layout.MEMWAL_DIR}/gc_versions")
+                          + [o.key for d in (layout.GC_REGIONS_DIR, fact_segments.DIR)
                              for o in loc.store.list(d)])
 
 

@@ -61,6 +61,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from lance.mem_wal import evaluate_sharding_spec
 
 from memwal_core.jobs import catchup, compaction, gc, merge, snapshot
+from memwal_core.jobs.gc import fact_segments
 from memwal_core.jobs.gc import run as gc_run
 from memwal_core.observe import checks, reader
 from memwal_core.options import GcOptions
@@ -217,6 +218,10 @@ class MemWalMachine(RuleBasedStateMachine):
         self.loc = None
         self.trace: list[str] = []  # this machine's steps, named in any failure (a soak's replay may not repeat them)
         Stats.examples += 1
+        # GC's version summary seals all but its 2 newest versions once it holds more than 4, so
+        # the sealed part and its aggregates are in play after a few commits (restored in teardown).
+        self._tail = fact_segments.TAIL_MAX, fact_segments.TAIL_KEEP
+        fact_segments.TAIL_MAX, fact_segments.TAIL_KEEP = 4, 2
 
     # ------------------------------------------------------------------ setup
     @initialize(kind=st.sampled_from(KINDS))
@@ -1502,6 +1507,7 @@ class MemWalMachine(RuleBasedStateMachine):
             assert vs and vs[-1] == version, f"SEALED: region {rid} sealed at manifest version {version}, now {vs[-1:]}"
 
     def teardown(self) -> None:
+        fact_segments.TAIL_MAX, fact_segments.TAIL_KEEP = self._tail
         if self.loc is None:
             return
         try:
