@@ -51,9 +51,8 @@ def garble(loc, key: str, how: str) -> None:
         doc = json.loads(raw)
         doc["body"] = doc["body"].replace("1", "2", 1)
         loc.store.put(key, json.dumps(doc).encode())
-    else:  # the same in a record with raw bytes (`sealed.seal_blob`): a byte after its header line
-        end = raw.find(b"\n") + 1
-        loc.store.put(key, raw[:end] + raw[end:].replace(b"1", b"2", 1))
+    else:  # the same in a record with raw bytes (`sealed.seal_blob`): its last byte changed
+        loc.store.put(key, raw[:-1] + bytes([raw[-1] ^ 1]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1074,3 +1073,88 @@ def test_a_recreated_tables_summary_takes_its_sealed_object_with_it(tmp_path, mo
     gc.run_gc(loc, KEEP)
     assert not set(old) & set(_sealed_objects(loc))
     assert_same_decision(loc, COLLECT)
+
+
+def test_an_idle_regions_hold_is_ended_from_the_aggregates(tmp_path, monkeypatch):
+    """A region whose last merge is older than the summary's tail (its table versions sealed,
+    while another region keeps committing) has its time-travel hold's end told by the sealed
+    part's aggregates: passes between listings do not read the sealed object for it."""
+    monkeypatch.setattr(fact_segments, "TAIL_MAX", 4)
+    monkeypatch.setattr(fact_segments, "TAIL_KEEP", 2)
+    loc, w = new_table(str(tmp_path / "t"))
+    w.write_round(12, puts_per_batch=50)
+    mark_merged(loc, w.regions.values())
+    busy = sorted(w.regions.values())[0]
+    forget_process()
+    gc.run_gc(loc, KEEP)
+    reads = []
+    monkeypatch.setattr(fact_segments, "unseal", lambda p, raw, f=fact_segments.unseal: reads.append(p) or f(p, raw))
+    quiet = 0
+    for _ in range(6):
+        w.write_round(12, puts_per_batch=50)
+        mark_merged(loc, [busy])
+        forget_process()
+        n, before = len(reads), _sealed_objects(loc)
+        r = gc.run_gc(loc, KEEP)
+        assert not r.plan.history.listed
+        quiet += len(reads) == n or _sealed_objects(loc) != before  # sealing again reads them
+    assert quiet == 6, "a pass between listings read the sealed versions for an idle region's hold"
+    assert_same_decision(loc, KEEP)
+
+
+def test_a_run_start_among_the_settled_rows_is_not_kept(tmp_path, caplog):
+    """A pass that does not keep the current epoch's entries settles rows of that epoch; a later
+    pass that keeps them finds the run starting among those rows: that start is not recorded (the
+    cache would be refused on read), and the next passes use the cache."""
+    loc, w = _history(tmp_path, cycles=2)
+    value, rid = sorted(w.regions.items(), key=lambda x: x[1])[0]
+    keys = [k for k, v in zip(range(5000, 8000), w.region_value(list(range(5000, 8000)))) if v == value]
+    off = dataclasses.replace(KEEP, keep_current_epoch_wal=False)
+    with table.open_dataset(loc).mem_wal_writer(rid, max_memtable_rows=8) as writer:
+        for i in range(4):
+            for j in range(3):
+                writer.put(demo.rows_table([demo.row(k, 100 + i) for k in keys[(3 * i + j) * 4:(3 * i + j + 1) * 4]]))
+            forget_process()
+            gc.run_gc(loc, off if i < 2 else KEEP)
+            assert region_cache.load(loc.store, rid) is not None
+            assert_same_decision(loc, off if i < 2 else KEEP)
+    assert "a bad current epoch run" not in caplog.text
+
+
+@pytest.mark.parametrize("record", [
+    b"[" * 200_000 + b"\nx",                                    # deep nesting before any checksum
+    b"[" * 200_000,
+    b'{"format": 3, "sha256": "0", "body": 5}',                 # no raw bytes
+    b"\x00" * 10,
+    b"{" + b" " * 10_000 + b"\n",                               # a header line past its bound
+])
+def test_hostile_records_are_read_around(tmp_path, record):
+    """Whatever bytes a cache holds, reading it raises nothing but a ValueError, and a pass reads
+    around it."""
+    loc, w = _history(tmp_path, cycles=2)
+    rid = sorted(w.regions.values())[0]
+    for key, fmt in ((layout.GC_VERSIONS_KEY, history.FORMAT), (layout.gc_region_cache_key(rid), region_cache.FORMAT)):
+        with pytest.raises(ValueError):
+            sealed.unseal_blob(record, fmt)
+        loc.store.put(key, record)
+    loc.store.put(layout.GC_REFS_KEY, record)
+    assert history.load_summary(loc)[1].startswith("ignored") and region_cache.load(loc.store, rid) is None
+    assert_same_decision(loc, KEEP)
+
+
+@pytest.mark.parametrize("change", [
+    {"states": 2**70}, {"states": 10**12}, {"states": 9},
+])
+def test_a_summary_with_more_states_than_versions_is_refused(change):
+    with pytest.raises(ValueError):
+        history.decode(_columns(**change))
+
+
+def test_a_sealed_part_with_a_time_past_any_float_is_refused():
+    good = fact_segments.seal(fact_table.FactTable.of(
+        [history.VersionFacts(v, 1, 1.0, 1.0e9 + v, {"a": v}) for v in range(1, 5)]))[0].to_json()
+    assert fact_segments.SealedPart.from_json(good)
+    for bad in ({"min_stamp": 10**400}, {"min_stamp": 5}, {"last_indexed": [4, 10**400]}, {"top": {"a": [1, 9, None]}},
+                {"lowest": {"a": [1, 0]}}, {"key": "_memwal/gc_versions/../x.bin"}):
+        with pytest.raises(ValueError):
+            fact_segments.SealedPart.from_json(good | bad)

@@ -29,6 +29,9 @@ def seal_body(body: str, fmt: int) -> bytes:
     return json.dumps({"format": fmt, "sha256": _checksum(body), "body": body}).encode()
 
 
+_MAX_HEAD = 4096  # a `seal_blob` header line is far shorter
+
+
 def seal_blob(content: Any, blob: bytes, fmt: int) -> bytes:
     """`content` (JSON-able) and `blob` (raw bytes) as the bytes of a record of format `fmt`."""
     body = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
@@ -40,11 +43,11 @@ def seal_blob(content: Any, blob: bytes, fmt: int) -> bytes:
 def unseal_blob(raw: bytes, fmt: int) -> tuple[Any, memoryview]:
     """The content and the raw bytes of a record `seal_blob` wrote with format `fmt`, checked;
     ValueError (saying why) for anything else."""
-    end = raw.find(b"\n")
-    try:
-        head = json.loads(raw[:end] if end >= 0 else raw)  # no newline: a record `seal` wrote (its format told)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"not a sealed record ({e})") from None
+    end = raw.find(b"\n", 0, _MAX_HEAD)
+    try:  # parsed before the checksum is checked: bounded, and any garbage a ValueError
+        head = json.loads(raw[:end] if end >= 0 else raw[:_MAX_HEAD])  # no newline: what `seal` wrote (its format told)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"not a sealed record ({type(e).__name__})") from None
     if not isinstance(head, dict) or head.get("format") != fmt:
         raise ValueError(f"format {head.get('format') if isinstance(head, dict) else None!r}, expected {fmt}")
     if end < 0:
@@ -57,7 +60,7 @@ def unseal_blob(raw: bytes, fmt: int) -> tuple[Any, memoryview]:
         raise ValueError("a bad body length")
     try:
         return json.loads(bytes(payload[:n])), payload[n + 1:]
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ValueError(f"a body that is not JSON ({e})") from None
 
 
@@ -70,8 +73,8 @@ def unseal_body(raw: bytes, fmt: int) -> str:
     """The JSON text of a summary of format `fmt`'s content, checked; ValueError for anything else."""
     try:
         doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"not JSON ({e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"not JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else None!r}, expected {fmt}")
     body = doc.get("body")

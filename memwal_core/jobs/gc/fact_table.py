@@ -215,7 +215,7 @@ class FactTable(Mapping):
         if not isinstance(meta, dict):
             raise ValueError("the version columns are not a map")
         n, regions, k = meta.get("count"), meta.get("regions"), meta.get("states")
-        if type(n) is not int or n < 0 or type(k) is not int or k < 0:
+        if type(n) is not int or n < 0 or type(k) is not int or not 0 <= k <= n:  # each state is a version's
             raise ValueError("a bad version or state count")
         if not (isinstance(regions, list) and all(isinstance(r, str) for r in regions)
                 and regions == sorted(set(regions))):

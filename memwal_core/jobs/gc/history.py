@@ -273,7 +273,7 @@ def _load(loc: TableLocation) -> tuple[Summary, str]:
         return Summary(), f"unreadable: {one_line(e)}"
     try:
         return decode_summary(raw), "used"
-    except (ValueError, KeyError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - a cache: anything it cannot be decoded as means reading around it
         log.warning("%s ignored (%s); reading every retained manifest and writing it again",
                     layout.GC_VERSIONS_KEY, e)
         return Summary(), f"ignored: {e}"
@@ -283,7 +283,9 @@ def save_summary(loc: TableLocation, history: VersionHistory) -> None:
     """Write what `history` knows (when it learned something); failing only costs reads later.
     A tail longer than `fact_segments.TAIL_MAX` is sealed first (all but its newest
     `TAIL_KEEP`, with the versions sealed before): the new object is written before the summary
-    that names it, and the objects no summary names any more are removed after."""
+    that names it. The sealed objects the summary does not name are removed after it is written
+    when it names another object than the one read, and on a pass that listed `_versions/` (what
+    a crash between the two writes left)."""
     if not history.changed:
         return
     try:
@@ -300,7 +302,7 @@ def save_summary(loc: TableLocation, history: VersionHistory) -> None:
                 loc.store.put(part.key, raw)
         loc.store.put(layout.GC_VERSIONS_KEY, encode(tail, history.listed_at, history.leaks_at, part))
         history.changed, history.tail, history.sealed, history._unreadable = False, tail, part, False
-        if (part.key if part is not None else None) != history.read_part:
+        if (part.key if part is not None else None) != history.read_part or history.listed:
             _drop_unnamed(loc, part)
             history.read_part = part.key if part is not None else None
     except Exception as e:  # noqa: BLE001 - a cache

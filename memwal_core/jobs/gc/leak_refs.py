@@ -116,7 +116,7 @@ def load(loc: TableLocation) -> RefsSummary | None:
         return None
     try:
         return RefsSummary.decode(raw)
-    except (ValueError, KeyError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - a cache: anything it cannot be decoded as means reading around it
         log.warning("%s ignored (%s); reading every retained manifest and writing it again", layout.GC_REFS_KEY, e)
         return None
 

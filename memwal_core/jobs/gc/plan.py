@@ -134,7 +134,7 @@ class GcPlan:
         cfg = asdict(self.config)
         return {
             "table": self.table_uri, "table_version": self.table_version, "config": cfg,
-            "retained_versions": list(self.retained_versions), "gating_indexes": self.gating_indexes,
+            "retained_versions": len(self.retained_versions), "gating_indexes": self.gating_indexes,
             "items": [i.to_dict() for i in self.items], "counts": self.counts(),
             "objects": self.objects, "bytes": self.bytes, "kept": readable(self.kept),
             "limits": {rid: r.limit for rid, r in sorted(self.regions.items()) if not r.error},

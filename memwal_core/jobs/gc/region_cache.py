@@ -303,7 +303,7 @@ def load(store: ObjectStore, region_id: str) -> RegionCache | None:
         return None
     try:
         return RegionCache.decode(raw, region_id)
-    except (ValueError, KeyError, TypeError, IndexError) as e:
+    except Exception as e:  # noqa: BLE001 - a cache: anything it cannot be decoded as means reading around it
         log.warning("%s ignored (%s); reading the region in full", key, e)
         return None
 
@@ -449,6 +449,6 @@ def after_pass(checked: Checked, region_id: str, metas: dict[int, wal.WalEntryMe
         out.cold_top = max(out.cold_top, settled.top)
     out.manifests = {v: (i.size, i.mtime) for v, i in manifests.items() if v not in manifests_deleted}
     out.gens, out.orphans_at = dict(gens or {}), orphans_at
-    if epoch_run is not None and out._rows.get(epoch_run[0], (0, -1))[1] == epoch_run[1]:
-        out.epoch_run = epoch_run
+    if epoch_run is not None and epoch_run[0] > out.cold_top and out._rows.get(epoch_run[0], (0, -1))[1] == epoch_run[1]:
+        out.epoch_run = epoch_run  # (a run start among the settled rows' text is not kept: a row looked up there decodes it)
     return out

@@ -39,6 +39,7 @@ class Retention:
     _last: list[int] = field(default_factory=list, repr=False, compare=False)  # state -> its newest position (-1: none)
     _by_first: list[int] = field(default_factory=list, repr=False, compare=False)
     _by_last: list[int] = field(default_factory=list, repr=False, compare=False)
+    _every: Retention | None = field(default=None, repr=False, compare=False)  # over every version, once built
 
     def __post_init__(self) -> None:
         n = len(self.facts)
@@ -65,8 +66,10 @@ class Retention:
         return VersionList(len(self.facts), lambda: self.facts)
 
     def _all(self) -> Retention:
-        """The retention over every version's facts (the sealed ones read)."""
-        return Retention(self.history.full(), self.history)
+        """The retention over every version's facts (the sealed ones read; built once)."""
+        if self._every is None:
+            self._every = Retention(self.history.full(), self.history)
+        return self._every
 
     def _value(self, column, s: int) -> int:
         """State `s`'s merged generation of the region of `column` (not named: 0)."""
@@ -107,7 +110,10 @@ class Retention:
             older = self.sealed.lowest_of(region_id) if self.sealed is not None else None
             if older is None or older[0] >= generation:
                 return None
-            return self._all().held_until(region_id, generation, older_than)
+            told, stamp = self.sealed.newest_below(region_id, generation)
+            if not told:
+                return self._all().held_until(region_id, generation, older_than)
+            return None if stamp is None else stamp + older_than.total_seconds()
         if math.isnan(self.facts.stamps[self._last[s]]):
             return None
         return self.facts.stamps[self._last[s]] + older_than.total_seconds()
