@@ -27,6 +27,8 @@ _UNVERIFIED_NAME = re.compile(r"^([0-9a-f]{32})\.json$")
 LIFECYCLE_KEY = f"{MEMWAL_DIR}/lifecycle.json"  # stale-region verdicts (`state/lifecycle.py`)
 # What GC learned of the retained base-table versions, a cache (`jobs/gc/history.py`).
 GC_VERSIONS_KEY = f"{MEMWAL_DIR}/gc_versions.json"
+# Its older versions, sealed: one object named by its digest (`jobs/gc/fact_segments.py`).
+GC_VERSIONS_DIR = f"{MEMWAL_DIR}/gc_versions"
 # The files the retained base-table versions reference, a cache (`jobs/gc/leak_refs.py`).
 GC_REFS_KEY = f"{MEMWAL_DIR}/gc_refs.json"
 # What GC learned of each region's WAL entries and manifest versions, a cache (`jobs/gc/region_cache.py`).

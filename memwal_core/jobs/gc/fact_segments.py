@@ -41,7 +41,7 @@ from memwal_core.state import layout, sealed
 TAIL_MAX = 512  # versions the summary's tail holds before the older ones are sealed
 TAIL_KEEP = 256  # versions left in the tail when they are
 FORMAT = 1
-DIR = f"{layout.MEMWAL_DIR}/gc_versions"
+DIR = layout.GC_VERSIONS_DIR
 _SUFFIX = ".bin"
 
 
