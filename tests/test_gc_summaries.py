@@ -1158,3 +1158,22 @@ def test_a_sealed_part_with_a_time_past_any_float_is_refused():
                 {"lowest": {"a": [1, 0]}}, {"key": "_memwal/gc_versions/../x.bin"}):
         with pytest.raises(ValueError):
             fact_segments.SealedPart.from_json(good | bad)
+
+
+def test_a_sealed_object_left_by_a_crash_is_removed_by_the_next_listing(tmp_path, monkeypatch):
+    """A crash between writing a sealed object and the summary naming it leaves an object no
+    summary names: a pass that lists `_versions/` removes it, and keeps the one named."""
+    monkeypatch.setattr(fact_segments, "TAIL_MAX", 4)
+    monkeypatch.setattr(fact_segments, "TAIL_KEEP", 2)
+    loc, w = _history(tmp_path, cycles=4)
+    named = _sealed_objects(loc)
+    stray = f"{fact_segments.DIR}/{'0' * 32}.bin"
+    loc.store.put(stray, b"left by a crash")
+    forget_process()
+    gc.run_gc(loc, KEEP)  # between listings: left alone
+    assert stray in _sealed_objects(loc)
+    forget_process()
+    gc.run_gc(loc, KEEP_SCANNING)
+    assert _sealed_objects(loc) == [history.decode_summary(loc.store.get(layout.GC_VERSIONS_KEY)).sealed.key]
+    assert named and stray not in _sealed_objects(loc)
+    assert_same_decision(loc, COLLECT)

@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 
-def _checksum(body: str) -> str:
-    return hashlib.sha256(body.encode()).hexdigest()
+def _checksum(body: str | bytes) -> str:
+    return hashlib.sha256(body.encode() if isinstance(body, str) else body).hexdigest()
 
 
 def seal(content: Any, fmt: int) -> bytes:
@@ -36,7 +36,7 @@ def seal_blob(content: Any, blob: bytes, fmt: int) -> bytes:
     """`content` (JSON-able) and `blob` (raw bytes) as the bytes of a record of format `fmt`."""
     body = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
     payload = b"".join((body, b"\n", blob))
-    head = json.dumps({"format": fmt, "sha256": hashlib.sha256(payload).hexdigest(), "body": len(body)})
+    head = json.dumps({"format": fmt, "sha256": _checksum(payload), "body": len(body)})
     return b"".join((head.encode(), b"\n", payload))
 
 
@@ -54,7 +54,7 @@ def unseal_blob(raw: bytes, fmt: int) -> tuple[Any, memoryview]:
         raise ValueError("not a record with raw bytes")
     payload = memoryview(raw)[end + 1:]
     n = head.get("body")
-    if head.get("sha256") != hashlib.sha256(payload).hexdigest():
+    if head.get("sha256") != _checksum(payload):
         raise ValueError("checksum mismatch")
     if type(n) is not int or not 0 < n < len(payload) or payload[n] != 0x0A:
         raise ValueError("a bad body length")

@@ -152,7 +152,7 @@ def seal(table: FactTable) -> tuple[SealedPart, bytes]:
     """`table` (not empty) as a sealed object's bytes, and its description."""
     meta, blob = table.to_parts()
     raw = sealed.seal_blob({"facts": meta}, blob, FORMAT)
-    key = f"{DIR}/{hashlib.sha256(raw).hexdigest()[:32]}{_SUFFIX}"
+    key = _key(raw)
     stamps = np.frombuffer(table.stamps, dtype=np.float64)
     have = stamps[~np.isnan(stamps)]
     versions = np.frombuffer(table.versions, dtype=np.uint64)
@@ -183,9 +183,14 @@ def seal(table: FactTable) -> tuple[SealedPart, bytes]:
     return part, raw
 
 
+def _key(raw: bytes) -> str:
+    """A sealed object's name: the digest of its bytes."""
+    return f"{DIR}/{hashlib.sha256(raw).hexdigest()[:32]}{_SUFFIX}"
+
+
 def unseal(part: SealedPart, raw: bytes) -> FactTable:
     """The facts of `part`'s object `raw`; ValueError (with why) for anything else."""
-    if f"{DIR}/{hashlib.sha256(raw).hexdigest()[:32]}{_SUFFIX}" != part.key:
+    if _key(raw) != part.key:
         raise ValueError("its bytes are not the ones it is named by")
     d, blob = sealed.unseal_blob(raw, FORMAT)
     table = FactTable.from_parts(d.get("facts") if isinstance(d, dict) else None, blob)

@@ -259,8 +259,7 @@ def _sealed_facts(loc: TableLocation | None, part: SealedPart) -> tuple[FactTabl
     if loc is None:
         raise GcError(f"the sealed versions {part.first}-{part.last} cannot be read")
     todo = [(v, info) for v, info in sorted(list_versions(loc).items()) if part.first <= v <= part.last]
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
-        return FactTable.of(f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None), True
+    return FactTable.of(_read_all(loc, todo)), True
 
 
 def _load(loc: TableLocation) -> tuple[Summary, str]:
@@ -338,6 +337,14 @@ def _read(loc: TableLocation, v: int, info: ObjectInfo) -> VersionFacts | None:
     if got != v:
         raise GcError(f"{where}: its manifest {info.key} says version {got}")
     return VersionFacts(v, info.size, info.mtime, table.commit_timestamp(raw), merged)
+
+
+def _read_all(loc: TableLocation, todo: list[tuple[int, ObjectInfo]], max_workers: int = 16) -> list[VersionFacts]:
+    """`_read` of each version, in parallel; those that vanished meanwhile left out."""
+    if not todo:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
+        return [f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None]
 
 
 def _another_table(loc: TableLocation, known: FactTable, listed: dict[int, ObjectInfo]) -> bool:
@@ -446,10 +453,7 @@ def read_history(loc: TableLocation, *, use_summary: bool = True, earlier: Versi
     else:
         _, kept, todo = _listed(loc, known.full() if len(base.facts) else FactTable.empty(), out, earlier is None)
         out.listed_at = now
-    got: list[VersionFacts] = []
-    if todo:
-        with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo)))) as pool:
-            got = [f for f in pool.map(lambda vi: _read(loc, *vi), todo) if f is not None]
+    got = _read_all(loc, todo, max_workers)
     try:
         out.tail = kept.grown(got)
         if out._full is not None:
