@@ -346,6 +346,13 @@ def test_check_fields_with_the_bytes_refuses_what_it_refuses_without(sizes):
     assert (verdict(raw) is None) == all(max(s) < 2**63 for s in sizes)
 
 
+@settings(max_examples=300, deadline=None)
+@given(raw=st.lists(st.sampled_from([0x00, 0x7F, 0x80, 0xFF, 0x42]) | st.integers(0, 255), max_size=40).map(bytes))
+def test_may_exceed_counter_is_nine_continuation_bits_in_a_row(raw):
+    """The scan's definition, byte by byte: some nine bytes in a row have their top bit set."""
+    assert region._may_exceed_counter(raw) == any(all(b & 0x80 for b in raw[i:i + 9]) for i in range(len(raw) - 8))
+
+
 def test_a_dry_run_says_when_a_real_run_takes_the_orphans_it_lists(tmp_path):
     """A dry run sweeps every region; a real run sweeps a region once per interval. So the dry
     run lists an orphan the next real run leaves, and says so, with when its sweep is due."""
