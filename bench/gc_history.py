@@ -16,11 +16,12 @@ older versions under `_memwal/gc_versions/`, `_memwal/gc_refs.json`, `_memwal/gc
 Measured: the pass time (`run_gc`), median (and mean, max) of the first and of the last `--window`
 cycles, and the CPU time of the same passes (the process's, all threads: steadier than wall time
 on a busy machine), the cycles whose pass listed the whole table (`full_scan_interval_seconds`), and
-the baseline in the same run: **interleaved rounds** (`--ab-rounds`), where a copy of the table taken
-after the first window and the table at the end take turns, a cycle and a timed pass each, in
-ABBA order, so both histories are timed under the same machine load (the first and last windows are
-minutes apart, and a loaded machine moves their medians more than what is measured); a **full-read pass** (those summaries removed first, so every
-retained manifest, WAL entry and manifest version is read again, as before they existed), `--reps`
+the baselines in the same run: **interleaved rounds** (`--ab-rounds`), where a copy of the table
+taken after the first window and the table at the end take turns, a cycle and a timed pass each,
+in ABBA order, so both histories are timed under the same machine load (the two windows are
+minutes apart, and a loaded machine moves their medians more than what is measured); a
+**full-read pass** (those summaries removed first, so every retained manifest, WAL entry and
+manifest version is read again, as before they existed), `--reps`
 times right after the first window and at the end; and as often a **scan pass**: one that lists
 the whole table with what the summaries know (`full_scan_interval_seconds=0`), as a deployment's
 pass does once per interval. Also counted: GETs per pass at the end.

@@ -39,8 +39,8 @@ from memwal_core.jobs.gc.fact_table import ABSENT, FactTable
 from memwal_core.state import layout, sealed
 
 # Every pass reads and writes the tail; a reseal reads and writes every sealed version (numpy
-# columns). A tail of 64-192 versions keeps the per-pass part small
-# and reseals once per 128 commits, as long as fewer than that land between two passes.
+# columns). A tail of 64-192 versions keeps the per-pass part small and reseals once per 128
+# commits (on every pass where more than 128 land between two passes: the cost of one summary).
 TAIL_MAX = 192  # versions the summary's tail holds before the older ones are sealed
 TAIL_KEEP = 64  # versions left in the tail when they are
 FORMAT = 1
