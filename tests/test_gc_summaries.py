@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from support.gc_passes import (COLLECT, KEEP, KEEP_SCANNING, assert_keeps_more, assert_same_decision, decision,
                                forget_process, history_table as _history, mark_merged, new_table)
+from support.helpers import wait_flushed
 
 from memwal_core.jobs import gc
 from memwal_core.jobs.gc import fact_segments, fact_table, history, leak_refs, listed as listing, plan, region_cache, retention
@@ -1023,11 +1024,9 @@ def test_a_sealed_object_that_cannot_be_read_is_read_around(tmp_path, monkeypatc
     assert_same_decision(loc, COLLECT)
 
 
-def _region_state(loc, rid: str, writer) -> tuple:
-    """What a live writer changes in its region: frozen MemTables not yet flushed, the manifest
-    version, the WAL entries."""
-    return (writer.memtable_stats()["frozen_count"], region.load_latest(loc.store, rid).version,
-            len(list(loc.store.list(layout.wal_dir(rid)))))
+def _region_state(loc, rid: str) -> tuple[int, int]:
+    """What a live writer changes in its region: the manifest version, the WAL entries."""
+    return region.load_latest(loc.store, rid).version, len(list(loc.store.list(layout.wal_dir(rid))))
 
 
 def _same_decision_once_settled(loc, rid: str, writer, config: gc.GcOptions = KEEP) -> None:
@@ -1037,15 +1036,12 @@ def _same_decision_once_settled(loc, rid: str, writer, config: gc.GcOptions = KE
     region changed during the comparison."""
     deadline = time.monotonic() + 60
     while True:
-        before = _region_state(loc, rid, writer)
-        if before[0] or before != _region_state(loc, rid, writer):
-            assert time.monotonic() < deadline, "the writer's flushes did not finish in a minute"
-            time.sleep(0.1)
-            continue
+        wait_flushed([writer], 60)
+        before = _region_state(loc, rid)
         try:
             assert_same_decision(loc, config)
         except AssertionError:
-            if _region_state(loc, rid, writer) == before or time.monotonic() > deadline:
+            if _region_state(loc, rid) == before or time.monotonic() > deadline:
                 raise
             continue
         return

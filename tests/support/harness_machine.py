@@ -70,7 +70,7 @@ from memwal_core.state import layout, lifecycle, region, table, wal
 from memwal_core.state.lance_mem_wal import lsm_read
 from memwal_core.state.store import open_store
 
-from .helpers import tree
+from .helpers import tree, wait_flushed
 
 PK = {b"lance-schema:unenforced-primary-key": b"true"}
 SCHEMA = pa.schema([
@@ -328,11 +328,7 @@ class MemWalMachine(RuleBasedStateMachine):
     def settle(self) -> None:
         """Wait until no open writer has a frozen MemTable still being flushed: pylance
         flushes a full MemTable in the background, and the model reads generations once."""
-        deadline = time.monotonic() + 30
-        for w in self.writers.values():
-            while w is not None and w.memtable_stats()["frozen_count"]:
-                assert time.monotonic() < deadline, "a frozen MemTable was not flushed within 30 s"
-                time.sleep(0.005)
+        wait_flushed(self.writers.values())
         self.discover()
 
     def close(self, v: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import lance
@@ -30,6 +31,16 @@ def tree(root: str) -> dict[str, tuple[int, int]]:
                 continue
             out[rel] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+def wait_flushed(writers, seconds: float = 30) -> None:
+    """Wait until none of `writers` (pylance MemWAL writers; None skipped) has a frozen MemTable
+    still being flushed: pylance flushes a full MemTable in the background."""
+    deadline = time.monotonic() + seconds
+    for w in writers:
+        while w is not None and w.memtable_stats()["frozen_count"]:
+            assert time.monotonic() < deadline, f"a frozen MemTable was not flushed within {seconds:g} s"
+            time.sleep(0.005)
 
 
 def plant_generation(loc, rid: str, data: pa.Table, path: str | None = None) -> int:
