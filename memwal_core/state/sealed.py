@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 
-def _checksum(body: str | bytes) -> str:
+def _checksum(body: str | bytes | memoryview) -> str:
     return hashlib.sha256(body.encode() if isinstance(body, str) else body).hexdigest()
 
 
