@@ -91,8 +91,11 @@ def read(directory: str, name: str) -> pa.Table:
     """The table a task wrote to `directory` as `name` (only a name `write` gives: never a path)."""
     if not _NAME.fullmatch(name):
         raise ValueError(f"a merge task named a result file {name!r}, which no merge task writes")
-    with pa.OSFile(os.path.join(directory, name), "rb") as f:
-        return pa.ipc.open_stream(f.read_buffer()).read_all()
+    # Mapped, not read: the rows stay in the pages the task wrote (no copy into fresh memory,
+    # which was 0.12 s of a 38 MB job in a process's first merge). The mapping outlives the
+    # file's removal with the job's directory, until the last of the table's buffers is freed.
+    with pa.memory_map(os.path.join(directory, name), "r") as f:
+        return pa.ipc.open_stream(f).read_all()
 
 
 def sweep(parent: str | None = None) -> list[str]:

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core.errors import MemwalError, one_line
+from memwal_core.state.keys import all_distinct
 from memwal_core.state.routing import value_key  # noqa: F401 - one definition, shared with the trusted values
 from memwal_core.failures import RegionFailure
 from memwal_core.spark import results
@@ -465,10 +466,11 @@ def shared_keys(keys_by_region: list[tuple[int, pa.Table]], pk: list[str]) -> tu
     distinct count for a single-column key)."""
     if not keys_by_region:
         return {}, 0
+    if len(pk) == 1 and all_distinct(pa.concat_tables([t.select(pk) for _, t in keys_by_region],
+                                                      promote_options="permissive").column(pk[0])):
+        return {}, 0
     keys = pa.concat_tables([t.append_column(REGION_COL, pa.array(np.full(t.num_rows, r, np.int32)))
                              for r, t in keys_by_region], promote_options="permissive")
-    if len(pk) == 1 and pc.count_distinct(keys.column(pk[0]), mode="all").as_py() == keys.num_rows:
-        return {}, 0
     spans = keys.group_by(pk, use_threads=False).aggregate([(REGION_COL, "min"), (REGION_COL, "max")])
     shared = spans.filter(pc.not_equal(spans[f"{REGION_COL}_min"], spans[f"{REGION_COL}_max"])).select(pk)
     if not shared.num_rows:

@@ -34,13 +34,14 @@ import time
 from dataclasses import dataclass, field
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs.merge.result import COMMIT_CHECK_FAILED
-from memwal_core.state.keys import delete_predicate
+from memwal_core.state.keys import all_distinct, delete_predicate
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import open_dataset, read_memwal_state
 
@@ -95,7 +96,7 @@ def _show(rows: list[dict]) -> str:
 
 def present_keys(ds: lance.LanceDataset, keys: pa.Table, pk: list[str]) -> pa.Table:
     """The rows of `ds` (key columns only) whose key is one of `keys`, one row per row found
-    (a key present twice is there twice)."""
+    (a key present twice is there twice), in no particular order."""
     if keys.num_rows == 0:
         return pa.table({c: pa.array([], ds.schema.field(c).type) for c in pk})
     rows = ds.count_rows()
@@ -113,15 +114,40 @@ def present_keys(ds: lance.LanceDataset, keys: pa.Table, pk: list[str]) -> pa.Ta
 
 
 def _only(found: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
-    """The rows of `found` whose key is one of `keys` (with their multiplicity in `found`)."""
-    if len(pk) == 1:  # one hash set of the keys probed by every row: ~2x a semi join over a distinct
-        col = found.column(pk[0])
-        return pa.table({pk[0]: col.filter(pc.is_in(col, value_set=_array(keys.column(pk[0])), skip_nulls=True))})
+    """The rows of `found` whose key is one of `keys` (with their multiplicity in `found`, in no
+    particular order)."""
+    if len(pk) == 1:
+        col, want = _array(found.column(pk[0])), _array(keys.column(pk[0]))
+        if _sortable(col, want):  # both sorted, then one ordered pass: see `_sorted_members`
+            return pa.table({pk[0]: pa.array(_sorted_members(col.to_numpy(), want.to_numpy()), col.type)})
+        # one hash set of the keys probed by every row: ~2x a semi join over a distinct
+        return pa.table({pk[0]: col.filter(pc.is_in(col, value_set=want, skip_nulls=True))})
     return found.select(pk).join(keys.select(pk).group_by(pk).aggregate([]), keys=pk, join_type="left semi")
 
 
 def _array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _sortable(a: pa.Array, b: pa.Array) -> bool:
+    """Two integer key columns of one type without NULLs: numpy compares them exactly (mixed
+    types would compare as float64, and NULLs have no numpy value)."""
+    return pa.types.is_integer(a.type) and a.type == b.type and a.null_count == 0 and b.null_count == 0
+
+
+def _sorted_members(values: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """The values that are among `members`, sorted, repeats kept.
+
+    Both sides sorted, then each value's place among the members found by a binary search whose
+    probes move in one direction (cache-friendly): on 814,000 int64 keys about 70 ms, where
+    Arrow's `is_in` took 160-170 ms, and 530-630 ms the first time in a process (2-core machine)."""
+    s = np.sort(values)
+    m = np.sort(members)
+    if not len(m) or not len(s):
+        return s[:0]
+    at = np.searchsorted(m, s)
+    np.minimum(at, len(m) - 1, out=at)
+    return s[m[at] == s]
 
 
 def wrong_keys(found: pa.Table, up: pa.Table, gone: pa.Table, pk: list[str]) -> tuple[pa.Table, pa.Table, pa.Table]:
@@ -137,7 +163,7 @@ def wrong_keys(found: pa.Table, up: pa.Table, gone: pa.Table, pk: list[str]) -> 
     if len(pk) == 1:
         k = pk[0]
         f = _array(found.column(k))
-        if pc.count_distinct(f, mode="all").as_py() == len(f):
+        if all_distinct(f):
             dup = f.slice(0, 0)
         else:
             counts = pc.value_counts(f)
