@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -172,6 +173,27 @@ def test_result_files_are_read_by_name_only(tmp_path):
     for bad in ("../" + name, "/etc/passwd", "x.arrow", name + "/..", ""):
         with pytest.raises(ValueError, match="no merge task writes"):
             results.read(str(tmp_path), bad)
+
+
+def test_result_rows_outlive_their_directory_and_the_ledger_keeps_keys_of_its_own(tmp_path):
+    """The driver maps a task's result file and removes the job's directory while the batch is
+    committed: the rows stay readable. The cross-batch key ledger copies the keys, so a run of
+    many batches does not keep every batch's rows (their mapped files) alive through a slice."""
+    from memwal_core.jobs.merge.exclusivity import KeyLedger
+
+    t = pa.table({"id": pa.array(range(50_000), pa.int64()), "s": [f"row {i}" for i in range(50_000)]})
+    d = tmp_path / "job"
+    d.mkdir()
+    got = results.read(str(d), results.write(str(d), t, max_chunksize=4096))
+    shutil.rmtree(d)
+    assert got.equals(t)
+    ledger = KeyLedger(("id",))
+    ledger.remember(sp.Deduped([], [got], [], [0], []), {0: "r"})
+    ((rid, keys),) = ledger.seen
+    assert rid == "r" and keys.equals(t.select(["id"]))
+    mapped = {(b.address, b.address + b.size) for c in got.columns for ch in c.chunks for b in ch.buffers() if b}
+    kept = [b.address for ch in keys.column("id").chunks for b in ch.buffers() if b]
+    assert kept and not any(lo <= a < hi for a in kept for lo, hi in mapped)
 
 
 def test_a_dead_drivers_result_directory_is_swept_once_idle(tmp_path):

@@ -6,7 +6,9 @@ on the driver's JVM and over a socket into the driver's Python. When the executo
 driver's machine (a classic session on a `local[...]` master, as the CLI and Dagster runs use
 unless a table names a cluster or a Spark Connect server) the task writes each region's rows
 to an Arrow IPC file in a directory the driver made for the job, the Spark row carries only
-the file's name, and the driver reads the file and removes the directory when the job is done.
+the file's name, and the driver maps the file and removes the directory when the job is done
+(the batch's rows stay mapped until the batch is committed; nothing but this process writes
+in its private directory, so nothing truncates a mapped file).
 Measured at 200 generations (38 MB): the Spark job took 1.13–1.23 s with files against
 1.38–1.61 s through Spark (`bench/merge_job.py`). A file that cannot be written (a full
 temporary directory) sends its rows through Spark.
@@ -91,11 +93,17 @@ def read(directory: str, name: str) -> pa.Table:
     """The table a task wrote to `directory` as `name` (only a name `write` gives: never a path)."""
     if not _NAME.fullmatch(name):
         raise ValueError(f"a merge task named a result file {name!r}, which no merge task writes")
+    path = os.path.join(directory, name)
     # Mapped, not read: the rows stay in the pages the task wrote (no copy into fresh memory,
     # which was 0.12 s of a 38 MB job in a process's first merge). The mapping outlives the
     # file's removal with the job's directory, until the last of the table's buffers is freed.
-    with pa.memory_map(os.path.join(directory, name), "r") as f:
-        return pa.ipc.open_stream(f).read_all()
+    try:
+        with pa.memory_map(path, "r") as f:
+            return pa.ipc.open_stream(f).read_all()
+    except OSError as e:  # no mapping to be had (e.g. the process's map count): read it instead
+        log.debug("result file %s not mapped (%s); reading it", name, e)
+    with pa.OSFile(path, "rb") as f:
+        return pa.ipc.open_stream(f.read_buffer()).read_all()
 
 
 def sweep(parent: str | None = None) -> list[str]:

@@ -39,8 +39,13 @@ class KeyLedger:
         """Keep the keys a commit merged, per region, for the cross-batch exclusivity check."""
         for tables, owners in ((deduped.live, deduped.live_region), (deduped.deleted, deduped.deleted_region)):
             for t, ridx in zip(tables, owners):
-                if ridx in regions and t.num_rows:
-                    self.seen.append((regions[ridx], t.select(list(self.pk))))
+                if ridx in regions and t.num_rows:  # a copy: the batch's rows (mapped files) are freed with it
+                    self.seen.append((regions[ridx], pa.table({c: _copy(t.column(c)) for c in self.pk})))
+
+
+def _copy(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """`col` in buffers of its own, chunk by chunk (a slice keeps the whole buffer it is cut from)."""
+    return pa.chunked_array([pa.concat_arrays([c]) for c in col.chunks], col.type)
 
 
 def sample_keys(keys: pa.Table, n: int = 3) -> str:
