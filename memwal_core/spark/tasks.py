@@ -462,8 +462,8 @@ def _collect(out: pa.Table, result_dir: str | None, pk: list[str]) -> Deduped:
 
 def shared_keys(keys_by_region: list[tuple[int, pa.Table]], pk: list[str]) -> tuple[dict[int, int], int]:
     """Keys present in more than one region (which the spec forbids): per region index how many
-    of its rows have such a key, and how many such keys. Cheap when there are none (one
-    distinct count for a single-column key)."""
+    of its rows have such a key, and how many such keys. Cheap when there are none, for a
+    single-column key (`keys.all_distinct`: integers sorted, other types one distinct count)."""
     if not keys_by_region:
         return {}, 0
     if len(pk) == 1 and all_distinct(pa.concat_tables([t.select(pk) for _, t in keys_by_region],
