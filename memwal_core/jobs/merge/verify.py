@@ -140,7 +140,8 @@ def _sortable(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
 SORTED_SLICE = 1 << 22  # values of `found` sorted at a time: extra memory stays ~3 x 32 MB
 
 
-def _sorted_members(values: pa.ChunkedArray, members: np.ndarray) -> list[np.ndarray]:
+def _sorted_members(values: pa.ChunkedArray, members: np.ndarray, slice_rows: int = SORTED_SLICE
+                    ) -> list[np.ndarray]:
     """The values that are among `members` (sorted slices, repeats kept).
 
     The members are sorted once; each slice of the values is sorted, and a binary search finds
@@ -153,8 +154,8 @@ def _sorted_members(values: pa.ChunkedArray, members: np.ndarray) -> list[np.nda
     if not len(m):
         return out
     for chunk in values.chunks:
-        for start in range(0, len(chunk), SORTED_SLICE):
-            s = np.sort(chunk.slice(start, SORTED_SLICE).to_numpy())
+        for start in range(0, len(chunk), slice_rows):
+            s = np.sort(chunk.slice(start, slice_rows).to_numpy())
             at = np.searchsorted(m, s)
             np.minimum(at, len(m) - 1, out=at)
             out.append(s[m[at] == s])
