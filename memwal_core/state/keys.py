@@ -100,6 +100,13 @@ def delete_predicate(keys: pa.Table, pk: list[str]) -> str:
                        for r in rows)
 
 
+def sortable_integers(*cols: pa.Array | pa.ChunkedArray) -> bool:
+    """Integer key columns of one type without NULLs: numpy sorts and compares them exactly
+    (mixed types would compare as float64, and NULLs have no numpy value)."""
+    typ = cols[0].type
+    return pa.types.is_integer(typ) and all(c.type == typ and c.null_count == 0 for c in cols)
+
+
 def all_distinct(values: pa.Array | pa.ChunkedArray) -> bool:
     """Whether no value of one key column repeats (NULL counts as a value, as in Arrow's
     `count_distinct(mode="all")`).
@@ -111,7 +118,7 @@ def all_distinct(values: pa.Array | pa.ChunkedArray) -> bool:
     n = len(values)
     if n < 2:
         return True
-    if values.null_count == 0 and pa.types.is_integer(values.type):
+    if sortable_integers(values):
         s = np.sort(values.to_numpy())
         return not bool(np.any(s[1:] == s[:-1]))
     return pc.count_distinct(values, mode="all").as_py() == n

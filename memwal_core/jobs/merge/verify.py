@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from memwal_core.errors import one_line
 from memwal_core.failures import RegionFailure
 from memwal_core.jobs.merge.result import COMMIT_CHECK_FAILED
-from memwal_core.state.keys import all_distinct, delete_predicate
+from memwal_core.state.keys import all_distinct, delete_predicate, sortable_integers
 from memwal_core.state.store import TableLocation
 from memwal_core.state.table import open_dataset, read_memwal_state
 
@@ -120,7 +120,7 @@ def _only(found: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
     particular order)."""
     if len(pk) == 1:
         col, want = found.column(pk[0]), keys.column(pk[0])
-        if _sortable(col, want):
+        if sortable_integers(col, want):
             return pa.table({pk[0]: pa.chunked_array(_sorted_members(col, want.to_numpy()), col.type)})
         # one hash set of the keys probed by every row: ~2x a semi join over a distinct
         return pa.table({pk[0]: col.filter(pc.is_in(col, value_set=_array(want), skip_nulls=True))})
@@ -129,12 +129,6 @@ def _only(found: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
 
 def _array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-
-
-def _sortable(a: pa.ChunkedArray, b: pa.ChunkedArray) -> bool:
-    """Two integer key columns of one type without NULLs: numpy compares them exactly (mixed
-    types would compare as float64, and NULLs have no numpy value)."""
-    return pa.types.is_integer(a.type) and a.type == b.type and a.null_count == 0 and b.null_count == 0
 
 
 SORTED_SLICE = 1 << 22  # values of `found` sorted at a time: extra memory stays ~3 x 32 MB
